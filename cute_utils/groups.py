@@ -1,0 +1,115 @@
+"""Device-side token-group lookups computed from end offsets, with no host synchronization.
+
+Groups are given as an int32 tensor of *end* offsets (length G). Offset values are never trusted:
+every end is clamped to ``[0, total]`` and a group whose end is below its start is empty, so any
+offsets give in-bounds reads and writes (just meaningless data when the offsets are garbage).
+
+The central building block is :func:`scan_padded_group_sizes`: the CTA cooperatively computes, in
+shared memory, the exclusive prefix sum of each group's size rounded up to a unit (128 rows for the
+M-groups scale layout, 4 scale columns for K-groups, the alignment for token padding). Lookups are
+then binary searches in shared memory (:func:`find_group`).
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+#: Largest group count the kernels accept (the prefix array lives in shared memory).
+MAX_GROUPS = 4096
+_SEARCH_STEPS = 13  # 2**12 == MAX_GROUPS: enough halvings to search MAX_GROUPS + 1 entries
+_WARP = 32
+
+
+def prefix_smem_words(max_groups: int = MAX_GROUPS) -> int:
+    """Int32 words of shared memory a prefix array for up to ``max_groups`` groups needs."""
+    return max_groups + 1
+
+
+@cute.jit
+def clamped_end(offsets: cute.Tensor, g: Int32, total: Int32) -> Int32:
+    """End offset of group ``g`` clamped to ``[0, total]``; ``g == -1`` gives 0."""
+    end = Int32(0)
+    if g >= 0:
+        end = cutlass.min(cutlass.max(offsets[g], Int32(0)), total)
+    return end
+
+
+@cute.jit
+def group_bounds(offsets: cute.Tensor, g: Int32, total: Int32):
+    """``(start, end)`` of group ``g`` after clamping; ``end >= start`` always holds."""
+    start = clamped_end(offsets, g - 1, total)
+    end = cutlass.max(clamped_end(offsets, g, total), start)
+    return start, end
+
+
+@cute.jit
+def _warp_inclusive_sum(value: Int32, lane: Int32) -> Int32:
+    for k in cutlass.range_constexpr(5):
+        step = 1 << k
+        other = cute.arch.shuffle_sync_up(value, step)
+        if lane >= step:
+            value = value + other
+    return value
+
+
+@cute.jit
+def scan_padded_group_sizes(
+    offsets: cute.Tensor,
+    num_groups: Int32,
+    total: Int32,
+    unit: cutlass.Constexpr,
+    prefix: cute.Tensor,
+    warp_totals: cute.Tensor,
+    tid: Int32,
+    num_threads: cutlass.Constexpr,
+):
+    """Fill ``prefix[g] = sum_{i<g} ceil(n_i / unit)`` for ``g`` in ``0..G`` (G + 1 entries).
+
+    Called by all ``num_threads`` threads of the CTA; ends with a CTA barrier, after which every
+    thread may read ``prefix``. ``warp_totals`` is an Int32 shared-memory scratch of
+    ``num_threads // 32`` words. Each thread owns a contiguous run of groups.
+    """
+    per_thread = (num_groups + (num_threads - 1)) // num_threads
+    first = tid * per_thread
+    own = Int32(0)
+    for i in cutlass.range(per_thread):
+        g = first + i
+        if g < num_groups:
+            start, end = group_bounds(offsets, g, total)
+            own = own + (end - start + (unit - 1)) // unit
+    lane = tid % _WARP
+    warp = tid // _WARP
+    inclusive = _warp_inclusive_sum(own, lane)
+    if lane == _WARP - 1:
+        warp_totals[warp] = inclusive
+    cute.arch.sync_threads()
+    before = Int32(0)
+    for w in cutlass.range_constexpr(num_threads // _WARP):
+        if w < warp:
+            before = before + warp_totals[w]
+    running = before + inclusive - own
+    for i in cutlass.range(per_thread):
+        g = first + i
+        if g < num_groups:
+            prefix[g] = running
+            start, end = group_bounds(offsets, g, total)
+            running = running + (end - start + (unit - 1)) // unit
+    if tid == num_threads - 1:
+        prefix[num_groups] = before + inclusive
+    cute.arch.sync_threads()
+
+
+@cute.jit
+def find_group(prefix: cute.Tensor, num_groups: Int32, key: Int32) -> Int32:
+    """Largest ``g`` in ``[0, G)`` with ``prefix[g] <= key`` (0 when none; needs ``G >= 1``).
+
+    With the padded prefix of :func:`scan_padded_group_sizes`, ``key`` lies in group ``g`` when
+    ``key < prefix[g + 1]``; empty groups are skipped because their prefix equals the next one's.
+    """
+    pos = Int32(0)
+    for k in cutlass.range_constexpr(_SEARCH_STEPS):
+        candidate = pos + (1 << (_SEARCH_STEPS - 1 - k))
+        if candidate < num_groups:
+            if prefix[candidate] <= key:
+                pos = candidate
+    return pos

@@ -1,0 +1,73 @@
+"""Shared fixtures: GPU gating, poisoned allocations, seeded group sizes."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+
+def _kernel_gpu_available() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    from torch_bindings.backend import kernel_arch
+
+    return kernel_arch(torch.device("cuda"))[0] is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    if _kernel_gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU with sm_90+ and nvidia-cutlass-dsl")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def poison_cuda_allocator():
+    """Fill the caching allocator's free blocks with 0xA5 so unwritten output bytes show up."""
+
+    def poison(nbytes: int = 1 << 28) -> None:
+        block = torch.full((nbytes,), 0xA5, dtype=torch.uint8, device="cuda")
+        del block
+
+    return poison
+
+
+@contextlib.contextmanager
+def no_sync():
+    """Fail on any host-device synchronization inside the block."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
+def random_group_ends(
+    total: int, num_groups: int, generator: torch.Generator, special=(0, 1, 44, 127, 129), multiple: int = 1
+) -> list[int]:
+    """End offsets of ``num_groups`` groups summing to at most ``total``, with special sizes mixed in.
+
+    Sizes are multiples of ``multiple``; some groups are empty; the last end may be below ``total``.
+    """
+    sizes = []
+    for g in range(num_groups):
+        if g < len(special) and num_groups > len(special):
+            sizes.append(special[g] * multiple)
+        else:
+            sizes.append(int(torch.randint(0, 3, (1,), generator=generator)) * multiple)
+    weights = torch.rand(num_groups, generator=generator)
+    budget = total - sum(sizes)
+    if budget < 0:
+        sizes = [0] * num_groups
+        budget = total
+    extra = (weights / weights.sum() * budget).floor().long() // multiple * multiple
+    ends, running = [], 0
+    for size, more in zip(sizes, extra.tolist(), strict=True):
+        running += size + more
+        ends.append(running)
+    return ends

@@ -1,0 +1,61 @@
+"""Which implementation runs a call: the CuTeDSL kernels or the PyTorch reference.
+
+``backend="auto"`` runs the kernel on a CUDA tensor of a supported GPU (sm_90 Hopper, sm_100
+Blackwell) and the reference elsewhere; ``"cute"`` insists on the kernel and raises a clear
+error where it cannot run; ``"reference"`` always runs the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BACKENDS = ("auto", "cute", "reference")
+_ARCH_BY_MAJOR = {9: "sm_90a", 10: "sm_100a"}
+# Plain dicts rather than functools.cache: dynamo traces through these under torch.compile.
+_dsl_error: dict[str, str | None] = {}
+_arch_by_index: dict[int, str | None] = {}
+
+
+def _dsl_import_error() -> str | None:
+    if "error" not in _dsl_error:
+        try:
+            import cutlass.cute  # noqa: F401
+        except Exception as error:  # ImportError, or a broken install raising anything else
+            _dsl_error["error"] = f"nvidia-cutlass-dsl is not importable ({type(error).__name__}: {error})"
+        else:
+            _dsl_error["error"] = None
+    return _dsl_error["error"]
+
+
+def _device_arch(index: int) -> str | None:
+    if index not in _arch_by_index:
+        major, _ = torch.cuda.get_device_capability(index)
+        _arch_by_index[index] = _ARCH_BY_MAJOR.get(major)
+    return _arch_by_index[index]
+
+
+def kernel_arch(device: torch.device) -> tuple[str | None, str]:
+    """``(arch, reason)``: the compile target for ``device``, or ``None`` and why not."""
+    if device.type != "cuda":
+        return None, f"tensors are on {device.type}, the kernels need a CUDA device"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    arch = _device_arch(index)
+    if arch is None:
+        capability = torch.cuda.get_device_capability(index)
+        return None, f"GPU capability {capability} is not supported (sm_90 or sm_100 required)"
+    error = _dsl_import_error()
+    if error is not None:
+        return None, error
+    return arch, ""
+
+
+def select(op: str, backend: str, device: torch.device) -> str | None:
+    """The arch to compile for when the kernel runs, ``None`` when the reference runs."""
+    if backend == "reference":
+        return None
+    if backend not in BACKENDS:
+        raise ValueError(f"{op}: backend must be one of {BACKENDS}, got {backend!r}")
+    arch, reason = kernel_arch(device)
+    if arch is None and backend == "cute":
+        raise RuntimeError(f"{op}: backend='cute' cannot run here: {reason}")
+    return arch
