@@ -51,10 +51,30 @@ def store_tile_chunk(stage: cute.Tensor, tile: Int32, lane: Int32, dst_chunks: c
 
 
 @cute.jit
-def byte_or_zero(src: cute.Tensor, e: Int32, row: Int32, col: Int32, valid) -> Uint8:
+def element_or_zero(src: cute.Tensor, e: Int32, row: Int32, col: Int32, valid):
     """``src[e, row, col]`` when ``valid`` else 0 (no load is issued for invalid elements)."""
-    value = Uint8(0)
+    value = src.element_type(0)
     if valid:
         value = src[e, row, col]
     return value
 
+
+@cute.jit
+def store_tail_words(stage: cute.Tensor, tile: Int32, lane: Int32, dst_words: cute.Tensor, first_word: Int32):
+    """Word-by-word store of a 16-byte chunk that straddles the end of ``dst_words``: only the
+    words below ``size(dst_words)`` are written (outputs whose size is not a multiple of 16)."""
+    for q in cutlass.range_constexpr(TILE_ROWS // CHUNKS_PER_TILE):
+        if first_word + q < cute.size(dst_words):
+            dst_words[first_word + q] = stage[lane + CHUNKS_PER_TILE * q, tile]
+
+
+@cute.jit
+def load_tile_column(src8: cute.Tensor, e: Int32, row: Int32, col: Int32, count: Int32) -> Uint32:
+    """Bytes ``src8[e, row, col + k]`` for ``k < count`` (0..4) packed little-endian into one word,
+    zeros above ``count``: one staged tile column from rows that are not whole 4-byte words. The
+    four loads share one address register (immediate offsets)."""
+    word = Uint32(0)
+    for k in cutlass.range_constexpr(TILE_COLS):
+        if k < count:
+            word = word | ((Uint32(src8[e, row, col + k]) & Uint32(0xFF)) << (8 * k))
+    return word

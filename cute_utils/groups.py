@@ -14,15 +14,24 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-#: Largest group count the kernels accept (the prefix array lives in shared memory).
-MAX_GROUPS = 4096
-_SEARCH_STEPS = 13  # 2**12 == MAX_GROUPS: enough halvings to search MAX_GROUPS + 1 entries
+#: Largest group count the kernels accept (prefix and ends arrays live in shared memory).
+MAX_GROUPS = 2048
+_SEARCH_STEPS = 12  # 2**11 == MAX_GROUPS: enough halvings to search MAX_GROUPS + 1 entries
 _WARP = 32
 
 
 def prefix_smem_words(max_groups: int = MAX_GROUPS) -> int:
-    """Int32 words of shared memory a prefix array for up to ``max_groups`` groups needs."""
+    """Int32 words of shared memory a prefix (or ends) array for up to ``max_groups`` groups needs."""
     return max_groups + 1
+
+
+@cute.jit
+def smem_group_bounds(ends: cute.Tensor, g: Int32):
+    """``(start, end)`` of group ``g`` from the clamped ends that the scan stored in shared memory."""
+    start = Int32(0)
+    if g > 0:
+        start = ends[g - 1]
+    return start, cutlass.max(ends[g], start)
 
 
 @cute.jit
@@ -62,12 +71,15 @@ def scan_padded_group_sizes(
     warp_totals: cute.Tensor,
     tid: Int32,
     num_threads: cutlass.Constexpr,
+    ends: cute.Tensor,
 ):
     """Fill ``prefix[g] = sum_{i<g} ceil(n_i / unit)`` for ``g`` in ``0..G`` (G + 1 entries).
 
-    Called by all ``num_threads`` threads of the CTA; ends with a CTA barrier, after which every
-    thread may read ``prefix``. ``warp_totals`` is an Int32 shared-memory scratch of
-    ``num_threads // 32`` words. Each thread owns a contiguous run of groups.
+    Also stores each group's clamped end in ``ends[g]`` so later lookups
+    (:func:`smem_group_bounds`) need no global loads. Called by all ``num_threads`` threads of the
+    CTA; ends with a CTA barrier, after which every thread may read both arrays. ``warp_totals`` is
+    an Int32 shared-memory scratch of ``num_threads // 32`` words. Each thread owns a contiguous
+    run of groups.
     """
     per_thread = (num_groups + (num_threads - 1)) // num_threads
     first = tid * per_thread
@@ -93,6 +105,7 @@ def scan_padded_group_sizes(
         if g < num_groups:
             prefix[g] = running
             start, end = group_bounds(offsets, g, total)
+            ends[g] = clamped_end(offsets, g, total)
             running = running + (end - start + (unit - 1)) // unit
     if tid == num_threads - 1:
         prefix[num_groups] = before + inclusive

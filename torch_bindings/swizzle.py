@@ -16,9 +16,7 @@ def _round_up(value, multiple: int):
     return (value + multiple - 1) // multiple * multiple
 
 
-def blocked_output_shape(
-    scales_shape: tuple, num_groups: int | None, groups: str
-) -> tuple:
+def blocked_output_shape(scales_shape: tuple, num_groups: int | None, groups: str) -> tuple:
     """Shape of the blocked result (SPEC section 3); works on SymInts too."""
     *lead, rows, cols = scales_shape
     padded_cols = _round_up(cols, _TILE_COLS)
@@ -29,40 +27,34 @@ def blocked_output_shape(
     return (_round_up(rows, _TILE_ROWS), cols + _TILE_COLS * num_groups)
 
 
-def _layout(group_end_offsets: torch.Tensor | None, groups: str):
-    from cute_kernels.swizzle import SwizzleLayout
-
-    if group_end_offsets is None:
-        return SwizzleLayout.PLAIN
-    return SwizzleLayout.M_GROUPS if groups == "M" else SwizzleLayout.K_GROUPS
+_LAYOUT_BY_GROUPS = {None: "plain", "M": "m_groups", "K": "k_groups"}
 
 
-def _kernel(layout, arch: str):
+def _kernel(layout: str, rank: int, word_loads: bool, arch: str):
     def build():
-        from cute_kernels.swizzle import compile_swizzle
+        from cute_kernels.swizzle import SwizzleLayout, compile_swizzle
 
-        return compile_swizzle(layout, arch)
+        return compile_swizzle(SwizzleLayout(layout), arch, rank, word_loads)
 
-    return get_kernel(("swizzle_scales", layout.value, arch), build)
+    return get_kernel(("swizzle_scales", layout, rank, word_loads, arch), build)
 
 
 def _run_kernel(
     scales: torch.Tensor, group_end_offsets: torch.Tensor | None, groups: str, arch: str
 ) -> torch.Tensor:
     num_groups = None if group_end_offsets is None else group_end_offsets.shape[0]
-    shape = blocked_output_shape(tuple(scales.shape), num_groups, groups)
-    nbytes = 1
-    for extent in shape:
-        nbytes *= extent
-    # The kernel writes whole 16-byte chunks: round the storage up, return a view of the exact size.
-    buffer = torch.empty((_round_up(nbytes, 16) // 4,), dtype=torch.uint32, device=scales.device)
-    if nbytes:
-        source = scales.view(torch.uint8)
-        if source.dim() == 2:
-            source = source.unsqueeze(0)
-        kernel = _kernel(_layout(group_end_offsets, groups), arch)
-        kernel(source, buffer.view(-1, 4), group_end_offsets)
-    return buffer.view(torch.uint8)[:nbytes].view(shape).view(torch.float8_e8m0fnu)
+    shape = blocked_output_shape(scales.shape, num_groups, groups)
+    out = torch.empty(shape, dtype=torch.float8_e8m0fnu, device=scales.device)
+    if out.numel():
+        if scales.dtype != torch.float8_e8m0fnu:
+            scales = scales.view(torch.float8_e8m0fnu)
+        layout = _LAYOUT_BY_GROUPS[None if group_end_offsets is None else groups]
+        # Rows of whole, aligned 4-byte words (one word per tile column) load 4x fewer instructions.
+        word_loads = (
+            layout != "k_groups" and scales.shape[-1] % _TILE_COLS == 0 and scales.data_ptr() % 4 == 0
+        )
+        _kernel(layout, scales.dim(), word_loads, arch)(scales, out, group_end_offsets)
+    return out
 
 
 @torch.library.custom_op("cute_kernels::swizzle_scales", mutates_args=())
@@ -74,7 +66,7 @@ def _swizzle_op(scales: torch.Tensor, group_end_offsets: torch.Tensor | None, gr
 @_swizzle_op.register_fake
 def _swizzle_fake(scales: torch.Tensor, group_end_offsets: torch.Tensor | None, groups: str) -> torch.Tensor:
     num_groups = None if group_end_offsets is None else group_end_offsets.shape[0]
-    shape = blocked_output_shape(tuple(scales.shape), num_groups, groups)
+    shape = blocked_output_shape(scales.shape, num_groups, groups)
     return scales.new_empty(shape, dtype=torch.float8_e8m0fnu)
 
 

@@ -1,0 +1,39 @@
+# cute-kernels developer commands. Every target installs what it needs into $(VENV) first.
+# TORCH_SPEC picks the torch build installed when the venv has none (CI pins the local CPU wheel).
+PY ?= python3
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+TORCH_SPEC ?= torch
+STAMP := $(VENV)/.installed
+
+.PHONY: install test test-gpu demo bench sass lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(PYTHON) || $(PY) -m venv $(VENV)
+	$(PYTHON) -m pip install -q --upgrade pip
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH_SPEC)"
+	$(PYTHON) -m pip install -q -e ".[test,sass,bench,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PYTHON) -m pytest -q
+
+test-gpu: $(STAMP)
+	$(PYTHON) -m pytest -q -m gpu
+
+demo: $(STAMP)
+	$(PYTHON) -m bench.demo
+
+bench: $(STAMP)
+	$(PYTHON) -m bench.bench_swizzle
+
+sass: $(STAMP)
+	$(PYTHON) -m cute_utils.sass all --arch all
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache bench/results

@@ -1,0 +1,1 @@
+"""Torch-free helpers for developing CuTeDSL kernels (SASS inspection, ...)."""

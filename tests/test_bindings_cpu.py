@@ -1,0 +1,92 @@
+"""The PyTorch layer on a machine without a GPU: backend choice, fake kernels, disk cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import torch_bindings
+from torch_bindings import kernel_cache, reference
+from torch_bindings.swizzle import blocked_output_shape
+
+
+def _scales(rows: int, cols: int) -> torch.Tensor:
+    return torch.randint(0, 256, (rows, cols), dtype=torch.uint8).view(torch.float8_e8m0fnu)
+
+
+def test_auto_runs_reference_on_cpu():
+    scales = _scales(300, 7)
+    ends = torch.tensor([3, 5, 7], dtype=torch.int32)
+    out = torch_bindings.swizzle_scales(scales, group_end_offsets=ends, groups="K")
+    expected = reference.swizzle_scales(scales, group_end_offsets=ends, groups="K")
+    assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8))
+
+
+def test_cute_backend_refuses_cpu_tensors():
+    with pytest.raises(RuntimeError, match="backend='cute' cannot run here"):
+        torch_bindings.swizzle_scales(_scales(4, 4), backend="cute")
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="backend"):
+        torch_bindings.swizzle_scales(_scales(4, 4), backend="triton")
+
+
+def test_pending_kernels_run_reference_on_cpu():
+    x = torch.randn(64, 64, dtype=torch.bfloat16)
+    q, s = torch_bindings.quantize_mxfp8_2d(x)
+    q_ref, s_ref = reference.quantize_mxfp8_2d(x)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    assert torch.equal(s.view(torch.uint8), s_ref.view(torch.uint8))
+    with pytest.raises(RuntimeError, match="cannot run here"):
+        torch_bindings.quantize_mxfp8_2d(x, backend="cute")
+
+
+@pytest.mark.parametrize(
+    "shape,groups,num_groups,expected",
+    [
+        ((300, 7), "M", None, (384, 8)),
+        ((2, 1, 1), "M", None, (2, 128, 4)),
+        ((300, 7), "M", 5, (940, 8)),
+        ((300, 7), "K", 5, (384, 27)),
+    ],
+)
+def test_blocked_output_shape(shape, groups, num_groups, expected):
+    assert blocked_output_shape(shape, num_groups, groups) == expected
+
+
+def test_fake_implementation_shapes():
+    with FakeTensorMode():
+        scales = torch.empty(1000, 30, dtype=torch.float8_e8m0fnu)
+        ends = torch.empty(6, dtype=torch.int32)
+        out_m = torch.ops.cute_kernels.swizzle_scales(scales, ends, "M")
+        out_k = torch.ops.cute_kernels.swizzle_scales(scales, ends, "K")
+        out_plain = torch.ops.cute_kernels.swizzle_scales(scales, None, "M")
+    assert out_m.shape == (1000 + 128 * 6, 32) and out_m.dtype == torch.float8_e8m0fnu
+    assert out_k.shape == (1024, 30 + 4 * 6)
+    assert out_plain.shape == (1024, 32)
+
+
+def test_disk_cache_round_trip(tmp_path, monkeypatch):
+    """Compile once, export; a cleared in-memory cache then loads the object file instead."""
+    from cute_kernels.swizzle import SwizzleLayout, compile_swizzle
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    key = ("test_disk_cache_round_trip", "sm_90a")
+
+    def build():
+        return compile_swizzle(SwizzleLayout.PLAIN, "sm_90a")
+
+    compiles, loads = kernel_cache.STATS.compiles, kernel_cache.STATS.disk_loads
+    kernel_cache.get_kernel(key, build)
+    assert kernel_cache.STATS.compiles == compiles + 1
+    assert len(list(tmp_path.glob("*.o"))) == 1
+    assert kernel_cache.get_kernel(key, build) is not None  # in-memory hit
+    kernel_cache.clear_memory_cache()
+    loaded = kernel_cache.get_kernel(key, build)
+    assert kernel_cache.STATS.compiles == compiles + 1
+    assert kernel_cache.STATS.disk_loads == loads + 1
+    # The loaded TVM-FFI function carries the compiled signature: a wrong call is a clear error.
+    with pytest.raises(TypeError, match="Expects 3 parameters"):
+        loaded(torch.zeros(1, 1, 1, dtype=torch.uint8))

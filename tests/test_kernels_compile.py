@@ -1,0 +1,45 @@
+"""Every kernel compiles for sm_90a and sm_100a on a CPU-only machine, with SASS we expect."""
+
+from __future__ import annotations
+
+import pytest
+
+import cute_kernels
+from cute_utils import sass
+
+TARGETS = cute_kernels.sass_targets()
+
+
+@pytest.fixture(scope="module", params=sass.ARCHS)
+def compiled(request):
+    arch = request.param
+    return arch, {name: sass.summarize(sass.cubin_of(build(arch))) for name, build in TARGETS.items()}
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_compiles_with_expected_sass(compiled, target):
+    arch, summaries = compiled
+    (kernel,) = summaries[target]
+    assert kernel.arch == arch
+    assert kernel.local_bytes == 0 and kernel.local_loads == 0 and kernel.local_stores == 0, kernel.format()
+    assert kernel.registers <= 64, kernel.format()
+    # Whole 16-byte chunks of 512-byte blocked tiles: 128-bit stores (plus 32-bit ones for the
+    # ragged end of an output whose size is not a multiple of 16 bytes).
+    assert kernel.global_stores(128) >= 1, kernel.format()
+    assert kernel.global_stores() == kernel.global_stores(128) + kernel.global_stores(32), kernel.format()
+    if target.endswith("_words"):
+        assert kernel.global_loads(8) == 0 and kernel.global_loads(32) >= 8, kernel.format()
+    if not target.startswith("swizzle_plain"):
+        assert kernel.counts.get("SHFL.UP", 0) >= 1, "grouped layouts scan the group sizes in-kernel"
+
+
+def test_registry_names():
+    assert set(TARGETS) == {
+        "swizzle_plain_2d",
+        "swizzle_plain_2d_words",
+        "swizzle_plain_3d",
+        "swizzle_plain_3d_words",
+        "swizzle_m_groups_2d",
+        "swizzle_m_groups_2d_words",
+        "swizzle_k_groups_2d",
+    }

@@ -1,0 +1,315 @@
+"""Host-side input validation shared by the reference and the kernel path.
+
+Every function here looks only at Python arguments and at tensor *metadata* (dtype, rank, shape,
+strides, device). None of them reads tensor values, so none of them synchronizes the host with
+the device; they are safe to call on the fast path before any launch. Offset *values*
+(monotonicity, bounds) can only be checked with a sync: see
+``torch_bindings.reference.check_group_end_offsets``.
+
+Errors follow SPEC section 5: a ``TypeError`` for a wrong Python type or tensor dtype, a
+``ValueError`` for everything else (rank, shape, divisibility, contiguity, device, enum values).
+Each message starts with the op name and names the argument and what was expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = [
+    "ALIGNMENTS",
+    "BACKENDS",
+    "BLOCKS",
+    "BLOCK_SIZE",
+    "GROUPS",
+    "OFFSETS_DTYPE",
+    "PAD_DTYPES",
+    "QUANT_DTYPES",
+    "SCALE_DTYPES",
+    "SCALING_MODES",
+    "check_alignment",
+    "check_backend",
+    "check_bool",
+    "check_choice",
+    "check_divisible",
+    "check_offsets",
+    "check_pad",
+    "check_pad_and_quantize",
+    "check_quantize_2d",
+    "check_quantize_2d_dual",
+    "check_quantize_3d",
+    "check_same_length",
+    "check_swizzle",
+    "check_tensor",
+    "check_unpad",
+    "describe",
+]
+
+BLOCK_SIZE = 32
+"""Elements per MX block (one E8M0 scale per 32 elements)."""
+
+QUANT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
+"""Input dtypes of the quantization ops."""
+
+SCALE_DTYPES: tuple[torch.dtype, ...] = (torch.float8_e8m0fnu, torch.uint8)
+"""Accepted dtypes of a scale matrix given to ``swizzle_scales`` (uint8 is read as raw E8M0 bytes)."""
+
+PAD_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
+"""Dtypes the token-group padding ops move (pure data movement, bit-exact)."""
+
+OFFSETS_DTYPE = torch.int32
+BLOCKS: tuple[str, ...] = ("1x32", "32x1")
+SCALING_MODES: tuple[str, ...] = ("floor", "rceil")
+ALIGNMENTS: tuple[int, ...] = (16, 32, 64, 128)
+GROUPS: tuple[str, ...] = ("M", "K")
+BACKENDS: tuple[str, ...] = ("auto", "cute", "reference")
+
+
+# ----------------------------------------------------------------------------------------------
+# Small shared helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def _prefix(op: str | None) -> str:
+    return f"{op}: " if op else ""
+
+
+def _dtypes_str(dtypes: Sequence[torch.dtype]) -> str:
+    names = [str(d) for d in dtypes]
+    if len(names) == 1:
+        return names[0]
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def describe(value: Any) -> str:
+    """A short description of ``value`` for error messages (metadata only, never tensor values)."""
+    if isinstance(value, torch.Tensor):
+        return (
+            f"a {value.dim()}-D tensor of dtype {value.dtype}, shape {tuple(value.shape)}, "
+            f"strides {tuple(value.stride())} on device {value.device}"
+        )
+    return f"{type(value).__name__} {value!r}"
+
+
+def check_tensor(
+    name: str,
+    t: Any,
+    *,
+    ndim: int | Sequence[int],
+    dtypes: Sequence[torch.dtype],
+    contiguous: bool = True,
+    op: str | None = None,
+) -> None:
+    """Check that ``t`` is a tensor of one of ``dtypes`` with rank ``ndim`` (an int or a choice).
+
+    Raises ``TypeError`` for a non-tensor or a wrong dtype, ``ValueError`` for a wrong rank or, when
+    ``contiguous`` is set, a non-contiguous tensor.
+    """
+    ndims = (ndim,) if isinstance(ndim, int) else ndim
+    if not isinstance(t, torch.Tensor) or t.dtype not in dtypes:
+        raise TypeError(f"{_prefix(op)}{name} must be a {_expected(ndims, dtypes)}, got {describe(t)}")
+    if t.dim() not in ndims:
+        raise ValueError(f"{_prefix(op)}{name} must be a {_expected(ndims, dtypes)}, got {describe(t)}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{_prefix(op)}{name} must be contiguous (row-major), got {describe(t)}")
+
+
+def _expected(ndims: Sequence[int], dtypes: Sequence[torch.dtype]) -> str:
+    rank = " or ".join(f"{n}-D" for n in ndims)
+    return f"{rank} tensor of dtype {_dtypes_str(dtypes)}"
+
+
+def check_divisible(name: str, value: int, divisor: int, *, why: str = "", op: str | None = None) -> None:
+    """Raise ``ValueError`` unless ``value % divisor == 0``; ``name`` says which size it is."""
+    if value % divisor != 0:
+        reason = f" {why}" if why else ""
+        raise ValueError(f"{_prefix(op)}{name} ({value}) must be a multiple of {divisor}{reason}")
+
+
+def check_choice(name: str, value: Any, allowed: Sequence[Any], *, op: str | None = None) -> None:
+    """Raise ``ValueError`` unless ``value`` is one of ``allowed`` (compared with its own type)."""
+    if not any(type(value) is type(a) and value == a for a in allowed):
+        choices = ", ".join(repr(a) for a in allowed)
+        raise ValueError(f"{_prefix(op)}{name} must be one of {choices}, got {value!r}")
+
+
+def check_bool(name: str, value: Any, *, op: str | None = None) -> None:
+    """Raise ``TypeError`` unless ``value`` is a Python bool."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{_prefix(op)}{name} must be a bool, got {describe(value)}")
+
+
+def check_alignment(alignment: Any, *, op: str | None = None) -> None:
+    """``alignment`` must be a Python int in ``ALIGNMENTS`` (TypeError for a non-int)."""
+    if isinstance(alignment, bool) or not isinstance(alignment, int):
+        raise TypeError(
+            f"{_prefix(op)}alignment must be an int, one of {', '.join(map(str, ALIGNMENTS))}, "
+            f"got {describe(alignment)}"
+        )
+    check_choice("alignment", alignment, ALIGNMENTS, op=op)
+
+
+def check_backend(backend: Any, *, op: str | None = None) -> None:
+    """``backend`` must be one of ``BACKENDS``."""
+    check_choice("backend", backend, BACKENDS, op=op)
+
+
+def check_offsets(name: str, offsets: Any, device: torch.device, *, op: str | None = None) -> None:
+    """Group end offsets: an int32, 1-D, non-empty, contiguous tensor on ``device``.
+
+    Only metadata is checked; the values are the syncing validator's business.
+    """
+    if not isinstance(offsets, torch.Tensor) or offsets.dtype != OFFSETS_DTYPE:
+        raise TypeError(f"{_prefix(op)}{name} must be a 1-D torch.int32 tensor, got {describe(offsets)}")
+    if offsets.dim() != 1:
+        raise ValueError(f"{_prefix(op)}{name} must be a 1-D torch.int32 tensor, got {describe(offsets)}")
+    if offsets.numel() < 1:
+        raise ValueError(f"{_prefix(op)}{name} must hold at least one group (length >= 1), got length 0")
+    if offsets.device != device:
+        raise ValueError(
+            f"{_prefix(op)}{name} must be on the same device as the data ({device}), got {offsets.device}"
+        )
+    if not offsets.is_contiguous():
+        raise ValueError(f"{_prefix(op)}{name} must be contiguous, got {describe(offsets)}")
+
+
+def check_same_length(
+    name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor, *, op: str | None = None
+) -> None:
+    """Raise ``ValueError`` unless the 1-D tensors ``t`` and ``ref`` have the same length."""
+    if t.numel() != ref.numel():
+        raise ValueError(
+            f"{_prefix(op)}{name} must have the same length as {ref_name} ({ref.numel()}), got {t.numel()}"
+        )
+
+
+def _check_mode(scaling_mode: Any, op: str) -> None:
+    check_choice("scaling_mode", scaling_mode, SCALING_MODES, op=op)
+
+
+def _check_offsets_need_blocked(group_end_offsets: Any, blocked_scales: bool, op: str) -> None:
+    if group_end_offsets is not None and not blocked_scales:
+        raise ValueError(
+            f"{op}: group_end_offsets is only supported with blocked_scales=True "
+            "(groups only change the blocked scale layout); pass blocked_scales=True or drop the offsets"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# One check per public op
+# ----------------------------------------------------------------------------------------------
+
+
+def check_quantize_2d(
+    x: Any,
+    block: Any,
+    group_end_offsets: Any,
+    scaling_mode: Any,
+    blocked_scales: Any,
+    *,
+    op: str = "quantize_mxfp8_2d",
+) -> None:
+    """``quantize_mxfp8_2d``: x (M, K) bf16/fp32 contiguous; 1x32 needs K % 32 == 0, 32x1 needs
+    M % 32 == 0; offsets (int32, 1-D, on x's device) only with blocked_scales=True."""
+    check_tensor("x", x, ndim=2, dtypes=QUANT_DTYPES, op=op)
+    check_choice("block", block, BLOCKS, op=op)
+    _check_mode(scaling_mode, op)
+    check_bool("blocked_scales", blocked_scales, op=op)
+    m, k = x.shape
+    if block == "1x32":
+        check_divisible("x.shape[1] (K)", k, BLOCK_SIZE, why="for block='1x32'", op=op)
+    else:
+        check_divisible("x.shape[0] (M)", m, BLOCK_SIZE, why="for block='32x1'", op=op)
+    if group_end_offsets is not None:
+        check_offsets("group_end_offsets", group_end_offsets, x.device, op=op)
+    _check_offsets_need_blocked(group_end_offsets, blocked_scales, op)
+
+
+def check_quantize_2d_dual(
+    x: Any,
+    group_end_offsets: Any,
+    scaling_mode: Any,
+    blocked_scales: Any,
+    *,
+    op: str = "quantize_mxfp8_2d_dual",
+) -> None:
+    """``quantize_mxfp8_2d_dual``: the union of the 1x32 and 32x1 rules (M and K multiples of 32)."""
+    check_tensor("x", x, ndim=2, dtypes=QUANT_DTYPES, op=op)
+    _check_mode(scaling_mode, op)
+    check_bool("blocked_scales", blocked_scales, op=op)
+    m, k = x.shape
+    check_divisible("x.shape[0] (M)", m, BLOCK_SIZE, why="(32x1 blocks)", op=op)
+    check_divisible("x.shape[1] (K)", k, BLOCK_SIZE, why="(1x32 blocks)", op=op)
+    if group_end_offsets is not None:
+        check_offsets("group_end_offsets", group_end_offsets, x.device, op=op)
+    _check_offsets_need_blocked(group_end_offsets, blocked_scales, op)
+
+
+def check_quantize_3d(
+    w: Any,
+    block: Any,
+    scaling_mode: Any,
+    blocked_scales: Any,
+    *,
+    op: str = "quantize_mxfp8_3d",
+) -> None:
+    """``quantize_mxfp8_3d``: w (E, N, K) bf16/fp32 contiguous with N % 32 == 0 and K % 32 == 0."""
+    check_tensor("w", w, ndim=3, dtypes=QUANT_DTYPES, op=op)
+    check_choice("block", block, BLOCKS, op=op)
+    _check_mode(scaling_mode, op)
+    check_bool("blocked_scales", blocked_scales, op=op)
+    _, n, k = w.shape
+    check_divisible("w.shape[1] (N)", n, BLOCK_SIZE, op=op)
+    check_divisible("w.shape[2] (K)", k, BLOCK_SIZE, op=op)
+
+
+def check_swizzle(scales: Any, group_end_offsets: Any, groups: Any, *, op: str = "swizzle_scales") -> None:
+    """``swizzle_scales``: scales 2-D (R, C) or 3-D (E, R, C), E8M0 or uint8, contiguous; offsets only
+    with 2-D scales; groups in ("M", "K")."""
+    check_tensor("scales", scales, ndim=(2, 3), dtypes=SCALE_DTYPES, op=op)
+    check_choice("groups", groups, GROUPS, op=op)
+    if group_end_offsets is not None:
+        if scales.dim() == 3:
+            raise ValueError(
+                f"{op}: group_end_offsets is not supported with 3-D scales (each expert is blocked "
+                "independently); pass 2-D scales or drop the offsets"
+            )
+        check_offsets("group_end_offsets", group_end_offsets, scales.device, op=op)
+
+
+def check_pad(x: Any, group_end_offsets: Any, alignment: Any, *, op: str = "pad_token_groups") -> None:
+    """``pad_token_groups``: x (M, D) contiguous of a ``PAD_DTYPES`` dtype; offsets int32 1-D on x's
+    device; alignment in ``ALIGNMENTS``."""
+    check_tensor("x", x, ndim=2, dtypes=PAD_DTYPES, op=op)
+    check_offsets("group_end_offsets", group_end_offsets, x.device, op=op)
+    check_alignment(alignment, op=op)
+
+
+def check_unpad(
+    padded: Any, group_end_offsets: Any, padded_start: Any, *, op: str = "unpad_token_groups"
+) -> None:
+    """``unpad_token_groups``: padded (P, D) contiguous; offsets and padded_start int32 1-D of the same
+    length on padded's device."""
+    check_tensor("padded", padded, ndim=2, dtypes=PAD_DTYPES, op=op)
+    check_offsets("group_end_offsets", group_end_offsets, padded.device, op=op)
+    check_offsets("padded_start", padded_start, padded.device, op=op)
+    check_same_length("padded_start", padded_start, "group_end_offsets", group_end_offsets, op=op)
+
+
+def check_pad_and_quantize(
+    x: Any,
+    group_end_offsets: Any,
+    alignment: Any,
+    scaling_mode: Any,
+    *,
+    op: str = "pad_and_quantize_mxfp8_2d",
+) -> None:
+    """``pad_and_quantize_mxfp8_2d``: x (M, K) bf16/fp32 contiguous with K % 32 == 0; offsets int32 1-D
+    on x's device; alignment in ``ALIGNMENTS``; scaling_mode in ``SCALING_MODES``."""
+    check_tensor("x", x, ndim=2, dtypes=QUANT_DTYPES, op=op)
+    check_divisible("x.shape[1] (K)", x.shape[1], BLOCK_SIZE, why="for block='1x32'", op=op)
+    check_offsets("group_end_offsets", group_end_offsets, x.device, op=op)
+    check_alignment(alignment, op=op)
+    _check_mode(scaling_mode, op)

@@ -1,0 +1,572 @@
+"""Pure-PyTorch reference of the cute-kernels contract (SPEC.md): the spec in code.
+
+Every kernel must match these functions bit for bit. They run on CPU and CUDA tensors, are
+vectorized (Python loops only over large row chunks), and are allowed to synchronize the host with
+the device (they read group offsets to size and validate their work); the kernel path is not.
+
+Layout summary (see SPEC sections 2-4):
+
+* MX numerics: blocks of 32 elements, one E8M0 scale byte ``s`` per block, data
+  ``q = e4m3(x_fp32 * 2^(127 - s))`` (RNE, saturating to +-448, NaN -> 0x7F).
+* ``"1x32"``: blocks along the last dim; ``"32x1"``: blocks of 32 consecutive rows.
+* Blocked scale layout: 128x4 tiles of 512 bytes (``blocked_offsets``), optionally grouped along
+  rows (M-groups) or along scale columns (K-groups).
+* Token-group padding: each group padded to a multiple of ``alignment`` rows.
+
+Building blocks reused by tests and other modules: ``e8m0_scale_bits``, ``inverse_scale``,
+``quantize_blocks``, ``dequantize_blocks``, ``blocked_offsets``, ``to_blocked``,
+``swizzle_m_groups``, ``swizzle_k_groups``, ``padded_group_offsets``, ``padded_rows``,
+``check_group_end_offsets``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import checks
+
+__all__ = [
+    "BLOCK_SIZE",
+    "E4M3_MAX",
+    "E4M3_NAN_BITS",
+    "E8M0_NAN",
+    "INV_448_BITS",
+    "TILE_BYTES",
+    "TILE_COLS",
+    "TILE_ROWS",
+    "blocked_offsets",
+    "blocked_shape",
+    "check_group_end_offsets",
+    "dequantize_blocks",
+    "e8m0_scale_bits",
+    "inverse_scale",
+    "pad_and_quantize_mxfp8_2d",
+    "pad_token_groups",
+    "padded_group_offsets",
+    "padded_rows",
+    "quantize_blocks",
+    "quantize_mxfp8_2d",
+    "quantize_mxfp8_2d_dual",
+    "quantize_mxfp8_3d",
+    "swizzle_k_groups",
+    "swizzle_m_groups",
+    "swizzle_scales",
+    "to_blocked",
+    "unpad_token_groups",
+]
+
+BLOCK_SIZE = 32
+"""Elements per MX block."""
+E4M3_MAX = 448.0
+"""Largest finite FP8 E4M3 (fn) value; quantized data saturates to +-E4M3_MAX."""
+E4M3_NAN_BITS = 0x7F
+"""The one NaN byte the quantizers emit (also for -NaN inputs)."""
+E8M0_NAN = 255
+"""E8M0 scale byte for a block whose max |x| is NaN or Inf."""
+INV_448_BITS = 0x3B124925
+"""Bit pattern of fp32(1/448), the constant of the rceil scale rule."""
+TILE_ROWS, TILE_COLS = 128, 4
+"""A blocked-layout tile covers 128 scale rows x 4 scale columns ..."""
+TILE_BYTES = TILE_ROWS * TILE_COLS
+"""... stored as 512 consecutive bytes."""
+
+_CHUNK_ELEMS = 1 << 24  # elements per quantization chunk: bounds the fp32 temporaries (64 MiB each)
+
+_BITS_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _round_up(v, m: int):
+    """``m * ceil(v / m)`` for a non-negative int or integer tensor ``v``."""
+    return (v + (m - 1)) // m * m
+
+
+def _as_bits(t: Tensor) -> Tensor:
+    """View ``t`` as a same-size integer dtype (bit-exact data movement, works for fp8 dtypes)."""
+    return t.view(_BITS_DTYPE[t.element_size()])
+
+
+def _e8m0(bits: Tensor) -> Tensor:
+    return bits.view(torch.float8_e8m0fnu)
+
+
+def _u8(scales: Tensor) -> Tensor:
+    return scales.view(torch.uint8) if scales.dtype == torch.float8_e8m0fnu else scales
+
+
+# ----------------------------------------------------------------------------------------------
+# MX numerics (SPEC section 2)
+# ----------------------------------------------------------------------------------------------
+
+
+def _exponent_field(v: Tensor) -> Tensor:
+    """Biased exponent field (bits 30..23) of fp32 ``v``, as int32."""
+    return (v.view(torch.int32) >> 23) & 0xFF
+
+
+def _mantissa_field(v: Tensor) -> Tensor:
+    """Mantissa field (bits 22..0) of fp32 ``v``, as int32."""
+    return v.view(torch.int32) & 0x7FFFFF
+
+
+def e8m0_scale_bits(amax: Tensor, mode: str) -> Tensor:
+    """E8M0 scale byte of each block from its fp32 max magnitude ``amax`` (any shape, >= 0 or NaN/Inf).
+
+    * ``"floor"``: ``s = max(E(a) - 8, 0)``.
+    * ``"rceil"``: ``d = fp32(a * fp32(1/448))`` (a product; subnormal ``d`` is kept), then
+      ``s = Mant(d) > 0x400000`` if ``E(d) == 0`` else ``E(d) + (Mant(d) != 0)`` (255 at the top).
+    * ``a`` NaN or Inf gives 255 in both modes.
+
+    Returns a uint8 tensor of ``amax``'s shape.
+    """
+    if amax.dtype != torch.float32:
+        raise TypeError(f"e8m0_scale_bits: amax must be torch.float32, got {amax.dtype}")
+    if mode == "floor":
+        s = (_exponent_field(amax) - 8).clamp_min(0)
+    elif mode == "rceil":
+        inv_448 = torch.tensor(INV_448_BITS, dtype=torch.int32).view(torch.float32).to(amax.device)
+        d = amax * inv_448  # one IEEE fp32 multiply (CPU/CUDA torch kernels keep subnormals)
+        e, m = _exponent_field(d), _mantissa_field(d)
+        s = torch.where(e == 0, (m > 0x400000).to(torch.int32), e + (m != 0).to(torch.int32))
+    else:
+        raise ValueError(f"e8m0_scale_bits: mode must be 'floor' or 'rceil', got {mode!r}")
+    s = torch.where(torch.isfinite(amax), s, E8M0_NAN)
+    return s.to(torch.uint8)
+
+
+def inverse_scale(s: Tensor) -> Tensor:
+    """``2^(127 - s)`` as an exact fp32, built from bits, for E8M0 bytes ``s`` (uint8 or E8M0).
+
+    s in 0..253 -> normal ``(254 - s) << 23``; s = 254 -> 2^-127 (the subnormal 0x00400000);
+    s = 255 -> NaN (0x7FC00000).
+    """
+    s32 = _u8(s).to(torch.int32)
+    special = torch.where(s32 == 254, 0x00400000, 0x7FC00000).to(torch.int32)  # 2^-127 or NaN
+    bits = torch.where(s32 <= 253, (254 - s32) << 23, special)
+    return bits.view(torch.float32)
+
+
+def quantize_blocks(x_blocks: Tensor, s: Tensor, dim: int = -1) -> Tensor:
+    """E4M3 data of fp32 ``x_blocks`` given the per-block scale bytes ``s`` (uint8 or E8M0).
+
+    ``s`` has ``x_blocks``'s shape with dimension ``dim`` (the 32 elements of a block) removed.
+    ``q = e4m3(x * 2^(127 - s))``: exact fp32 product, clamp to [-448, 448] (saturation), RNE cast;
+    NaN (including -NaN, and everything in an s = 255 block) becomes byte 0x7F; -0 stays 0x80.
+    Returns a ``torch.float8_e4m3fn`` tensor of ``x_blocks``'s shape.
+    """
+    if x_blocks.dtype != torch.float32:
+        raise TypeError(f"quantize_blocks: x_blocks must be torch.float32, got {x_blocks.dtype}")
+    y = x_blocks * inverse_scale(s).unsqueeze(dim)
+    is_nan = torch.isnan(y)
+    y.clamp_(-E4M3_MAX, E4M3_MAX)
+    bits = y.to(torch.float8_e4m3fn).view(torch.uint8)
+    bits = torch.where(is_nan, E4M3_NAN_BITS, bits)
+    return bits.view(torch.float8_e4m3fn)
+
+
+def dequantize_blocks(q: Tensor, s: Tensor, dim: int = -1) -> Tensor:
+    """fp32 ``q * 2^(s - 127)`` (the SPEC's dequantization); ``s`` as in ``quantize_blocks``."""
+    s32 = _u8(s).to(torch.float32).unsqueeze(dim)
+    return q.to(torch.float32) * torch.exp2(s32 - 127.0)
+
+
+def _quantize_rows(x2: Tensor, mode: str) -> tuple[Tensor, Tensor]:
+    """1x32 blocks along the last dim of a contiguous (R, K) tensor.
+
+    Returns q (R, K) float8_e4m3fn row-major and s (R, K/32) uint8.
+    """
+    r, k = x2.shape
+    kb = k // BLOCK_SIZE
+    q = torch.empty((r, k), dtype=torch.float8_e4m3fn, device=x2.device)
+    s = torch.empty((r, kb), dtype=torch.uint8, device=x2.device)
+    if r == 0 or k == 0:
+        return q, s
+    step = max(1, _CHUNK_ELEMS // k)
+    for r0 in range(0, r, step):
+        xb = x2[r0 : r0 + step].to(torch.float32).view(-1, kb, BLOCK_SIZE)
+        sb = e8m0_scale_bits(xb.abs().amax(dim=-1), mode)
+        q[r0 : r0 + step] = quantize_blocks(xb, sb, dim=-1).view(-1, k)
+        s[r0 : r0 + step] = sb
+    return q, s
+
+
+def _quantize_cols(x2: Tensor, mode: str) -> tuple[Tensor, Tensor]:
+    """32x1 blocks (32 consecutive rows) of a contiguous (R, K) tensor, R % 32 == 0.
+
+    Returns q (R, K) float8_e4m3fn **row-major** and s (R/32, K) uint8 (block-row major).
+    """
+    r, k = x2.shape
+    rb = r // BLOCK_SIZE
+    q = torch.empty((r, k), dtype=torch.float8_e4m3fn, device=x2.device)
+    s = torch.empty((rb, k), dtype=torch.uint8, device=x2.device)
+    if r == 0 or k == 0:
+        return q, s
+    x3 = x2.view(rb, BLOCK_SIZE, k)
+    q3 = q.view(rb, BLOCK_SIZE, k)
+    step = max(1, _CHUNK_ELEMS // (BLOCK_SIZE * k))
+    for b0 in range(0, rb, step):
+        xb = x3[b0 : b0 + step].to(torch.float32)
+        sb = e8m0_scale_bits(xb.abs().amax(dim=1), mode)
+        q3[b0 : b0 + step] = quantize_blocks(xb, sb, dim=1)
+        s[b0 : b0 + step] = sb
+    return q, s
+
+
+# ----------------------------------------------------------------------------------------------
+# Blocked scale layout (SPEC section 3)
+# ----------------------------------------------------------------------------------------------
+
+
+def blocked_shape(rows: int, cols: int) -> tuple[int, int]:
+    """``(Rp, Cp) = (128*ceil(rows/128), 4*ceil(cols/4))``, the blocked layout's padded shape."""
+    return _round_up(rows, TILE_ROWS), _round_up(cols, TILE_COLS)
+
+
+def blocked_offsets(rows: int, cols: int, device: torch.device | str | None = None) -> Tensor:
+    """Flat byte offset of every scale (r, c) of a (rows, cols) matrix in its blocked layout.
+
+    ``offset(r, c) = ((r // 128) * (Cp // 4) + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4
+    + c % 4`` with ``Cp = 4 * ceil(cols / 4)``. Returns int64 (rows, cols).
+    """
+    _, cp = blocked_shape(rows, cols)
+    r = torch.arange(rows, dtype=torch.int64, device=device).unsqueeze(1)
+    c = torch.arange(cols, dtype=torch.int64, device=device).unsqueeze(0)
+    return (
+        ((r // TILE_ROWS) * (cp // TILE_COLS) + c // TILE_COLS) * TILE_BYTES
+        + (r % 32) * 16
+        + ((r % TILE_ROWS) // 32) * 4
+        + c % TILE_COLS
+    )
+
+
+def to_blocked(scales: Tensor) -> Tensor:
+    """Plain blocked layout of a scale matrix (..., R, C) (uint8 or E8M0; leading dims = experts).
+
+    Zero-pads to (Rp, Cp) and stores the 128x4 tiles row-block-major, each tile as 32 rows of 16
+    bytes where byte ``(r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4`` holds S[r, c].
+    Returns a contiguous ``torch.float8_e8m0fnu`` tensor (..., Rp, Cp) whose storage is that order.
+    """
+    bits = _u8(scales)
+    *lead, r, c = bits.shape
+    rp, cp = blocked_shape(r, c)
+    padded = bits.new_zeros((*lead, rp, cp))
+    padded[..., :r, :c] = bits
+    n = len(lead)
+    # (row block, row quarter, row % 32, col block, col % 4) -> (row block, col block, row % 32,
+    # row quarter, col % 4): exactly the offset formula of ``blocked_offsets``.
+    tiles = padded.view(*lead, rp // TILE_ROWS, 4, 32, cp // TILE_COLS, TILE_COLS)
+    perm = (*range(n), n, n + 3, n + 2, n + 1, n + 4)
+    return _e8m0(tiles.permute(perm).reshape(*lead, rp, cp))
+
+
+def _starts(ends: Tensor) -> Tensor:
+    return torch.cat([ends.new_zeros(1), ends[:-1]])
+
+
+def _group_of(positions: Tensor, ends: Tensor) -> Tensor:
+    """Index of the group owning each position (positions < ends[-1]; empty groups own nothing)."""
+    return torch.searchsorted(ends, positions, right=True)
+
+
+def swizzle_m_groups(scales: Tensor, ends: Tensor) -> Tensor:
+    """M-groups blocked layout of S (R, C): groups of rows with (validated) end offsets ``ends``.
+
+    Group g's rows ``[ends[g-1], ends[g])`` are laid out as their own blocked matrix starting at row
+    ``P_g = sum_{i<g} 128*ceil(n_i/128)`` (flat byte ``P_g * Cp``). Returns E8M0 (R + 128*G, Cp); every
+    byte not covered by a group (padding, rows past ``ends[-1]``, the tail from ``P_G * Cp``) is 0.
+    """
+    bits = _u8(scales)
+    r, c = bits.shape
+    ends = ends.to(device=bits.device, dtype=torch.int64)
+    g_count = ends.numel()
+    _, cp = blocked_shape(r, c)
+    out_rows = r + TILE_ROWS * g_count
+    starts = _starts(ends)
+    block_rows = _round_up(ends - starts, TILE_ROWS)
+    p = torch.cumsum(block_rows, 0) - block_rows
+    # Place each grouped row at its row in "group-padded" space; since every P_g is a multiple of
+    # 128, the plain blocked layout of that matrix is the M-groups layout.
+    last = int(ends[-1])
+    rows = torch.arange(last, dtype=torch.int64, device=bits.device)
+    g = _group_of(rows, ends)
+    placed = bits.new_zeros((_round_up(out_rows, TILE_ROWS), c))
+    placed.index_copy_(0, p[g] + rows - starts[g], bits[:last])
+    flat = to_blocked(placed).view(torch.uint8).reshape(-1)[: out_rows * cp]
+    return _e8m0(flat.view(out_rows, cp))
+
+
+def swizzle_k_groups(scales: Tensor, kends: Tensor) -> Tensor:
+    """K-groups blocked layout of S (R, C): groups of scale columns with (validated) end offsets.
+
+    Group g's columns ``[kend[g-1], kend[g])`` are laid out as the blocked matrix S[:, group]
+    (Rp x 4*ceil(k_g/4)) stored contiguously from flat byte ``Rp * Q_g``,
+    ``Q_g = sum_{i<g} 4*ceil(k_i/4)``. Returns E8M0 (Rp, C + 4*G); uncovered bytes are 0.
+    """
+    bits = _u8(scales)
+    r, c = bits.shape
+    kends = kends.to(device=bits.device, dtype=torch.int64)
+    g_count = kends.numel()
+    rp, _ = blocked_shape(r, c)
+    out_cols = c + TILE_COLS * g_count
+    kstarts = _starts(kends)
+    kp = _round_up(kends - kstarts, TILE_COLS)
+    q = torch.cumsum(kp, 0) - kp
+    last = int(kends[-1])
+    cols = torch.arange(last, dtype=torch.int64, device=bits.device)
+    g = _group_of(cols, kends)
+    cl = cols - kstarts[g]  # column inside its group
+    col_part = (rp * q[g] + (cl // TILE_COLS) * TILE_BYTES + cl % TILE_COLS).unsqueeze(0)
+    row_block_bytes = ((kp[g] // TILE_COLS) * TILE_BYTES).unsqueeze(0)  # one row block of group g
+    rr = torch.arange(r, dtype=torch.int64, device=bits.device).unsqueeze(1)
+    row_part = (rr % 32) * 16 + ((rr % TILE_ROWS) // 32) * 4
+    offsets = col_part + row_part + (rr // TILE_ROWS) * row_block_bytes
+    out = bits.new_zeros(rp * out_cols)
+    out.index_copy_(0, offsets.reshape(-1), bits[:, :last].reshape(-1))
+    return _e8m0(out.view(rp, out_cols))
+
+
+def check_group_end_offsets(offsets: Tensor, total: int | None) -> None:
+    """The explicit, **syncing** validator of group end offsets (reads the values).
+
+    Requires: a torch.int32 tensor, 1-D, non-empty, values >= 0, non-decreasing, and (unless
+    ``total`` is None) last value <= ``total``. Raises ``ValueError`` naming what is wrong.
+    """
+    name = "group_end_offsets"
+    if not isinstance(offsets, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.int32 tensor, got {type(offsets).__name__}")
+    if offsets.dtype != torch.int32:
+        raise ValueError(f"{name} must have dtype torch.int32, got {offsets.dtype}")
+    if offsets.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(offsets.shape)}")
+    if offsets.numel() == 0:
+        raise ValueError(f"{name} must hold at least one group, got length 0")
+    v = offsets.detach().to("cpu", torch.int64)
+    neg = torch.nonzero(v < 0)
+    if neg.numel():
+        i = int(neg[0])
+        raise ValueError(f"{name} must be >= 0, got {int(v[i])} at index {i}")
+    dec = torch.nonzero(v[1:] < v[:-1])
+    if dec.numel():
+        i = int(dec[0]) + 1
+        raise ValueError(f"{name} must be non-decreasing, got {int(v[i - 1])} then {int(v[i])} at index {i}")
+    if total is not None and int(v[-1]) > total:
+        raise ValueError(f"{name} last value ({int(v[-1])}) must be <= the total size ({total})")
+
+
+def _scale_ends_from_row_ends(group_end_offsets: Tensor) -> Tensor:
+    """Row-group end offsets (multiples of 32) -> scale-column end offsets (``kend = end / 32``)."""
+    ends = group_end_offsets.to(torch.int64)
+    bad = torch.nonzero(ends % BLOCK_SIZE)
+    if bad.numel():
+        i = int(bad[0])
+        raise ValueError(
+            f"group_end_offsets must be multiples of 32 for block='32x1' (row groups of whole 32x1 "
+            f"blocks), got {int(ends[i])} at index {i}"
+        )
+    return ends // BLOCK_SIZE
+
+
+def _finish_scales(s: Tensor, ends: Tensor | None, blocked: bool, groups: str) -> Tensor:
+    """Unblocked (E8M0 view of ``s``), plain blocked, or M-/K-groups blocked scales."""
+    if not blocked:
+        return _e8m0(s)
+    if ends is None:
+        return to_blocked(s)
+    return swizzle_m_groups(s, ends) if groups == "M" else swizzle_k_groups(s, ends)
+
+
+def swizzle_scales(scales: Tensor, *, group_end_offsets: Tensor | None = None, groups: str = "M") -> Tensor:
+    """Convert a logical scale matrix to the blocked layout (SPEC section 3).
+
+    ``scales``: (R, C) or (E, R, C), ``torch.float8_e8m0fnu`` or ``torch.uint8``, contiguous.
+
+    * 2-D, no offsets: plain blocked layout, (Rp, Cp).
+    * 3-D: each expert blocked independently, (E, Rp, Cp). Offsets are not allowed.
+    * ``groups="M"`` with offsets (end offsets over the R rows): M-groups layout, (R + 128*G, Cp).
+    * ``groups="K"`` with offsets (end offsets over the C scale columns): K-groups layout,
+      (Rp, C + 4*G).
+
+    Returns a contiguous ``torch.float8_e8m0fnu`` tensor; all bytes not covered by a group are 0.
+    """
+    checks.check_swizzle(scales, group_end_offsets, groups)
+    if group_end_offsets is None:
+        return to_blocked(scales)
+    total = scales.shape[0] if groups == "M" else scales.shape[1]
+    check_group_end_offsets(group_end_offsets, total)
+    return _finish_scales(_u8(scales), group_end_offsets, True, groups)
+
+
+# ----------------------------------------------------------------------------------------------
+# Quantization ops (SPEC section 5)
+# ----------------------------------------------------------------------------------------------
+
+
+def quantize_mxfp8_2d(
+    x: Tensor,
+    *,
+    block: str = "1x32",
+    group_end_offsets: Tensor | None = None,
+    scaling_mode: str = "rceil",
+    blocked_scales: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """MXFP8-quantize a 2-D tensor x (M, K), bf16 or fp32, contiguous.
+
+    ``block="1x32"`` (K % 32 == 0): q (M, K) float8_e4m3fn row-major; scales E8M0 of S = (M, K/32):
+    unblocked (M, K/32); blocked (Rp, Cp); with offsets (end offsets over the M rows) the M-groups
+    layout (M + 128*G, Cp).
+
+    ``block="32x1"`` (M % 32 == 0): q (M, K) float8_e4m3fn with strides (1, M); scales of
+    S = (K, M/32): unblocked (K, M/32); blocked (Rp, Cp); with offsets (row groups whose end offsets
+    are multiples of 32) the K-groups layout with ``kend = end / 32``, shape (Rp, M/32 + 4*G).
+
+    Offsets (int32, on x's device) require ``blocked_scales=True``.
+    """
+    checks.check_quantize_2d(x, block, group_end_offsets, scaling_mode, blocked_scales)
+    m, k = x.shape
+    if group_end_offsets is not None:
+        check_group_end_offsets(group_end_offsets, m)
+    if block == "1x32":
+        q, s = _quantize_rows(x, scaling_mode)
+        return q, _finish_scales(s, group_end_offsets, blocked_scales, "M")
+    q_rm, s_cols = _quantize_cols(x, scaling_mode)
+    q = q_rm.t().contiguous().t()  # (M, K) with strides (1, M)
+    s = s_cols.t().contiguous()  # S = (K, M/32)
+    kends = None if group_end_offsets is None else _scale_ends_from_row_ends(group_end_offsets)
+    return q, _finish_scales(s, kends, blocked_scales, "K")
+
+
+def quantize_mxfp8_2d_dual(
+    x: Tensor,
+    *,
+    group_end_offsets: Tensor | None = None,
+    scaling_mode: str = "rceil",
+    blocked_scales: bool = True,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Both quantizations of x (M, K) (M and K multiples of 32): returns
+    ``(q_1x32, scales_1x32, q_32x1, scales_32x1)``, by definition identical to the two single
+    ``quantize_mxfp8_2d`` calls with ``block="1x32"`` and ``block="32x1"`` (same offsets: M-groups for
+    1x32, K-groups with ``kend = end / 32`` for 32x1)."""
+    checks.check_quantize_2d_dual(x, group_end_offsets, scaling_mode, blocked_scales)
+    kw = dict(group_end_offsets=group_end_offsets, scaling_mode=scaling_mode, blocked_scales=blocked_scales)
+    q_r, s_r = quantize_mxfp8_2d(x, block="1x32", **kw)
+    q_c, s_c = quantize_mxfp8_2d(x, block="32x1", **kw)
+    return q_r, s_r, q_c, s_c
+
+
+def quantize_mxfp8_3d(
+    w: Tensor,
+    *,
+    block: str = "1x32",
+    scaling_mode: str = "rceil",
+    blocked_scales: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """MXFP8-quantize expert weights w (E, N, K), bf16 or fp32, contiguous, N and K multiples of 32.
+
+    ``"1x32"`` (blocks along K): q (E, N, K) row-major; per-expert S (N, K/32): unblocked
+    (E, N, K/32), blocked (E, Rp, Cp) with (Rp, Cp) = blocked_shape(N, K/32).
+    ``"32x1"`` (blocks along N): q (E, N, K) with strides (N*K, 1, N); per-expert S (K, N/32):
+    unblocked (E, K, N/32), blocked (E, Rp, Cp) with (Rp, Cp) = blocked_shape(K, N/32).
+    """
+    checks.check_quantize_3d(w, block, scaling_mode, blocked_scales)
+    e, n, k = w.shape
+    flat = w.view(e * n, k)
+    if block == "1x32":
+        q2, s2 = _quantize_rows(flat, scaling_mode)
+        q = q2.view(e, n, k)
+        s = s2.view(e, n, k // BLOCK_SIZE)
+    else:
+        # 32-row blocks never straddle two experts because N % 32 == 0.
+        q2, s2 = _quantize_cols(flat, scaling_mode)
+        q = q2.view(e, n, k).transpose(1, 2).contiguous().transpose(1, 2)
+        s = s2.view(e, n // BLOCK_SIZE, k).transpose(1, 2).contiguous()
+    return q, (to_blocked(s) if blocked_scales else _e8m0(s))
+
+
+# ----------------------------------------------------------------------------------------------
+# Token-group padding (SPEC section 4)
+# ----------------------------------------------------------------------------------------------
+
+
+def padded_group_offsets(group_end_offsets: Tensor, alignment: int) -> tuple[Tensor, Tensor]:
+    """Padded group boundaries: sizes ``A*ceil(n_g/A)`` (empty stays empty), ``padded_end`` = their
+    cumsum, ``padded_start = padded_end - size``. Returns (padded_start, padded_end), int32 on the
+    offsets' device. No sync."""
+    ends = group_end_offsets.to(torch.int64)
+    sizes = _round_up(ends - _starts(ends), alignment)
+    padded_end = torch.cumsum(sizes, 0)
+    return (padded_end - sizes).to(torch.int32), padded_end.to(torch.int32)
+
+
+def padded_rows(m: int, num_groups: int, alignment: int) -> int:
+    """Static row count of the padded output: ``A * ceil((M + G*A) / A)``."""
+    return _round_up(m + num_groups * alignment, alignment)
+
+
+def pad_token_groups(
+    x: Tensor, group_end_offsets: Tensor, *, alignment: int = 32
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Pad each token group of x (M, D) to a multiple of ``alignment`` rows.
+
+    Group g (rows ``[end[g-1], end[g])``, n_g rows) is copied to rows
+    ``[padded_start[g], padded_start[g] + n_g)`` of a zero tensor of ``padded_rows(M, G, A)`` rows;
+    every other row (group padding, rows past the last group's padded end) is zero.
+    Returns (padded (padded_rows, D) in x's dtype, padded_start, padded_end), the offsets int32 on
+    x's device (see ``padded_group_offsets``). Bit-exact copy (NaN payloads, -0 kept).
+    """
+    checks.check_pad(x, group_end_offsets, alignment)
+    m, d = x.shape
+    check_group_end_offsets(group_end_offsets, m)
+    padded_start, padded_end = padded_group_offsets(group_end_offsets, alignment)
+    ends = group_end_offsets.to(torch.int64)
+    out = x.new_zeros((padded_rows(m, ends.numel(), alignment), d))
+    last = int(ends[-1])
+    rows = torch.arange(last, dtype=torch.int64, device=x.device)
+    g = _group_of(rows, ends)
+    dest = padded_start.to(torch.int64)[g] + rows - _starts(ends)[g]
+    _as_bits(out).index_copy_(0, dest, _as_bits(x)[:last])
+    return out, padded_start, padded_end
+
+
+def unpad_token_groups(padded: Tensor, group_end_offsets: Tensor, padded_start: Tensor) -> Tensor:
+    """Exact inverse of ``pad_token_groups``: gathers group g's n_g rows from
+    ``padded[padded_start[g] : padded_start[g] + n_g]`` back to rows ``[end[g-1], end[g])``.
+
+    Returns (M, D) in padded's dtype with M = ``group_end_offsets[-1]`` (read from the device: the
+    reference syncs). Raises ``ValueError`` if a group's padded range is outside ``padded``.
+    """
+    checks.check_unpad(padded, group_end_offsets, padded_start)
+    check_group_end_offsets(group_end_offsets, None)
+    ends = group_end_offsets.to(torch.int64)
+    starts = _starts(ends)
+    pstart = padded_start.to(torch.int64)
+    nrows = padded.shape[0]
+    bad = torch.nonzero((pstart < 0) | (pstart + (ends - starts) > nrows))
+    if bad.numel():
+        i = int(bad[0])
+        raise ValueError(
+            f"unpad_token_groups: padded_start[{i}] = {int(pstart[i])} with group size "
+            f"{int(ends[i] - starts[i])} is outside padded's {nrows} rows"
+        )
+    m = int(ends[-1])
+    rows = torch.arange(m, dtype=torch.int64, device=padded.device)
+    g = _group_of(rows, ends)
+    src = pstart[g] + rows - starts[g]
+    return _as_bits(padded).index_select(0, src).view(padded.dtype)
+
+
+def pad_and_quantize_mxfp8_2d(
+    x: Tensor, group_end_offsets: Tensor, *, alignment: int = 32, scaling_mode: str = "rceil"
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Fused token-group padding + 1x32 MXFP8 quantization of x (M, K), bf16/fp32, K % 32 == 0.
+
+    Exactly ``quantize_mxfp8_2d(pad_token_groups(x)[0], group_end_offsets=padded_end)``:
+    q (padded_rows(M, G, A), K) float8_e4m3fn row-major (padding rows 0), scales E8M0 in the
+    M-groups blocked layout of the padded groups, (padded_rows + 128*G, Cp) (padding scales 0).
+    Returns (q, scales, padded_start, padded_end).
+    """
+    checks.check_pad_and_quantize(x, group_end_offsets, alignment, scaling_mode)
+    padded, padded_start, padded_end = pad_token_groups(x, group_end_offsets, alignment=alignment)
+    q, scales = quantize_mxfp8_2d(
+        padded, block="1x32", group_end_offsets=padded_end, scaling_mode=scaling_mode, blocked_scales=True
+    )
+    return q, scales, padded_start, padded_end
