@@ -16,9 +16,11 @@ import struct
 import numpy as np
 import pytest
 import torch
-from torch.testing._internal.common_quantized import to_blocked as torch_to_blocked
 
 from torch_bindings import reference as ref
+
+# PyTorch core's blocked layout; its module needs `expecttest` (extra `test`, installed by CI).
+torch_to_blocked = pytest.importorskip("torch.testing._internal.common_quantized").to_blocked
 
 E8M0 = torch.float8_e8m0fnu
 E4M3 = torch.float8_e4m3fn

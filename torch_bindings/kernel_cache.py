@@ -130,7 +130,17 @@ def _load_or_build(key: tuple, build: Callable[[], object]) -> Callable:
     return compiled
 
 
+_clear_hooks: list[Callable[[], None]] = []
+
+
+def on_clear(hook: Callable[[], None]) -> None:
+    """Register a callback that drops a module's own kernel lookup table on :func:`clear_memory_cache`."""
+    _clear_hooks.append(hook)
+
+
 def clear_memory_cache() -> None:
     """Forget in-process kernels (the disk cache stays): the next call loads or compiles again."""
     with _lock:
         _memory.clear()
+        for hook in _clear_hooks:
+            hook()

@@ -6,7 +6,7 @@ import torch
 
 from . import backend as _backend
 from . import checks, reference
-from .kernel_cache import get_kernel
+from .kernel_cache import get_kernel, on_clear
 
 _OP = "swizzle_scales"
 _TILE_ROWS, _TILE_COLS = 128, 4
@@ -30,13 +30,22 @@ def blocked_output_shape(scales_shape: tuple, num_groups: int | None, groups: st
 _LAYOUT_BY_GROUPS = {None: "plain", "M": "m_groups", "K": "k_groups"}
 
 
+_kernels: dict[tuple, object] = {}  # hot-path lookup in front of kernel_cache.get_kernel
+on_clear(_kernels.clear)
+
+
 def _kernel(layout: str, rank: int, word_loads: bool, arch: str):
-    def build():
-        from cute_kernels.swizzle import SwizzleLayout, compile_swizzle
+    key = (layout, rank, word_loads, arch)
+    kernel = _kernels.get(key)
+    if kernel is None:
 
-        return compile_swizzle(SwizzleLayout(layout), arch, rank, word_loads)
+        def build():
+            from cute_kernels.swizzle import SwizzleLayout, compile_swizzle
 
-    return get_kernel(("swizzle_scales", layout, rank, word_loads, arch), build)
+            return compile_swizzle(SwizzleLayout(layout), arch, rank, word_loads)
+
+        kernel = _kernels[key] = get_kernel(("swizzle_scales", *key), build)
+    return kernel
 
 
 def _run_kernel(
