@@ -169,7 +169,7 @@ def make_swizzle(layout: SwizzleLayout, config: SwizzleConfig, rank: int = 2, wo
         out_row_blocks = row_blocks
 
         smem = SmemAllocator()
-        stage, _ = allocate_staging(smem, window)
+        stage = allocate_staging(smem, window)
         first_tile = col_window * window_tiles
 
         if cutlass.const_expr(grouped):

@@ -11,7 +11,7 @@ pad word per row, so the column-of-words gathers of the store phase hit 32 disti
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Uint8, Uint32
+from cutlass import Int32, Uint32
 
 TILE_ROWS = 128
 TILE_COLS = 4
@@ -27,9 +27,8 @@ def staging_layout(window_cols: int) -> cute.Layout:
 
 
 def allocate_staging(smem, window_cols: int):
-    """Allocate the staging buffer; returns ``(words, bytes)`` views of the same memory."""
-    stage = smem.allocate_tensor(Uint32, staging_layout(window_cols), byte_alignment=16)
-    return stage, cute.recast_tensor(stage, Uint8)
+    """Allocate the staging buffer (a Uint32 tensor: one word per staged tile column and row)."""
+    return smem.allocate_tensor(Uint32, staging_layout(window_cols), byte_alignment=16)
 
 
 def ceil_div(a, b):

@@ -263,6 +263,12 @@ def _starts(ends: Tensor) -> Tensor:
     return torch.cat([ends.new_zeros(1), ends[:-1]])
 
 
+def _padded_prefix(ends: Tensor, unit: int) -> tuple[Tensor, Tensor]:
+    """Group sizes rounded up to ``unit`` and their exclusive prefix sum: ``(padded_start, sizes)``."""
+    sizes = _round_up(ends - _starts(ends), unit)
+    return torch.cumsum(sizes, 0) - sizes, sizes
+
+
 def _group_of(positions: Tensor, ends: Tensor) -> Tensor:
     """Index of the group owning each position (positions < ends[-1]; empty groups own nothing)."""
     return torch.searchsorted(ends, positions, right=True)
@@ -282,8 +288,7 @@ def swizzle_m_groups(scales: Tensor, ends: Tensor) -> Tensor:
     _, cp = blocked_shape(r, c)
     out_rows = r + TILE_ROWS * g_count
     starts = _starts(ends)
-    block_rows = _round_up(ends - starts, TILE_ROWS)
-    p = torch.cumsum(block_rows, 0) - block_rows
+    p, _ = _padded_prefix(ends, TILE_ROWS)
     # Place each grouped row at its row in "group-padded" space; since every P_g is a multiple of
     # 128, the plain blocked layout of that matrix is the M-groups layout.
     last = int(ends[-1])
@@ -309,8 +314,7 @@ def swizzle_k_groups(scales: Tensor, kends: Tensor) -> Tensor:
     rp, _ = blocked_shape(r, c)
     out_cols = c + TILE_COLS * g_count
     kstarts = _starts(kends)
-    kp = _round_up(kends - kstarts, TILE_COLS)
-    q = torch.cumsum(kp, 0) - kp
+    q, kp = _padded_prefix(kends, TILE_COLS)
     last = int(kends[-1])
     cols = torch.arange(last, dtype=torch.int64, device=bits.device)
     g = _group_of(cols, kends)
@@ -491,10 +495,8 @@ def padded_group_offsets(group_end_offsets: Tensor, alignment: int) -> tuple[Ten
     """Padded group boundaries: sizes ``A*ceil(n_g/A)`` (empty stays empty), ``padded_end`` = their
     cumsum, ``padded_start = padded_end - size``. Returns (padded_start, padded_end), int32 on the
     offsets' device. No sync."""
-    ends = group_end_offsets.to(torch.int64)
-    sizes = _round_up(ends - _starts(ends), alignment)
-    padded_end = torch.cumsum(sizes, 0)
-    return (padded_end - sizes).to(torch.int32), padded_end.to(torch.int32)
+    padded_start, sizes = _padded_prefix(group_end_offsets.to(torch.int64), alignment)
+    return padded_start.to(torch.int32), (padded_start + sizes).to(torch.int32)
 
 
 def padded_rows(m: int, num_groups: int, alignment: int) -> int:
