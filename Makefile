@@ -27,7 +27,7 @@ demo: $(STAMP)
 	$(PYTHON) -m bench.demo
 
 bench: $(STAMP)
-	$(PYTHON) -m bench.bench_swizzle
+	for b in bench/bench_*.py; do $(PYTHON) -m bench.$$(basename $$b .py) || exit 1; done
 
 sass: $(STAMP)
 	$(PYTHON) -m cute_utils.sass all --arch all

@@ -1,24 +1,26 @@
 """CuTeDSL kernels of cute-kernels, one module per kernel, each with its config space.
 
 ``sass_targets()`` is the registry ``python -m cute_utils.sass`` and the CI SASS tests compile:
-target name -> function(arch) returning a ``cute.compile`` result that keeps its cubin.
+target name -> function(arch) returning a ``cute.compile`` result that keeps its cubin. Each kernel
+module contributes its variants through its own ``sass_targets()``.
 """
 
+import importlib
 from collections.abc import Callable
+
+#: Kernel modules that register SASS targets (each defines ``sass_targets() -> dict``).
+KERNEL_MODULES = ("swizzle", "quantize", "pad")
 
 
 def sass_targets() -> dict[str, Callable[[str], object]]:
     """Every kernel variant of the toolkit, compiled for inspection on a chosen arch."""
-    from cute_utils.sass import compile_options
-
-    from .swizzle import compile_swizzle, variants
-
-    def swizzle_target(layout, rank: int, word_loads: bool) -> Callable[[str], object]:
-        return lambda arch: compile_swizzle(layout, arch, rank, word_loads, options=compile_options(arch))
-
-    return {
-        f"swizzle_{layout.value}_{rank}d{'_words' if word_loads else ''}": swizzle_target(
-            layout, rank, word_loads
-        )
-        for layout, rank, word_loads in variants()
-    }
+    targets: dict[str, Callable[[str], object]] = {}
+    for name in KERNEL_MODULES:
+        try:
+            module = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{name}":
+                raise
+            continue  # kernel not written yet
+        targets.update(module.sass_targets())
+    return targets

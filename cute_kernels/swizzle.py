@@ -329,6 +329,19 @@ def variants() -> list[tuple[SwizzleLayout, int, bool]]:
     ]
 
 
+def sass_targets() -> dict:
+    """SASS-inspection targets of this module: ``swizzle_<layout>_<rank>d[_words]`` -> build(arch)."""
+    from cute_utils.sass import compile_options
+
+    def target(layout: SwizzleLayout, rank: int, word_loads: bool):
+        return lambda arch: compile_swizzle(layout, arch, rank, word_loads, options=compile_options(arch))
+
+    return {
+        f"swizzle_{layout.value}_{rank}d{'_words' if word_loads else ''}": target(layout, rank, word_loads)
+        for layout, rank, word_loads in variants()
+    }
+
+
 __all__ = [
     "CONFIGS",
     "MAX_GROUPS",
@@ -336,5 +349,6 @@ __all__ = [
     "SwizzleLayout",
     "compile_swizzle",
     "make_swizzle",
+    "sass_targets",
     "variants",
 ]
