@@ -126,3 +126,81 @@ def find_group(prefix: cute.Tensor, num_groups: Int32, key: Int32) -> Int32:
             if prefix[candidate] <= key:
                 pos = candidate
     return pos
+
+
+@cute.jit
+def m_groups_row_block(
+    prefix: cute.Tensor, ends: cute.Tensor, num_groups: Int32, row_block: Int32, rows: Int32
+):
+    """Source rows behind output row block ``row_block`` of an M-groups blocked scale layout.
+
+    Needs the 128-row padded prefix and the clamped ends of :func:`scan_padded_group_sizes`.
+    Returns ``(first source row, valid rows 0..128, covered)``. Blocks below ``prefix[G]`` belong to
+    one group (``covered``: their scales are the group's). The blocks after them carry no group's
+    scales (they are zero) and are paired, in order, with the 128-row chunks of the rows past the
+    last group's end, which still need their data quantized: there are always enough of them
+    (``ceil((rows + 128 G) / 128) - prefix[G] >= ceil((rows - end[G-1]) / 128)``).
+    """
+    covered_blocks = prefix[num_groups]
+    covered = row_block < covered_blocks
+    g = find_group(prefix, num_groups, row_block)
+    start, end = smem_group_bounds(ends, g)
+    first = start + (row_block - prefix[g]) * 128
+    limit = end
+    if not covered:
+        first = ends[num_groups - 1] + (row_block - covered_blocks) * 128
+        limit = rows
+    valid = cutlass.max(cutlass.min(limit - first, 128), Int32(0))
+    return first, valid, covered
+
+
+@cute.jit
+def scan_padded_group_sizes_once(
+    offsets: cute.Tensor,
+    num_groups: Int32,
+    total: Int32,
+    unit: cutlass.Constexpr,
+    prefix: cute.Tensor,
+    warp_totals: cute.Tensor,
+    tid: Int32,
+    num_threads: cutlass.Constexpr,
+    ends: cute.Tensor,
+):
+    """:func:`scan_padded_group_sizes` (same arguments and results) reading each end offset from
+    global memory once: the clamped ends go to shared memory first and the sizes are taken from
+    there. Every CTA of a grid reads the same few offset bytes at launch, so fewer global requests
+    per CTA means less queueing on that one L2 line (one extra CTA barrier instead).
+    """
+    per_thread = (num_groups + (num_threads - 1)) // num_threads
+    first = tid * per_thread
+    for i in cutlass.range(per_thread):
+        g = first + i
+        if g < num_groups:
+            ends[g] = clamped_end(offsets, g, total)
+    cute.arch.sync_threads()
+    own = Int32(0)
+    for i in cutlass.range(per_thread):
+        g = first + i
+        if g < num_groups:
+            start, end = smem_group_bounds(ends, g)
+            own = own + (end - start + (unit - 1)) // unit
+    lane = tid % _WARP
+    warp = tid // _WARP
+    inclusive = _warp_inclusive_sum(own, lane)
+    if lane == _WARP - 1:
+        warp_totals[warp] = inclusive
+    cute.arch.sync_threads()
+    before = Int32(0)
+    for w in cutlass.range_constexpr(num_threads // _WARP):
+        if w < warp:
+            before = before + warp_totals[w]
+    running = before + inclusive - own
+    for i in cutlass.range(per_thread):
+        g = first + i
+        if g < num_groups:
+            prefix[g] = running
+            start, end = smem_group_bounds(ends, g)
+            running = running + (end - start + (unit - 1)) // unit
+    if tid == num_threads - 1:
+        prefix[num_groups] = before + inclusive
+    cute.arch.sync_threads()

@@ -71,3 +71,23 @@ def random_group_ends(
         running += size + more
         ends.append(running)
     return ends
+
+
+def assert_same_bytes(actual: torch.Tensor, expected: torch.Tensor, what: str = "") -> None:
+    """Shapes, dtypes and every byte equal (``expected`` may live on another device)."""
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, (
+        f"{what}: {actual.shape}/{actual.dtype} vs {expected.shape}/{expected.dtype}"
+    )
+    a, e = actual.view(torch.uint8), expected.to(actual.device).view(torch.uint8)
+    if not torch.equal(a, e):
+        mismatch = (a != e).nonzero()
+        first = mismatch[:4].tolist()
+        raise AssertionError(
+            f"{what}: {mismatch.shape[0]} bytes differ, first at {first}: "
+            f"{[a[tuple(i)].item() for i in first]} vs {[e[tuple(i)].item() for i in first]}"
+        )
+
+
+def cuda_offsets(ends) -> torch.Tensor:
+    """int32 end offsets on the GPU."""
+    return torch.tensor(ends, dtype=torch.int32, device="cuda")

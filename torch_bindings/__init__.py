@@ -15,16 +15,18 @@ from . import reference
 from .backend import select as _select
 from .kernel_cache import STATS as compile_stats
 from .kernel_cache import clear_memory_cache
+from .pad import pad_token_groups, unpad_token_groups
+from .quantize import quantize_mxfp8_2d
 from .reference import check_group_end_offsets
 from .swizzle import swizzle_scales
 
 #: Public op -> issue that brings its kernel (None: the kernel exists).
 KERNEL_STATUS = {
     "swizzle_scales": None,
-    "quantize_mxfp8_2d": 3,
+    "quantize_mxfp8_2d": None,  # block="1x32"; "32x1" comes with issue 6
     "quantize_mxfp8_3d": 4,
-    "pad_token_groups": 5,
-    "unpad_token_groups": 5,
+    "pad_token_groups": None,
+    "unpad_token_groups": None,
     "pad_and_quantize_mxfp8_2d": 5,
     "quantize_mxfp8_2d_dual": 6,
 }
@@ -47,11 +49,8 @@ def _reference_until_kernel(name: str):
     return op
 
 
-quantize_mxfp8_2d = _reference_until_kernel("quantize_mxfp8_2d")
 quantize_mxfp8_2d_dual = _reference_until_kernel("quantize_mxfp8_2d_dual")
 quantize_mxfp8_3d = _reference_until_kernel("quantize_mxfp8_3d")
-pad_token_groups = _reference_until_kernel("pad_token_groups")
-unpad_token_groups = _reference_until_kernel("unpad_token_groups")
 pad_and_quantize_mxfp8_2d = _reference_until_kernel("pad_and_quantize_mxfp8_2d")
 
 __all__ = [

@@ -59,3 +59,14 @@ def select(op: str, backend: str, device: torch.device) -> str | None:
     if arch is None and backend == "cute":
         raise RuntimeError(f"{op}: backend='cute' cannot run here: {reason}")
     return arch
+
+
+_sms_by_index: dict[int, int] = {}
+
+
+def num_sms(index: int) -> int:
+    """Multiprocessor count of CUDA device ``index`` (cached): sizes the persistent grids."""
+    sms = _sms_by_index.get(index)
+    if sms is None:
+        sms = _sms_by_index[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return sms

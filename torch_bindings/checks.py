@@ -265,9 +265,39 @@ def check_quantize_3d(
     check_divisible("w.shape[2] (K)", k, BLOCK_SIZE, op=op)
 
 
+_SWIZZLE_DTYPES = frozenset(SCALE_DTYPES)
+
+
 def check_swizzle(scales: Any, group_end_offsets: Any, groups: Any, *, op: str = "swizzle_scales") -> None:
     """``swizzle_scales``: scales 2-D (R, C) or 3-D (E, R, C), E8M0 or uint8, contiguous; offsets only
     with 2-D scales; groups in ("M", "K")."""
+    # Eager fast path (host overhead): accept valid arguments with a handful of metadata reads; any
+    # doubt falls through to the full checks below, which raise the errors.
+    if (
+        isinstance(scales, torch.Tensor)
+        and type(groups) is str
+        and (groups == "M" or groups == "K")
+        and scales.dtype in _SWIZZLE_DTYPES
+        and scales.is_contiguous()
+    ):
+        ndim = scales.dim()
+        if group_end_offsets is None:
+            if ndim == 2 or ndim == 3:
+                return
+        elif (
+            ndim == 2
+            and isinstance(group_end_offsets, torch.Tensor)
+            and group_end_offsets.dtype == OFFSETS_DTYPE
+            and group_end_offsets.dim() == 1
+            and group_end_offsets.numel() > 0
+            and group_end_offsets.is_contiguous()
+            and group_end_offsets.device == scales.device
+        ):
+            return
+    _check_swizzle_full(scales, group_end_offsets, groups, op)
+
+
+def _check_swizzle_full(scales: Any, group_end_offsets: Any, groups: Any, op: str) -> None:
     check_tensor("scales", scales, ndim=(2, 3), dtypes=SCALE_DTYPES, op=op)
     check_choice("groups", groups, GROUPS, op=op)
     if group_end_offsets is not None:
@@ -288,14 +318,26 @@ def check_pad(x: Any, group_end_offsets: Any, alignment: Any, *, op: str = "pad_
 
 
 def check_unpad(
-    padded: Any, group_end_offsets: Any, padded_start: Any, *, op: str = "unpad_token_groups"
+    padded: Any,
+    group_end_offsets: Any,
+    padded_start: Any,
+    *,
+    num_tokens: Any = None,
+    op: str = "unpad_token_groups",
 ) -> None:
     """``unpad_token_groups``: padded (P, D) contiguous; offsets and padded_start int32 1-D of the same
-    length on padded's device."""
+    length on padded's device; ``num_tokens`` None or an int >= 0 (TypeError for a non-int)."""
     check_tensor("padded", padded, ndim=2, dtypes=PAD_DTYPES, op=op)
     check_offsets("group_end_offsets", group_end_offsets, padded.device, op=op)
     check_offsets("padded_start", padded_start, padded.device, op=op)
     check_same_length("padded_start", padded_start, "group_end_offsets", group_end_offsets, op=op)
+    if num_tokens is not None:
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, torch.SymInt)):
+            raise TypeError(
+                f"{_prefix(op)}num_tokens must be None or an int >= 0, got {describe(num_tokens)}"
+            )
+        if isinstance(num_tokens, int) and num_tokens < 0:
+            raise ValueError(f"{_prefix(op)}num_tokens must be >= 0, got {num_tokens}")
 
 
 def check_pad_and_quantize(
@@ -313,3 +355,23 @@ def check_pad_and_quantize(
     check_offsets("group_end_offsets", group_end_offsets, x.device, op=op)
     check_alignment(alignment, op=op)
     _check_mode(scaling_mode, op)
+
+
+MAX_KERNEL_GROUPS = 2048
+"""Most groups a kernel takes (its group scan lives in shared memory; ``cute_utils.groups.MAX_GROUPS``)."""
+
+
+def check_kernel_inputs(op: str, group_end_offsets: torch.Tensor | None, *tensors: torch.Tensor) -> None:
+    """Kernel-path limits beyond the contract's checks: at most ``MAX_KERNEL_GROUPS`` groups, and
+    16-byte aligned data pointers (the kernels use 16-byte vector accesses)."""
+    if group_end_offsets is not None and group_end_offsets.shape[0] > MAX_KERNEL_GROUPS:
+        raise ValueError(
+            f"{op}: the CuTeDSL kernels take at most {MAX_KERNEL_GROUPS} groups, got "
+            f"{group_end_offsets.shape[0]} (backend='reference' has no limit)"
+        )
+    for t in tensors:
+        if t.data_ptr() % 16:
+            raise ValueError(
+                f"{op}: the CuTeDSL kernels need 16-byte aligned tensors, got a data pointer at "
+                f"{t.data_ptr() % 16} bytes past a 16-byte boundary (pass a .clone() of it)"
+            )

@@ -529,15 +529,19 @@ def pad_token_groups(
     return out, padded_start, padded_end
 
 
-def unpad_token_groups(padded: Tensor, group_end_offsets: Tensor, padded_start: Tensor) -> Tensor:
+def unpad_token_groups(
+    padded: Tensor, group_end_offsets: Tensor, padded_start: Tensor, *, num_tokens: int | None = None
+) -> Tensor:
     """Exact inverse of ``pad_token_groups``: gathers group g's n_g rows from
     ``padded[padded_start[g] : padded_start[g] + n_g]`` back to rows ``[end[g-1], end[g])``.
 
-    Returns (M, D) in padded's dtype with M = ``group_end_offsets[-1]`` (read from the device: the
-    reference syncs). Raises ``ValueError`` if a group's padded range is outside ``padded``.
+    Returns (M, D) in padded's dtype with M = ``num_tokens`` when given (rows past the last group's
+    end are zero; the last end must be <= num_tokens), else M = ``group_end_offsets[-1]`` (read from
+    the device: the reference syncs). Raises ``ValueError`` if a group's padded range is outside
+    ``padded``.
     """
-    checks.check_unpad(padded, group_end_offsets, padded_start)
-    check_group_end_offsets(group_end_offsets, None)
+    checks.check_unpad(padded, group_end_offsets, padded_start, num_tokens=num_tokens)
+    check_group_end_offsets(group_end_offsets, num_tokens)
     ends = group_end_offsets.to(torch.int64)
     starts = _starts(ends)
     pstart = padded_start.to(torch.int64)
@@ -553,7 +557,10 @@ def unpad_token_groups(padded: Tensor, group_end_offsets: Tensor, padded_start: 
     rows = torch.arange(m, dtype=torch.int64, device=padded.device)
     g = _group_of(rows, ends)
     src = pstart[g] + rows - starts[g]
-    return _as_bits(padded).index_select(0, src).view(padded.dtype)
+    gathered = _as_bits(padded).index_select(0, src)
+    if num_tokens is not None and num_tokens != m:
+        gathered = torch.cat([gathered, gathered.new_zeros((num_tokens - m, padded.shape[1]))])
+    return gathered.view(padded.dtype)
 
 
 def pad_and_quantize_mxfp8_2d(

@@ -1,0 +1,109 @@
+"""Sweep ``QuantizeConfig`` choices (vectors per unit, pipeline stages, grid size) for the 1x32
+quantization on the issue's shapes; prints time and ratio to a copy of the same bytes (inputs
+rotated past L2). Used to pick ``cute_kernels.quantize.CONFIGS``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from bench.common import (
+    copy_baseline_us,
+    make_parser,
+    make_rotating_inputs,
+    output_paths,
+    progress,
+    report,
+    require_cuda,
+    time_cuda,
+)
+from cute_kernels.quantize import QuantizeConfig, ScaleLayout, compile_quantize
+from torch_bindings.backend import kernel_arch
+from torch_bindings.quantize import scales_shape_1x32
+
+SHAPES = [(8192, 2048), (8192, 7168), (32768, 2048), (32768, 7168), (131072, 7168)]
+GROUPS = 8
+
+
+def _inputs(shape, dtype, grouped: bool, device):
+    rows, cols = shape
+    ends = None
+    if grouped:
+        ends = (torch.arange(1, GROUPS + 1, device=device) * rows // GROUPS - 37).clamp(min=0).to(torch.int32)
+        ends[-1] = rows
+
+    def make():
+        x = torch.randn(shape, dtype=dtype, device=device)
+        q = torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
+        s = torch.empty(
+            scales_shape_1x32(shape, GROUPS if grouped else None, True), dtype=torch.uint8, device=device
+        )
+        return x, q, s.view(torch.float8_e8m0fnu), ends
+
+    sets = make_rotating_inputs(make)
+    x, q, s, _ = sets[0]
+    return sets, x.nbytes + q.nbytes + s.nbytes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser(__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    args = parser.parse_args(argv)
+    device = require_cuda("tune_quantize")
+    arch, _ = kernel_arch(device)
+    dtype = getattr(torch, args.dtype)
+    configs = [
+        QuantizeConfig(batch_vectors=b, stages=st, target_ctas=t, max_groups=g)
+        for b, st, t, g in [
+            (2, 3, 4096, 2048),
+            (2, 2, 4096, 2048),
+            (1, 4, 4096, 2048),
+            (2, 3, 1024, 2048),
+            (2, 3, 4096, 64),
+            (2, 3, 1024, 64),
+            (2, 3, 512, 64),
+            (4, 2, 1024, 64),
+        ]
+    ]
+    rows = []
+    for config in configs:
+        kernels = {
+            grouped: compile_quantize(
+                args.dtype, "rceil", ScaleLayout.M_GROUPS if grouped else ScaleLayout.BLOCKED, arch, config
+            )
+            for grouped in (False, True)
+        }
+        for shape in SHAPES[:2] if args.quick else SHAPES:
+            for grouped, kernel in kernels.items():
+                sets, nbytes = _inputs(shape, dtype, grouped, device)
+                us = time_cuda(lambda *a, k=kernel: k(*a), sets)
+                copy = copy_baseline_us(nbytes, device)
+                rows.append(
+                    {
+                        "shape": shape,
+                        "grouped": grouped,
+                        "batch": config.batch_vectors,
+                        "stages": config.stages,
+                        "target ctas": config.target_ctas,
+                        "max G": config.max_groups,
+                        "us": us,
+                        "ratio": copy / us,
+                    }
+                )
+                progress(f"{rows[-1]}")
+                del sets
+    json_path, _ = output_paths(args, "tune_quantize")
+    report(
+        rows,
+        ["shape", "grouped", "batch", "stages", "target ctas", "max G", "us", "ratio"],
+        f"quantize 1x32 config sweep ({args.dtype})",
+        json_path=json_path,
+        panel_key=None,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,372 @@
+"""``quantize_mxfp8_2d`` with 1x32 blocks: bf16/fp32 (M, K) -> E4M3 (M, K) + E8M0 scales, one pass.
+
+Scale layouts (a compile-time choice, :class:`ScaleLayout`):
+
+- ``plain``: the logical (M, K/32) scale matrix, row-major.
+- ``blocked``: SPEC section 3's blocked layout of S = (M, K/32), shape (Rp, Cp).
+- ``m_groups``: row groups from end offsets, (M + 128 G, Cp); group g's rows blocked from row
+  ``P_g = 128 * sum_{i<g} ceil(n_i / 128)``, every byte no group covers written as 0.
+
+Work decomposition: CTA ``(x, y)`` owns output row block ``x`` (128 scale rows; for ``m_groups``
+the source rows behind it come from the in-kernel group scan, :func:`m_groups_row_block`) and a
+contiguous run of 128-column tiles (4 scale columns each). Its 4 warps take one 32-row quarter of
+the block each. A lane holds 8 consecutive elements (one 16-byte load for bf16): 4 lanes form a
+32-element block, so the block max is two butterfly shuffles away, and a warp covers 2 rows x 128
+columns per vector step. Lanes load ``batch_vectors`` vectors before converting (bytes in flight),
+store the E4M3 data with 8-byte stores, and gather each row's 4 scale bytes into one word that
+ends in lane ``row % 32``: after a tile, each lane stores the one word of the blocked tile its row
+owns (``plain``: its row's bytes). No shared memory except the group scan; no CTA barrier after it.
+
+M, K and the group count are symbolic: one compile per (dtype, scaling mode, scale layout, config,
+arch). K must be a multiple of 32 and x 16-byte aligned (the bindings check both).
+"""
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float8E4M3FN, Float8E8M0FNU, Float32, Int32, Uint8, Uint32
+from cutlass.cute.nvgpu import cpasync
+from cutlass.memory import SmemAllocator
+
+from cute_utils.blocked import TILE_COLS, TILE_ROWS, ceil_div
+from cute_utils.groups import MAX_GROUPS, m_groups_row_block, prefix_smem_words, scan_padded_group_sizes
+from cute_utils.mx import BLOCK_SIZE, e8m0_scale, inverse_scale, lane_group_max, max_abs_bits, scale_values
+
+VECTOR = 8  # elements per lane and vector step
+LANES_PER_BLOCK = BLOCK_SIZE // VECTOR  # 4
+TILE_K = TILE_COLS * BLOCK_SIZE  # 128 elements of K per blocked tile column group
+LANES_PER_ROW = TILE_K // VECTOR  # 16: a warp covers 2 rows of a tile per vector step
+ROWS_PER_STEP = 32 // LANES_PER_ROW
+QUARTER_ROWS = 32  # rows per warp: one lane per row of the quarter when scales are stored
+STEPS = QUARTER_ROWS // ROWS_PER_STEP  # 16 steps of 2 rows
+WARPS = TILE_ROWS // QUARTER_ROWS
+
+
+class ScaleLayout(str, Enum):
+    PLAIN = "plain"
+    BLOCKED = "blocked"
+    M_GROUPS = "m_groups"
+
+
+DTYPES = {"bfloat16": BFloat16, "float32": Float32}
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """``batch_vectors``: 8-element vectors (2-row steps of a 128-column tile) per pipeline unit;
+    ``stages``: units in a lane's shared-memory ring (``stages - 1`` in flight while one converts);
+    ``target_ctas``: grid size aimed for (each CTA loops over a run of column tiles, which amortizes
+    the group scan); ``min_ctas_per_sm``: register cap (0: none); ``max_groups``: most groups the
+    M-groups variant takes (its scan arrays live in shared memory, which bounds occupancy)."""
+
+    batch_vectors: int = 2
+    stages: int = 3
+    target_ctas: int = 4096
+    min_ctas_per_sm: int = 0
+    max_groups: int = MAX_GROUPS  # m_groups: shared-memory size of the group scan
+
+    def __post_init__(self) -> None:
+        if self.batch_vectors < 1 or STEPS % self.batch_vectors:
+            raise ValueError(f"batch_vectors={self.batch_vectors} must divide {STEPS}")
+        if self.stages < 2:
+            raise ValueError(f"stages={self.stages} must be >= 2")
+
+
+# Picked with bench/tune_quantize.py on an H200 (bench/README.md): 2 vectors per unit and 3 stages
+# (4 KB in flight per warp at 40 registers, so ~16 warps per SM fit); a grid of ~4096 CTAs.
+# ``SMALL_GROUPS`` is the M-groups variant for G <= 64: its smaller scan arrays leave room for
+# more CTAs per SM (small shapes gain ~10%).
+SMALL_GROUPS = 64
+_DEFAULT = QuantizeConfig()
+CONFIGS = {arch: {"bfloat16": _DEFAULT, "float32": _DEFAULT} for arch in ("sm_90a", "sm_100a")}
+
+
+def _vector_view(tensor: cute.Tensor, rows, cols, dtype=None) -> cute.Tensor:
+    """(rows, cols / 8, 8) view of a row-major (rows, cols) tensor: ``[r, v, None]`` is vector v."""
+    ptr = tensor.iterator if dtype is None else cute.recast_ptr(tensor.iterator, dtype=dtype)
+    return cute.make_tensor(
+        ptr, cute.make_layout((rows, cols // VECTOR, VECTOR), stride=(tensor.layout.stride[0], VECTOR, 1))
+    )
+
+
+@cute.jit
+def _row_scale_word(s: Int32, lane: Int32) -> Uint32:
+    """Word of the 4 scale bytes of the row a lane works on (byte c = block c of the 128-column
+    tile), in all 16 lanes of that row: shift each block's byte into place and OR across blocks."""
+    word = Uint32(s) << (8 * ((lane % LANES_PER_ROW) // LANES_PER_BLOCK))
+    for k in cutlass.range_constexpr(2):
+        word = word | cute.arch.shuffle_sync_bfly(word, LANES_PER_BLOCK << k)
+    return word
+
+
+def _staging_ring(smem, x: cute.Tensor, batch: int, stages: int):
+    """Per-lane cp.async staging: ``(ring, atom)``.
+
+    ``ring``: this warp's shared slots (stages, batch, lane, 8), row-major, one unit of ``batch``
+    vectors per stage; ``atom``: the 16-byte ``cp.async`` (L2 only) copy. The loads in flight cost
+    no registers, and each lane reads back only what it copied itself, so completion is the lane's
+    own ``cp.async.wait_group``: no barrier.
+    """
+    ring = smem.allocate_tensor(
+        x.element_type,
+        cute.make_ordered_layout((WARPS, stages, batch, 32, VECTOR), order=(4, 3, 2, 1, 0)),
+        byte_alignment=128,
+    )
+    warp = cute.arch.thread_idx()[0] // 32
+    atom = cute.make_copy_atom(
+        cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), x.element_type, num_bits_per_copy=128
+    )
+    return ring[warp, None, None, None, None], atom
+
+
+@cute.jit
+def _issue_unit(atom, x_vec: cute.Tensor, slots: cute.Tensor, row: Int32, rows_left: Int32, vec: Int32, cols):
+    """Start the copies of one unit into ``slots`` (batch, lane, 8) of this lane: vector i is
+    ``x[row + 2 i, 8 vec : 8 vec + 8]`` for rows below ``row + rows_left`` and columns below K
+    (others are not copied), in 16-byte pieces; then commit them as one group (also when empty, so
+    that groups count units)."""
+    lane = cute.arch.thread_idx()[0] % 32
+    chunk = 128 // x_vec.element_type.width  # elements per 16-byte copy
+    for i in cutlass.range_constexpr(cute.size(slots, mode=[0])):
+        if i * ROWS_PER_STEP < rows_left and vec * VECTOR < cols:
+            src = x_vec[row + i * ROWS_PER_STEP, vec, None]
+            dst = slots[i, lane, None]
+            for c in cutlass.range_constexpr(VECTOR // chunk):
+                cute.copy(atom, cute.local_tile(src, (chunk,), (c,)), cute.local_tile(dst, (chunk,), (c,)))
+    cute.arch.cp_async_commit_group()
+
+
+@cute.jit
+def _store_plain_scales(scale_bytes: cute.Tensor, row: Int32, tile: Int32, word: Uint32, valid):
+    """Row ``row``'s scale bytes of 128-column tile ``tile`` (packed in ``word``) into the (M, K/32)
+    scale matrix, skipping columns past K/32."""
+    if valid:
+        for c in cutlass.range_constexpr(TILE_COLS):
+            if tile * TILE_COLS + c < scale_bytes.shape[1]:
+                scale_bytes[row, tile * TILE_COLS + c] = Uint8((word >> (8 * c)) & 0xFF)
+
+
+@cute.jit
+def _quantize_vector(values, q_vec, row, vec, store, mode: cutlass.Constexpr) -> Int32:
+    """E4M3-quantize one lane's 8 elements as a quarter of a 32-element block (the 4 lanes of a block
+    agree on the scale through shuffles), store them to ``q_vec[row, vec, :]`` when ``store``, and
+    return the block's scale byte (0 when not ``store``: the 4 lanes of a block agree on that too)."""
+    xf = cute.make_rmem_tensor(cute.make_layout(VECTOR), Float32)
+    xf.store(values.load().to(Float32))
+    amax = lane_group_max(max_abs_bits(xf), LANES_PER_BLOCK)
+    s = e8m0_scale(amax, mode)
+    if not store:
+        s = Int32(0)  # a block outside the tensor (stale data): padding scale
+    scale_values(xf, inverse_scale(s))
+    q_frag = cute.make_rmem_tensor(cute.make_layout(VECTOR), Float8E4M3FN)
+    q_frag.store(xf.load().to(Float8E4M3FN))
+    if store:
+        cute.autovec_copy(q_frag, q_vec[row, vec, None])
+    return s
+
+
+def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: QuantizeConfig):
+    """Build the ``@cute.jit`` launcher ``launch(x, q, scales, offsets, stream)``.
+
+    ``x``: (M, K) bf16/fp32 row-major, K % 32 == 0, 16-byte aligned. ``q``: (M, K) Float8E4M3FN.
+    ``scales``: Float8E8M0FNU, (M, K/32) for ``plain``, the blocked (Rp, Cp) or M-groups
+    (M + 128 G, Cp) shape otherwise, 4-byte aligned. ``offsets``: Int32 (G,) row end offsets for
+    ``m_groups``, else ``None``.
+    """
+    if mode not in ("floor", "rceil"):
+        raise ValueError(f"mode must be 'floor' or 'rceil', got {mode!r}")
+    batch = config.batch_vectors
+    batches = STEPS // batch
+    stages = config.stages
+    threads = 32 * WARPS
+    grouped = layout is ScaleLayout.M_GROUPS
+
+    @cute.jit
+    def _issue(atom, x_vec, ring, u, units, first_row, valid_rows, lane_row, lane_vec, first_tile, cols):
+        """Issue pipeline unit ``u`` (batch ``u % batches`` of tile ``first_tile + u // batches``) into
+        stage ``u % stages``; past ``units`` only an empty group is committed."""
+        rows_left = Int32(0)
+        vec = first_tile * LANES_PER_ROW + lane_vec + (u // batches) * LANES_PER_ROW
+        row = lane_row + (u % batches) * batch * ROWS_PER_STEP
+        if u < units:
+            rows_left = valid_rows - row
+        _issue_unit(atom, x_vec, ring[u % stages, None, None, None], first_row + row, rows_left, vec, cols)
+
+    @cute.kernel
+    def quantize_kernel(x: cute.Tensor, q: cute.Tensor, scales: cute.Tensor, offsets, tiles_per_cta: Int32):
+        tid, _, _ = cute.arch.thread_idx()
+        row_block, col_chunk, _ = cute.arch.block_idx()
+        lane = tid % 32
+        quarter = tid // 32
+        rows, cols = x.shape
+        scale_cols = cols // BLOCK_SIZE
+        col_tiles = ceil_div(cols, TILE_K)
+        q_vec = _vector_view(q, rows, cols)
+
+        first_row = row_block * TILE_ROWS
+        valid_rows = cutlass.min(rows - first_row, TILE_ROWS)
+        keep_scales = True
+        smem = SmemAllocator()
+        if cutlass.const_expr(grouped):
+            prefix = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words(config.max_groups)), 16)
+            ends = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words(config.max_groups)), 16)
+            warp_totals = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
+            num_groups = offsets.shape[0]
+            scan_padded_group_sizes(
+                offsets, num_groups, rows, TILE_ROWS, prefix, warp_totals, tid, threads, ends
+            )
+            first_row, valid_rows, keep_scales = m_groups_row_block(prefix, ends, num_groups, row_block, rows)
+
+        if cutlass.const_expr(layout is ScaleLayout.PLAIN):
+            scale_bytes = cute.make_tensor(
+                cute.recast_ptr(scales.iterator, dtype=Uint8),
+                cute.make_layout((rows, scale_cols), stride=(scale_cols, 1)),
+            )
+        else:
+            scale_words = cute.make_tensor(
+                cute.recast_ptr(scales.iterator, dtype=Uint32), cute.make_layout(cute.size(scales) // 4)
+            )
+
+        quarter_row = quarter * QUARTER_ROWS  # first row of this warp inside the block
+        lane_row = quarter_row + lane // LANES_PER_ROW  # the lane's row in the block at step 0
+        lane_vec = lane % LANES_PER_ROW
+        first_tile = col_chunk * tiles_per_cta
+        last_tile = cutlass.min(first_tile + tiles_per_cta, col_tiles)
+
+        # Per-lane cp.async pipeline: unit u = batch (u % batches) of tile (first_tile + u // batches);
+        # its vectors land in stage (u % stages) of this warp's shared ring while older units convert.
+        x_vec = _vector_view(x, rows, cols)
+        ring, atom = _staging_ring(smem, x, batch, stages)
+        units = (last_tile - first_tile) * batches
+        for u in cutlass.range_constexpr(stages - 1):
+            _issue(atom, x_vec, ring, u, units, first_row, valid_rows, lane_row, lane_vec, first_tile, cols)
+        my_word = Uint32(0)
+        for u in cutlass.range(units, unroll=1):
+            _issue(
+                atom,
+                x_vec,
+                ring,
+                u + stages - 1,
+                units,
+                first_row,
+                valid_rows,
+                lane_row,
+                lane_vec,
+                first_tile,
+                cols,
+            )
+            cute.arch.cp_async_wait_group(stages - 1)
+            tile = first_tile + u // batches
+            b = u % batches
+            vec = tile * LANES_PER_ROW + lane_vec
+            for i in cutlass.range_constexpr(batch):
+                step = b * batch + i
+                r = lane_row + step * ROWS_PER_STEP
+                valid = r < valid_rows and vec * VECTOR < cols
+                s = _quantize_vector(ring[u % stages, i, lane, None], q_vec, first_row + r, vec, valid, mode)
+                # Route the row's scale word to lane (row % 32) of the quarter.
+                word = cute.arch.shuffle_sync(
+                    _row_scale_word(s, lane), (lane % ROWS_PER_STEP) * LANES_PER_ROW
+                )
+                if lane // ROWS_PER_STEP == step:
+                    my_word = word
+            if b == batches - 1:
+                if cutlass.const_expr(layout is ScaleLayout.PLAIN):
+                    row = quarter_row + lane
+                    _store_plain_scales(scale_bytes, first_row + row, tile, my_word, row < valid_rows)
+                else:
+                    if not keep_scales:
+                        my_word = Uint32(0)
+                    word_index = (row_block * col_tiles + tile) * (TILE_ROWS * TILE_COLS // 4)
+                    word_index = word_index + lane * WARPS + quarter
+                    if word_index < cute.size(scale_words):
+                        scale_words[word_index] = my_word
+
+    @cute.jit
+    def launch(x: cute.Tensor, q: cute.Tensor, scales: cute.Tensor, offsets, stream):
+        rows, cols = x.shape
+        row_blocks = ceil_div(rows, TILE_ROWS)
+        if cutlass.const_expr(grouped):
+            row_blocks = ceil_div(rows + TILE_ROWS * offsets.shape[0], TILE_ROWS)
+        col_tiles = ceil_div(cols, TILE_K)
+        chunks = cutlass.min(col_tiles, cutlass.max(config.target_ctas // row_blocks, 1))
+        tiles_per_cta = ceil_div(col_tiles, chunks)
+        chunks = ceil_div(col_tiles, tiles_per_cta)
+        quantize_kernel(x, q, scales, offsets, tiles_per_cta).launch(
+            grid=[row_blocks, chunks, 1],
+            block=[threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=config.min_ctas_per_sm,
+            preferred_smem_carveout=100 if config.min_ctas_per_sm else None,
+        )
+
+    return launch
+
+
+def fake_arguments(dtype_name: str, layout: ScaleLayout):
+    """Fake tensors (M, K and G symbolic; K a multiple of 32) and the env stream for ``launch``."""
+    rows, cols = cute.sym_int(), cute.sym_int(divisibility=BLOCK_SIZE)
+    x = cute.runtime.make_fake_compact_tensor(
+        DTYPES[dtype_name], (rows, cols), stride_order=(1, 0), assumed_align=16
+    )
+    q = cute.runtime.make_fake_compact_tensor(
+        Float8E4M3FN, (rows, cols), stride_order=(1, 0), assumed_align=16
+    )
+    scale_shape = (cute.sym_int(), cute.sym_int())
+    scales = cute.runtime.make_fake_compact_tensor(
+        Float8E8M0FNU, scale_shape, stride_order=(1, 0), assumed_align=4
+    )
+    offsets = None
+    if layout is ScaleLayout.M_GROUPS:
+        offsets = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return x, q, scales, offsets, stream
+
+
+def compile_quantize(
+    dtype_name: str,
+    mode: str,
+    layout: ScaleLayout,
+    arch: str,
+    config: QuantizeConfig | None = None,
+    options: str = "",
+    max_groups: int = MAX_GROUPS,
+):
+    """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream); without a
+    ``config``, the tuned one for the dtype with ``max_groups`` (``SMALL_GROUPS`` or ``MAX_GROUPS``)."""
+    config = config or replace(CONFIGS[arch][dtype_name], max_groups=max_groups)
+    launch = make_quantize(dtype_name, mode, layout, config)
+    return cute.compile(
+        launch,
+        *fake_arguments(dtype_name, layout),
+        options=f"--enable-tvm-ffi --gpu-arch {arch} {options}".strip(),
+    )
+
+
+def variants() -> list[tuple[str, str, ScaleLayout, int]]:
+    """Every (dtype, mode, scale layout, max groups) variant the bindings may ask for."""
+    out = []
+    for d in DTYPES:
+        for m in ("floor", "rceil"):
+            for layout in ScaleLayout:
+                for g in (SMALL_GROUPS, MAX_GROUPS) if layout is ScaleLayout.M_GROUPS else (MAX_GROUPS,):
+                    out.append((d, m, layout, g))
+    return out
+
+
+def sass_targets() -> dict:
+    """SASS-inspection targets: ``quantize_1x32_<dtype>_<mode>_<layout>`` -> build(arch)."""
+    from cute_utils.sass import compile_options
+
+    def target(dtype_name: str, mode: str, layout: ScaleLayout, groups: int):
+        return lambda arch: compile_quantize(
+            dtype_name, mode, layout, arch, options=compile_options(arch), max_groups=groups
+        )
+
+    def name(d: str, m: str, layout: ScaleLayout, g: int) -> str:
+        suffix = f"_g{g}" if layout is ScaleLayout.M_GROUPS else ""
+        return f"quantize_1x32_{d}_{m}_{layout.value}{suffix}"
+
+    return {name(*v): target(*v) for v in variants()}

@@ -1,0 +1,53 @@
+"""The 1x32 quantization kernel compiles for sm_90a and sm_100a on a CPU-only machine, with the SASS
+we expect: no local memory, 16-byte cp.async loads and 128-bit shared reads in the main loop, 8-byte
+E4M3 stores, saturating E4M3 conversions, and no Blackwell-only E8M0 conversion (the scale math is
+integer bit math, so both archs compute the same bits)."""
+
+from __future__ import annotations
+
+import pytest
+
+import cute_kernels
+from cute_utils import sass
+
+TARGETS = {
+    name: build for name, build in cute_kernels.sass_targets().items() if name.startswith("quantize_1x32")
+}
+
+
+@pytest.fixture(scope="module", params=sass.ARCHS)
+def compiled(request):
+    arch = request.param
+    return arch, {name: sass.summarize(sass.cubin_of(build(arch))) for name, build in TARGETS.items()}
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_compiles_with_expected_sass(compiled, target):
+    arch, summaries = compiled
+    (kernel,) = summaries[target]
+    text = kernel.format()
+    assert kernel.arch == arch
+    assert kernel.local_bytes == 0 and kernel.local_loads == 0 and kernel.local_stores == 0, text
+    assert kernel.registers <= 64, text
+    assert kernel.opcode("LDGSTS") >= 2 and kernel.memory.get("LDGSTS.128", 0) == kernel.opcode("LDGSTS"), (
+        text
+    )
+    assert kernel.global_loads() == kernel.global_loads(32), (
+        "only the group scan reads global memory directly"
+    )
+    assert kernel.shared_loads(128) >= 2, text
+    assert kernel.global_stores(64) >= 2, text
+    assert kernel.opcode("F2FP") >= 8 and all("UE8M0" not in m for m in kernel.counts), text
+    if "m_groups" in target:
+        assert kernel.counts.get("SHFL.UP", 0) >= 1, "M-groups scan the group sizes in-kernel"
+
+
+def test_every_layout_and_dtype_is_registered():
+    layouts = {"plain", "blocked", "m_groups_g64", "m_groups_g2048"}
+    expected = {
+        f"quantize_1x32_{d}_{m}_{layout}"
+        for d in ("bfloat16", "float32")
+        for m in ("floor", "rceil")
+        for layout in layouts
+    }
+    assert set(TARGETS) == expected
