@@ -122,3 +122,21 @@ def test_help_works() -> None:
     with pytest.raises(SystemExit) as exc:
         bq.main(["--help"])
     assert exc.value.code == 0
+
+
+def test_copy_baseline_best_scales_and_takes_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import common
+
+    seen: list[int] = []
+
+    def fake(nbytes: int, device: object = None, **kw: object) -> common.Timing:
+        seen.append(nbytes)
+        slow = 1.5 if nbytes == 10_000_000 else 1.0  # the exact size hits a slow path
+        return common.Timing(us=slow * nbytes / 4000.0, method="cuda_graph", samples_us=[nbytes / 4000.0])
+
+    monkeypatch.setattr(common, "require_cuda", lambda what="": None)
+    monkeypatch.setattr(common, "copy_baseline_detailed", fake)
+    best, tries = common.copy_baseline_best(10_000_000, tries=2, step_bytes=1000)
+    assert seen == [10_000_000, 10_002_000]
+    assert tries[0] == pytest.approx(3750.0) and tries[1] == pytest.approx(2500.0)  # scaled back
+    assert best.us == pytest.approx(2500.0) and best.samples_us == [pytest.approx(2500.0)]
