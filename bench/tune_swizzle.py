@@ -1,5 +1,8 @@
-"""Sweep ``SwizzleConfig`` choices (row blocks per CTA, register cap, threads) on representative
-shapes of each layout; prints time and ratio to a copy of the same bytes. Used to pick ``CONFIGS``.
+"""Sweep ``SwizzleConfig`` choices (threads, window, resident CTAs per SM) on representative shapes of
+each layout and load mode; prints time and ratio to a copy of the same bytes. Used to pick ``CONFIGS``.
+
+Inputs are rotated past the L2 like in ``bench_swizzle``; the ``IN_L2`` shapes are also timed on a
+single, L2-resident input set (``--quick``: the default config and one alternative only).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import torch
 from bench.common import (
     copy_baseline_us,
     make_parser,
+    make_rotating_inputs,
     output_paths,
     progress,
     report,
@@ -19,63 +23,105 @@ from bench.common import (
     time_cuda,
 )
 from cute_kernels.swizzle import SwizzleConfig, SwizzleLayout, compile_swizzle
-from torch_bindings.backend import kernel_arch
+from torch_bindings.backend import kernel_arch, num_sms
 from torch_bindings.swizzle import blocked_output_shape
 
+# (shape, groups): 16-120 MB of scales, aligned (word loads) and unaligned (funnel-shifted) rows.
 SHAPES = {
-    "plain": [(16384, 224), (131072, 224), (131072, 64)],
-    "m_groups": [(16384, 224), (131072, 224), (131072, 64)],
-    "k_groups": [(7168, 512), (7168, 4096)],
+    "plain": [((65536, 160), 0), ((131072, 224), 0), ((524288, 224), 0), ((131001, 226), 0)],
+    "m_groups": [((65536, 160), 8), ((131072, 64), 8), ((131072, 224), 64), ((131072, 226), 8)],
+    "k_groups": [((2048, 4096), 8), ((7168, 4096), 8), ((2048, 16384), 8)],
 }
+#: Also timed on one input set (all of it L2-resident): shows fixed costs that DRAM latency hides.
+IN_L2 = {"plain": [(65536, 160)], "m_groups": [(65536, 160)], "k_groups": [(2048, 4096)]}
+CONFIGS = [
+    SwizzleConfig(threads=256, window_cols=64, ctas_per_sm=4),
+    SwizzleConfig(threads=256, window_cols=128, ctas_per_sm=4),
+]
+
+
+def _ends(total: int, groups: int, device: torch.device) -> torch.Tensor:
+    """Uneven, unaligned end offsets (a few empty groups) over ``total``."""
+    weights = torch.arange(1, groups + 1, dtype=torch.float64) ** 1.5
+    weights[1::5] = 0
+    ends = (weights.cumsum(0) / weights.sum() * total).floor().to(torch.int32)
+    ends[-1] = total - 3
+    return ends.to(device)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser(__doc__.splitlines()[0]).parse_args(argv)
     device = require_cuda("tune_swizzle")
     arch, _ = kernel_arch(device)
-    configs = [
-        SwizzleConfig(threads=threads, blocks_per_cta=blocks, min_ctas_per_sm=cap)
-        for threads, blocks, cap in itertools.product((256, 128), (1, 2), (0, 4))
-        if not (threads == 128 and cap == 4)
-    ]
+    sms = num_sms(device.index)
+    configs = CONFIGS[:2] if args.quick else CONFIGS
     rows = []
+    kernels = {}
     for layout_name, shapes in SHAPES.items():
         layout = SwizzleLayout(layout_name)
-        for config in configs:
-            word_loads = layout is not SwizzleLayout.K_GROUPS
-            kernel = compile_swizzle(layout, arch, 2, word_loads, config)
-            for shape in shapes:
+        for shape, groups in shapes:
+            word_loads = layout is not SwizzleLayout.K_GROUPS and shape[1] % 4 == 0
+            group_arg = "K" if layout is SwizzleLayout.K_GROUPS else "M"
+            ends = None
+            if groups:
+                ends = _ends(shape[1] if group_arg == "K" else shape[0], groups, device)
+            out_shape = blocked_output_shape(shape, groups or None, group_arg)
+
+            def make(shape=shape, out_shape=out_shape):
                 scales = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
-                scales = scales.view(torch.float8_e8m0fnu)
-                ends = None
-                groups = "K" if layout is SwizzleLayout.K_GROUPS else "M"
-                if layout is not SwizzleLayout.PLAIN:
-                    total = shape[1] if groups == "K" else shape[0]
-                    ends = (torch.arange(1, 9, device=device) * total // 8 - 3).clamp(min=0).to(torch.int32)
-                out = torch.empty(
-                    blocked_output_shape(shape, None if ends is None else 8, groups),
-                    dtype=torch.float8_e8m0fnu,
-                    device=device,
-                )
-                us = time_cuda(lambda k=kernel, s=scales, o=out, e=ends: k(s, o, e))
-                nbytes = scales.numel() + out.numel()
-                copy = copy_baseline_us(nbytes, device)
+                out = torch.empty(out_shape, dtype=torch.float8_e8m0fnu, device=device)
+                return (scales.view(torch.float8_e8m0fnu), out)
+
+            nbytes = torch.Size(shape).numel() + torch.Size(out_shape).numel()
+            rotated = make_rotating_inputs(make, bytes_per_set=nbytes)
+            copy = copy_baseline_us(nbytes, device)
+            for config, in_l2 in itertools.product(configs, (False, True)):
+                if in_l2 and (shape not in IN_L2[layout_name] or config.window_cols != 64):
+                    continue
+                sets = rotated[:1] if in_l2 else rotated
+                key = (layout, word_loads, config)
+                if key not in kernels:
+                    try:
+                        kernels[key] = compile_swizzle(layout, arch, 2, word_loads, config, num_sms=sms)
+                    except Exception as exc:  # noqa: BLE001 - a config that does not compile is skipped
+                        progress(f"{layout_name} {config}: {type(exc).__name__}: {exc}")
+                        kernels[key] = None
+                kernel = kernels[key]
+                if kernel is None:
+                    continue
+                us = time_cuda(lambda s, o, k=kernel, e=ends: k(s, o, e), sets)
                 rows.append(
                     {
                         "layout": layout_name,
                         "shape": shape,
+                        "G": groups,
+                        "words": word_loads,
                         "threads": config.threads,
-                        "blocks/cta": config.blocks_per_cta,
-                        "min ctas": config.min_ctas_per_sm,
+                        "window": config.window_cols,
+                        "ctas/SM": config.ctas_per_sm,
+                        "in L2": in_l2,
                         "us": us,
                         "ratio": copy / us,
                     }
                 )
                 progress(f"{rows[-1]}")
-    json_path, _ = output_paths(args, "tune_swizzle")
+            del sets, rotated
+            torch.cuda.empty_cache()
+    json_path, _ = output_paths(args.out, "tune_swizzle")
     report(
         rows,
-        ["layout", "shape", "threads", "blocks/cta", "min ctas", "us", "ratio"],
+        [
+            "layout",
+            "shape",
+            "G",
+            "words",
+            "threads",
+            "window",
+            "ctas/SM",
+            "in L2",
+            "us",
+            "ratio",
+        ],
         "swizzle config sweep",
         json_path=json_path,
         panel_key=None,

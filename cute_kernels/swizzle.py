@@ -8,16 +8,32 @@ Layouts (a compile-time choice, :class:`SwizzleLayout`):
 - ``k_groups``: src (1, R, C), column groups from end offsets -> (Rp, C + 4 G); group g's blocked
   tiles start at flat byte ``Rp * Q_g``, ``Q_g = 4 * sum_{i<g} ceil(k_i / 4)``.
 
-Work decomposition: CTA ``(x, y, z)`` = (``blocks_per_cta`` consecutive 128-row output blocks,
-window of ``window_cols`` padded scale columns, expert). The CTA first resolves what it can once
-(the group scan into shared memory, the K-groups column map), then for each of its row blocks
-resolves the source rows, stages the 128 x window bytes in shared memory with coalesced loads
-(4-byte words when rows are whole words, else bytes; zeros where nothing maps), and each warp
-writes whole 512-byte tiles with 16-byte stores. Every output byte is written exactly once,
-padding and uncovered bytes as 0.
+Work decomposition: a *work item* is (128-row output block, window of ``window_cols`` padded scale
+columns). The grid is persistent: ``n_windows * k`` CTAs with ``k = max(1, ctas // n_windows)`` for
+``ctas = num_sms * ctas_per_sm``; CTA ``c`` keeps window ``c % n_windows`` for its whole life and
+walks the row blocks ``c // n_windows, + k, + 2k, ...`` (experts flattened into row blocks). So the
+CTAs resident at any moment cover every window of a band of consecutive rows: whole source rows
+and whole runs of output are read and written together (a window-by-window order re-reads the
+DRAM bursts that straddle windows once the source outgrows L2), and everything that depends only
+on the window or the groups (group scan, K-groups column map) is resolved once per CTA.
 
-E, R, C and the group count are symbolic: one compile per (layout, rank, load width, config,
-arch). Source and destination are the caller's ``float8_e8m0fnu`` tensors, reinterpreted in-kernel.
+Per row block the CTA stages the 128 x window bytes in shared memory and each warp writes whole
+512-byte tiles with 16-byte stores; the loads of the next row block are issued into registers
+before the stores of the current one (software pipelining over a single staging buffer). Loads
+are 4-byte words: with ``word_loads`` (rows of whole, aligned words, no K-groups) one word per tile
+column; otherwise the aligned words covering each row's source bytes of the window (17 per row)
+are staged raw and every tile column is funnel-shifted out of two of them (group column starts,
+odd row lengths and unaligned bases need no byte loads). Every output byte is written exactly
+once, padding and uncovered bytes as 0.
+
+Grouped layouts keep the per-CTA prologue short, since every CTA of the persistent grid runs it at
+the same moment: up to ``threads`` groups are scanned in straight-line code, and M-groups resolves
+the source rows of 32 row blocks at once (one binary search per lane) and hands them to the loop
+by warp shuffle.
+
+E, R, C and the group count are symbolic: one compile per (layout, rank, load mode, config, SM
+count, arch). Source and destination are the caller's ``float8_e8m0fnu`` tensors, reinterpreted
+in-kernel.
 """
 
 from dataclasses import dataclass
@@ -25,7 +41,7 @@ from enum import Enum
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float8E8M0FNU, Int32, Uint8, Uint32
+from cutlass import Float8E8M0FNU, Int32, Uint32
 from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import (
@@ -33,17 +49,17 @@ from cute_utils.blocked import (
     TILE_COLS,
     TILE_ROWS,
     allocate_staging,
+    byte_mask,
     ceil_div,
-    element_or_zero,
-    load_tile_column,
-    store_tail_words,
-    store_tile_chunk,
+    funnel_word,
+    store_chunk,
 )
 from cute_utils.groups import (
     MAX_GROUPS,
     find_group,
     prefix_smem_words,
     scan_padded_group_sizes,
+    scan_padded_group_sizes_small,
     smem_group_bounds,
 )
 
@@ -54,15 +70,19 @@ class SwizzleLayout(str, Enum):
     K_GROUPS = "k_groups"
 
 
+#: SM counts assumed when the caller does not say (the binding passes the device's own count).
+DEFAULT_NUM_SMS = {"sm_90a": 132, "sm_100a": 148}
+
+
 @dataclass(frozen=True)
 class SwizzleConfig:
-    """Launch shape: ``threads`` per CTA, ``window_cols`` scale columns staged at a time, and
-    ``blocks_per_cta`` 128-row blocks per CTA (amortizes the per-CTA group resolution)."""
+    """Launch shape: ``threads`` per CTA, ``window_cols`` scale columns per work item, and
+    ``ctas_per_sm`` resident CTAs per SM: the persistent grid's size and the register cap
+    (``65536 / (ctas_per_sm * threads)`` registers per thread) that keeps them all resident."""
 
     threads: int = 256
     window_cols: int = 64
-    blocks_per_cta: int = 1
-    min_ctas_per_sm: int = 4  # register cap: 65536 / (4 * 256) = 64 per thread; 0 = no cap
+    ctas_per_sm: int = 4
 
     def __post_init__(self) -> None:
         tiles = self.window_cols // TILE_COLS
@@ -70,91 +90,168 @@ class SwizzleConfig:
             raise ValueError(f"window_cols={self.window_cols} does not split over {self.threads} threads")
         if (TILE_ROWS * tiles) % self.threads or self.threads % 32 or self.threads < self.window_cols:
             raise ValueError(f"threads={self.threads} must be a multiple of 32 dividing the window")
+        if self.threads % tiles:
+            raise ValueError(
+                f"threads={self.threads} must be a multiple of the window's {tiles} tile columns"
+            )
+        if self.ctas_per_sm < 1 or self.ctas_per_sm * self.threads > 2048:
+            raise ValueError(f"ctas_per_sm={self.ctas_per_sm} x {self.threads} threads do not fit on an SM")
 
 
-# Picked with bench/tune_swizzle.py on an H200 (see the notes in bench/README.md): one row block per
-# CTA beats looping over several (no overlap between a CTA's iterations); the 64-register cap lets
-# more loads be in flight per thread and wins for plain and M-groups, not for K-groups.
+# Picked with bench/tune_swizzle.py on an H200 (bench/README.md, 2026-11-21 second section): a
+# 128-column window is faster for C >= 160 but slower at C = 64 and at 524288 x 224, and it spills
+# registers in the 3-D and unaligned M-groups variants; 2 CTAs per SM, and 128-thread CTAs (8 per
+# SM) but for plain 131072 x 224, were slower.
 _DEFAULT = SwizzleConfig()
 CONFIGS = {
-    arch: {
-        "plain": _DEFAULT,
-        "m_groups": _DEFAULT,
-        "k_groups": SwizzleConfig(min_ctas_per_sm=0),
-    }
-    for arch in ("sm_90a", "sm_100a")
+    arch: {"plain": _DEFAULT, "m_groups": _DEFAULT, "k_groups": _DEFAULT} for arch in ("sm_90a", "sm_100a")
 }
 
 
 @cute.jit
-def _k_group_source(ends, prefix, num_groups, tile):
-    """``(first source column, byte count 0..4)`` feeding padded tile column ``tile`` of K-groups."""
+def _k_group_column(ends, prefix, num_groups, row_blocks, tile, grid_tiles):
+    """Padded tile column ``tile`` of K-groups: ``(first source column, byte count 0..4, base,
+    stride)``; its tile of row block b is output tile ``base + b * stride`` (stride -1: past the
+    output). Tiles past the groups' padded width form the zero tail after the last group's tiles.
+    """
+    covered = prefix[num_groups]
     g = find_group(prefix, num_groups, tile)
     start, end = smem_group_bounds(ends, g)
     source = start + TILE_COLS * (tile - prefix[g])
     count = cutlass.max(cutlass.min(end - source, TILE_COLS), 0)
-    if tile >= prefix[num_groups]:
-        count = Int32(0)
-    return source, count
-
-
-@cute.jit
-def _k_group_tile_base(prefix, num_groups, row_blocks, tile, grid_tiles):
-    """``(base, stride)`` in tiles: K-groups tile (row block b, padded tile column ``tile``) is tile
-    ``base + b * stride`` of the output; stride -1 marks a tile past the output.
-
-    Tiles past the groups' padded width form the zero tail, right after the last group's tiles.
-    """
-    covered = prefix[num_groups]
-    g = find_group(prefix, num_groups, tile)
     stride = prefix[g + 1] - prefix[g]
     base = row_blocks * prefix[g] + tile - prefix[g]
     if tile >= covered:
+        count = Int32(0)
         stride = grid_tiles - covered
         base = row_blocks * covered + tile - covered
     if tile >= grid_tiles:
         stride = Int32(-1)
-    return base, stride
+    return source, count, base, stride
 
 
-def _flat_view(ptr, dtype, experts, rows, cols):
-    """(E, R, C) row-major view of ``dtype`` elements at ``ptr``."""
-    return cute.make_tensor(
-        cute.recast_ptr(ptr, dtype=dtype),
-        cute.make_layout((experts, rows, cols), stride=(rows * cols, cols, 1)),
-    )
+@cute.jit
+def _m_group_rows(prefix, ends, num_groups, block):
+    """``(first source row, valid rows)`` of M-groups output row block ``block`` (0 rows: padding)."""
+    g = find_group(prefix, num_groups, block)
+    start, end = smem_group_bounds(ends, g)
+    row0 = start + (block - prefix[g]) * TILE_ROWS
+    valid = Int32(0)
+    if block < prefix[g + 1]:
+        valid = cutlass.min(end - row0, TILE_ROWS)
+    return row0, valid
 
 
-def make_swizzle(layout: SwizzleLayout, config: SwizzleConfig, rank: int = 2, word_loads: bool = False):
+@cute.jit
+def _plain_rows(block, rows, row_blocks, rank: cutlass.Constexpr):
+    """``(first source row, valid rows)`` of plain output row block ``block``; experts are
+    flattened into rows (expert ``e``'s rows start at ``e * rows``)."""
+    if cutlass.const_expr(rank == 3):
+        expert = block // row_blocks
+        local = (block - expert * row_blocks) * TILE_ROWS
+        row0 = expert * rows + local
+    else:
+        local = block * TILE_ROWS
+        row0 = local
+    return row0, cutlass.min(rows - local, TILE_ROWS)
+
+
+def _slot(i: int, tid, threads: int, window_tiles: int):
+    """Staged word ``(row, word)`` of a thread's load slot ``i`` and whether the slot exists.
+
+    Slots ``i < 128 * window_tiles / threads`` cover words ``0 .. window_tiles - 1`` of every row
+    (affine in ``i``: few live registers); the rest cover word ``window_tiles`` of each row (raw
+    word loads stage one word more per row)."""
+    main = TILE_ROWS * window_tiles // threads
+    if i < main:
+        return i * (threads // window_tiles) + tid // window_tiles, tid % window_tiles, True
+    row = (i - main) * threads + tid
+    return row, window_tiles, (i - main + 1) * threads <= TILE_ROWS or row < TILE_ROWS
+
+
+def _slot_count(threads: int, window_tiles: int, word_loads: bool) -> int:
+    main = TILE_ROWS * window_tiles // threads
+    return main if word_loads else main + ceil_div(TILE_ROWS, threads)
+
+
+@cute.jit
+def _load_block(
+    regs: cute.Tensor,
+    src_words: cute.Tensor,
+    row0: Int32,
+    valid: Int32,
+    tid: Int32,
+    first_tile: Int32,
+    col_tiles: Int32,
+    skew: Int32,
+    cols: Int32,
+    lo: Int32,
+    span: Int32,
+    threads: cutlass.Constexpr,
+    window_tiles: cutlass.Constexpr,
+    word_loads: cutlass.Constexpr,
+):
+    """Issue one thread's loads of a row block into ``regs`` (0 where nothing is loaded).
+
+    Slot ``i`` is staged word ``(r, k)`` (:func:`_slot`). With ``word_loads`` that is tile column
+    ``first_tile + k`` of source row ``row0 + r``; otherwise the ``k``-th aligned word of the flat
+    source from the one holding byte ``(row0 + r) * cols + lo`` (``skew`` = base address % 4),
+    loaded only if it holds one of the row's ``span`` bytes.
+    """
+    for i in cutlass.range_constexpr(_slot_count(threads, window_tiles, word_loads)):
+        r, k, exists = _slot(i, tid, threads, window_tiles)
+        value = Uint32(0)
+        if cutlass.const_expr(word_loads):
+            if r < valid and first_tile + k < col_tiles:
+                value = Uint32(src_words[row0 + r, first_tile + k])
+        else:
+            offset = skew + (row0 + r) * cols + lo
+            if exists and r < valid and k * TILE_COLS < (offset & 3) + span:
+                value = Uint32(src_words[(offset >> 2) + k])
+        regs[i] = value
+
+
+def make_swizzle(
+    layout: SwizzleLayout,
+    config: SwizzleConfig,
+    rank: int = 2,
+    word_loads: bool = False,
+    num_sms: int = DEFAULT_NUM_SMS["sm_90a"],
+):
     """Build the ``@cute.jit`` host launcher ``launch(src, dst, offsets, stream)`` for ``layout``.
 
     ``src``: Float8E8M0FNU (R, C) or, for ``plain`` with ``rank=3``, (E, R, C), row-major.
     ``word_loads`` (needs C % 4 == 0 and a 4-byte aligned src; not for ``k_groups``) loads one
-    4-byte word per tile column. ``dst``: the blocked Float8E8M0FNU output of the same rank,
-    16-byte aligned (its byte count is a multiple of 4). ``offsets``: Int32 (G,) end offsets
-    (rows for ``m_groups``, scale columns for ``k_groups``), ``None`` for ``plain``.
+    4-byte word per tile column; without it, aligned words are funnel-shifted (any C, any base).
+    ``dst``: the blocked Float8E8M0FNU output of the same rank, 16-byte aligned (its byte count is
+    a multiple of 4). ``offsets``: Int32 (G,) end offsets (rows for ``m_groups``, scale columns for
+    ``k_groups``), ``None`` for ``plain``. ``num_sms`` sizes the persistent grid.
     """
     threads = config.threads
     window = config.window_cols
     window_tiles = window // TILE_COLS
-    blocks_per_cta = config.blocks_per_cta
+    warps = threads // 32
+    max_ctas = num_sms * config.ctas_per_sm
     grouped = layout is not SwizzleLayout.PLAIN
     if word_loads and layout is SwizzleLayout.K_GROUPS:
         raise ValueError("k_groups windows start at arbitrary columns: word loads do not apply")
     if rank == 3 and grouped:
         raise ValueError("grouped layouts take 2-D scales")
+    loads_per_thread = _slot_count(threads, window_tiles, word_loads)
+    stores_per_thread = window_tiles * CHUNKS_PER_TILE // threads
 
     @cute.kernel
     def swizzle_kernel(src: cute.Tensor, dst: cute.Tensor, offsets):
         tid, _, _ = cute.arch.thread_idx()
-        cta_rows, col_window, expert = cute.arch.block_idx()
+        bid, _, _ = cute.arch.block_idx()
+        num_ctas, _, _ = cute.arch.grid_dim()
+        warp = tid // 32
+        lane = tid % 32
         experts = 1
         if cutlass.const_expr(rank == 3):
             experts, rows, cols = src.shape
         else:
             rows, cols = src.shape
-        src8 = _flat_view(src.iterator, Uint8, experts, rows, cols)
-        src32 = _flat_view(src.iterator, Uint32, experts, rows, cols // TILE_COLS)
         total_words = cute.size(dst) // TILE_COLS
         dst_words = cute.make_tensor(
             cute.recast_ptr(dst.iterator, dtype=Uint32), cute.make_layout(total_words)
@@ -166,94 +263,181 @@ def make_swizzle(layout: SwizzleLayout, config: SwizzleConfig, rank: int = 2, wo
         full_chunks = total_words // TILE_COLS
         row_blocks = ceil_div(rows, TILE_ROWS)
         col_tiles = ceil_div(cols, TILE_COLS)
-        out_row_blocks = row_blocks
+        total_blocks = experts * row_blocks
+        grid_tiles = col_tiles
 
         smem = SmemAllocator()
         stage = allocate_staging(smem, window)
-        first_tile = col_window * window_tiles
 
         if cutlass.const_expr(grouped):
             num_groups = offsets.shape[0]
             prefix = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words()), 16)
             ends = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words()), 16)
-            warp_totals = smem.allocate_tensor(Int32, cute.make_layout(threads // 32), 16)
+            warp_totals = smem.allocate_tensor(Int32, cute.make_layout(warps), 16)
             total = rows if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS) else cols
             unit = TILE_ROWS if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS) else TILE_COLS
-            scan_padded_group_sizes(offsets, num_groups, total, unit, prefix, warp_totals, tid, threads, ends)
+            if num_groups <= threads:
+                scan_padded_group_sizes_small(
+                    offsets, num_groups, total, unit, prefix, warp_totals, tid, threads, ends
+                )
+            else:
+                scan_padded_group_sizes(
+                    offsets, num_groups, total, unit, prefix, warp_totals, tid, threads, ends
+                )
+            if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS):
+                total_blocks = ceil_div(rows + TILE_ROWS * num_groups, TILE_ROWS)
+            else:
+                grid_tiles = ceil_div(cols + TILE_COLS * num_groups, TILE_COLS)
 
-        if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS):
-            out_row_blocks = ceil_div(rows + TILE_ROWS * num_groups, TILE_ROWS)
+        n_windows = ceil_div(grid_tiles, window_tiles)
+        first_tile = (bid % n_windows) * window_tiles
+        first_block = bid // n_windows
+        block_step = num_ctas // n_windows
 
+        # ``lo``/``span``: the window's source bytes of a row are columns [lo, lo + span).
+        lo = first_tile * TILE_COLS
+        span = cutlass.max(cutlass.min(cols - lo, window), 0)
         if cutlass.const_expr(layout is SwizzleLayout.K_GROUPS):
+            # Per-CTA column map of the window (tile column -> source column and byte count, output
+            # tile base and stride), built by warp 0 and read back from shared memory for every row
+            # block. Column starts of consecutive tile columns rise by 1..4 (by 4 inside a group) and
+            # only the zero tail has no bytes, so the window's bytes lie in [lo, lo + window) from
+            # the first tile column's start; garbage offsets are clamped into the staged row
+            # (meaningless bytes, never out of bounds).
             col_source = smem.allocate_tensor(Int32, cute.make_layout(window_tiles), 16)
             col_count = smem.allocate_tensor(Int32, cute.make_layout(window_tiles), 16)
             tile_base = smem.allocate_tensor(Int32, cute.make_layout(window_tiles), 16)
             tile_stride = smem.allocate_tensor(Int32, cute.make_layout(window_tiles), 16)
-            grid_tiles = ceil_div(cols + TILE_COLS * num_groups, TILE_COLS)
             if tid < window_tiles:
-                source, count = _k_group_source(ends, prefix, num_groups, first_tile + tid)
+                source, count, base, stride = _k_group_column(
+                    ends, prefix, num_groups, row_blocks, first_tile + tid, grid_tiles
+                )
                 col_source[tid] = source
                 col_count[tid] = count
-                base, stride = _k_group_tile_base(
-                    prefix, num_groups, row_blocks, first_tile + tid, grid_tiles
-                )
                 tile_base[tid] = base
                 tile_stride[tid] = stride
             cute.arch.sync_threads()
+            lo = col_source[0]
+            span = cutlass.max(cutlass.min(cols - lo, window), 0)
+            if col_count[0] == 0:
+                lo = Int32(0)
+                span = Int32(0)
 
-        for b in cutlass.range(blocks_per_cta):
-            row_block = cta_rows * blocks_per_cta + b
-            if row_block < out_row_blocks:
-                src_row0 = row_block * TILE_ROWS
-                valid_rows = cutlass.min(rows - src_row0, TILE_ROWS)
-                if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS):
-                    g = find_group(prefix, num_groups, row_block)
-                    start, end = smem_group_bounds(ends, g)
-                    src_row0 = start + (row_block - prefix[g]) * TILE_ROWS
-                    valid_rows = Int32(0)
-                    if row_block < prefix[g + 1]:
-                        valid_rows = cutlass.min(end - src_row0, TILE_ROWS)
+        # Raw word loads address aligned words from the aligned-down base; ``skew`` = base % 4.
+        skew = Int32(0)
+        if cutlass.const_expr(word_loads):
+            src_words = cute.make_tensor(
+                cute.recast_ptr(src.iterator, dtype=Uint32),
+                cute.make_layout((experts * rows, cols // TILE_COLS), stride=(cols // TILE_COLS, 1)),
+            )
+        else:
+            address = src.iterator.toint()
+            skew = Int32(address & 3)
+            src_words = cute.make_tensor(
+                cute.make_ptr(Uint32, address - (address & 3), cute.AddressSpace.gmem, assumed_align=4),
+                cute.make_layout((skew + experts * rows * cols + 3) // TILE_COLS),
+            )
 
-                for i in cutlass.range_constexpr(TILE_ROWS * window_tiles // threads):
-                    idx = i * threads + tid
-                    r = idx // window_tiles
-                    w = idx % window_tiles
-                    row_ok = r < valid_rows
-                    if cutlass.const_expr(word_loads):
-                        valid = row_ok and first_tile + w < col_tiles
-                        stage[r, w] = element_or_zero(src32, expert, src_row0 + r, first_tile + w, valid)
-                    else:
-                        if cutlass.const_expr(layout is SwizzleLayout.K_GROUPS):
-                            col = col_source[w]
-                            count = col_count[w]
+        # Software pipeline: the loads of row block ``block + step`` are in flight while block
+        # ``block`` is stored. M-groups: each lane resolves (binary search in shared memory) the
+        # rows of one of the next 32 row blocks at once; the loop takes them by warp shuffle.
+        regs = cute.make_rmem_tensor(cute.make_layout(loads_per_thread), Uint32)
+        if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS):
+            ahead = first_block + lane * block_step
+            sched_row0, sched_valid = _m_group_rows(prefix, ends, num_groups, ahead)
+            if ahead >= total_blocks:
+                sched_valid = Int32(0)
+            row0 = cute.arch.shuffle_sync(sched_row0, 0)
+            valid = cute.arch.shuffle_sync(sched_valid, 0)
+        else:
+            row0, valid = _plain_rows(first_block, rows, row_blocks, rank)
+        _load_block(
+            regs,
+            src_words,
+            row0,
+            valid,
+            tid,
+            first_tile,
+            col_tiles,
+            skew,
+            cols,
+            lo,
+            span,
+            threads,
+            window_tiles,
+            word_loads,
+        )
+        step_index = Int32(0)
+        for block in cutlass.range(first_block, total_blocks, block_step):
+            for i in cutlass.range_constexpr(loads_per_thread):
+                r, k, exists = _slot(i, tid, threads, window_tiles)
+                if exists:
+                    stage[r, k] = regs[i]
+            cute.arch.sync_threads()
+
+            step_index = step_index + 1
+            if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS):
+                if step_index % 32 == 0:
+                    ahead = block + (lane + 1) * block_step
+                    sched_row0, sched_valid = _m_group_rows(prefix, ends, num_groups, ahead)
+                    if ahead >= total_blocks:
+                        sched_valid = Int32(0)
+                next_row0 = cute.arch.shuffle_sync(sched_row0, step_index % 32)
+                next_valid = cute.arch.shuffle_sync(sched_valid, step_index % 32)
+            else:
+                next_row0, next_valid = _plain_rows(block + block_step, rows, row_blocks, rank)
+                if block + block_step >= total_blocks:
+                    next_valid = Int32(0)
+            _load_block(
+                regs,
+                src_words,
+                next_row0,
+                next_valid,
+                tid,
+                first_tile,
+                col_tiles,
+                skew,
+                cols,
+                lo,
+                span,
+                threads,
+                window_tiles,
+                word_loads,
+            )
+
+            row_skew = skew + row0 * cols + lo
+            for i in cutlass.range_constexpr(stores_per_thread):
+                # Tile column ``tile`` of the window: output tile ``base + block * stride`` (none if
+                # stride < 0); its bytes sit at byte ``rel`` of the staged rows, ``mask`` keeps them.
+                tile = i * warps + warp
+                if cutlass.const_expr(layout is SwizzleLayout.K_GROUPS):
+                    base = tile_base[tile]
+                    stride = tile_stride[tile]
+                    rel = cutlass.max(cutlass.min(col_source[tile] - lo, window - TILE_COLS), 0)
+                    mask = byte_mask(col_count[tile])
+                else:
+                    base = first_tile + tile
+                    stride = col_tiles
+                    if base >= col_tiles:
+                        stride = Int32(-1)
+                    rel = tile * TILE_COLS
+                    mask = byte_mask(cutlass.max(cutlass.min(span - rel, TILE_COLS), 0))
+                if stride >= 0:
+                    frag = cute.make_rmem_tensor(cute.make_layout(TILE_COLS), Uint32)
+                    for q in cutlass.range_constexpr(TILE_ROWS // CHUNKS_PER_TILE):
+                        r = lane + CHUNKS_PER_TILE * q
+                        if cutlass.const_expr(word_loads):
+                            frag[q] = stage[r, tile]
                         else:
-                            col = (first_tile + w) * TILE_COLS
-                            count = cutlass.max(cutlass.min(cols - col, TILE_COLS), 0)
-                        if not row_ok:
-                            count = Int32(0)
-                        stage[r, w] = load_tile_column(src8, expert, src_row0 + r, col, count)
-                cute.arch.sync_threads()
-
-                for i in cutlass.range_constexpr(window_tiles * CHUNKS_PER_TILE // threads):
-                    j = i * threads + tid
-                    tile = j // CHUNKS_PER_TILE
-                    lane = j % CHUNKS_PER_TILE
-                    if cutlass.const_expr(layout is SwizzleLayout.K_GROUPS):
-                        stride = tile_stride[tile]
-                        chunk = (tile_base[tile] + row_block * stride) * CHUNKS_PER_TILE
-                        if stride < 0:
-                            chunk = Int32(-1)
-                    else:
-                        t = first_tile + tile
-                        chunk = ((expert * row_blocks + row_block) * col_tiles + t) * CHUNKS_PER_TILE
-                        if t >= col_tiles:
-                            chunk = Int32(-1)
-                    if chunk >= 0:
-                        if chunk + lane < full_chunks:
-                            store_tile_chunk(stage, tile, lane, dst_chunks, chunk + lane)
-                        else:
-                            store_tail_words(stage, tile, lane, dst_words, (chunk + lane) * TILE_COLS)
-                cute.arch.sync_threads()
+                            word = Uint32(0)
+                            if r < valid:
+                                word = funnel_word(stage, r, ((row_skew + r * cols) & 3) + rel) & mask
+                            frag[q] = word
+                    chunk = (base + block * stride) * CHUNKS_PER_TILE + lane
+                    store_chunk(frag, dst_chunks, dst_words, chunk, full_chunks)
+            cute.arch.sync_threads()
+            row0 = next_row0
+            valid = next_valid
 
     @cute.jit
     def launch(src: cute.Tensor, dst: cute.Tensor, offsets, stream):
@@ -262,18 +446,20 @@ def make_swizzle(layout: SwizzleLayout, config: SwizzleConfig, rank: int = 2, wo
             experts, rows, cols = src.shape
         else:
             rows, cols = src.shape
-        row_blocks = ceil_div(rows, TILE_ROWS)
-        padded_cols = TILE_COLS * ceil_div(cols, TILE_COLS)
+        blocks = experts * ceil_div(rows, TILE_ROWS)
+        tiles = ceil_div(cols, TILE_COLS)
         if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS):
-            row_blocks = ceil_div(rows + TILE_ROWS * offsets.shape[0], TILE_ROWS)
+            blocks = ceil_div(rows + TILE_ROWS * offsets.shape[0], TILE_ROWS)
         if cutlass.const_expr(layout is SwizzleLayout.K_GROUPS):
-            padded_cols = cols + TILE_COLS * offsets.shape[0]
+            tiles = ceil_div(cols + TILE_COLS * offsets.shape[0], TILE_COLS)
+        n_windows = ceil_div(tiles, window_tiles)
+        per_window = cutlass.max(cutlass.min(blocks, max_ctas // n_windows), 1)
         swizzle_kernel(src, dst, offsets).launch(
-            grid=[ceil_div(row_blocks, blocks_per_cta), ceil_div(padded_cols, window), experts],
+            grid=[n_windows * per_window, 1, 1],
             block=[threads, 1, 1],
             stream=stream,
-            min_blocks_per_mp=config.min_ctas_per_sm,
-            preferred_smem_carveout=100 if config.min_ctas_per_sm else None,
+            min_blocks_per_mp=config.ctas_per_sm,
+            preferred_smem_carveout=100,
         )
 
     return launch
@@ -305,10 +491,12 @@ def compile_swizzle(
     word_loads: bool = False,
     config: SwizzleConfig | None = None,
     options: str = "",
+    num_sms: int | None = None,
 ):
-    """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream)."""
+    """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream); ``num_sms``
+    (default: the arch's usual count) sizes the persistent grid."""
     config = config or CONFIGS[arch][layout.value]
-    launch = make_swizzle(layout, config, rank, word_loads)
+    launch = make_swizzle(layout, config, rank, word_loads, num_sms or DEFAULT_NUM_SMS[arch])
     return cute.compile(
         launch,
         *fake_arguments(layout, rank, word_loads),
@@ -344,6 +532,7 @@ def sass_targets() -> dict:
 
 __all__ = [
     "CONFIGS",
+    "DEFAULT_NUM_SMS",
     "MAX_GROUPS",
     "SwizzleConfig",
     "SwizzleLayout",

@@ -6,12 +6,14 @@ A scale matrix S (R x C bytes) is stored as 128x4 tiles of 512 bytes; inside a t
 global store per thread once the 128 rows are staged in shared memory.
 
 Staging buffer: 128 rows of ``window_cols`` bytes (a multiple of 4) kept as Int32 words with one
-pad word per row, so the column-of-words gathers of the store phase hit 32 distinct banks.
+pad word per row, so the column-of-words gathers of the store phase hit 32 distinct banks; the pad
+word also holds the 17th aligned word that a misaligned window of raw words spills into
+(:func:`funnel_word`).
 """
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Uint32
+from cutlass import Int32, Uint32, Uint64
 
 TILE_ROWS = 128
 TILE_COLS = 4
@@ -77,3 +79,35 @@ def load_tile_column(src8: cute.Tensor, e: Int32, row: Int32, col: Int32, count:
         if k < count:
             word = word | ((Uint32(src8[e, row, col + k]) & Uint32(0xFF)) << (8 * k))
     return word
+
+
+@cute.jit
+def byte_mask(count: Int32) -> Uint32:
+    """``count`` (0..4) low bytes set: the mask of a tile column holding ``count`` source bytes."""
+    mask = Uint32(0)
+    if count > 0:
+        mask = Uint32(0xFFFFFFFF) >> Uint32(8 * (TILE_COLS - count))
+    return mask
+
+
+@cute.jit
+def funnel_word(stage: cute.Tensor, row: Int32, byte_offset: Int32) -> Uint32:
+    """The 4 bytes at ``byte_offset`` of staged row ``row`` (raw aligned words, little-endian):
+    words ``byte_offset // 4`` and the next one, shifted right by ``byte_offset % 4`` bytes."""
+    word = byte_offset >> 2
+    pair = (Uint64(stage[row, word + 1]) << Uint64(32)) | Uint64(stage[row, word])
+    return Uint32(pair >> Uint64(8 * (byte_offset & 3)))
+
+
+@cute.jit
+def store_chunk(
+    frag: cute.Tensor, dst_chunks: cute.Tensor, dst_words: cute.Tensor, chunk: Int32, full_chunks: Int32
+):
+    """Write the 4 words of ``frag`` as 16-byte chunk ``chunk`` of the output: one 128-bit store when
+    the chunk lies inside the output, else word stores of the words below ``size(dst_words)``."""
+    if chunk < full_chunks:
+        cute.autovec_copy(frag, dst_chunks[chunk, None])
+    else:
+        for q in cutlass.range_constexpr(TILE_COLS):
+            if chunk * TILE_COLS + q < cute.size(dst_words):
+                dst_words[chunk * TILE_COLS + q] = frag[q]

@@ -155,7 +155,7 @@ def m_groups_row_block(
 
 
 @cute.jit
-def scan_padded_group_sizes_once(
+def scan_padded_group_sizes_small(
     offsets: cute.Tensor,
     num_groups: Int32,
     total: Int32,
@@ -166,26 +166,18 @@ def scan_padded_group_sizes_once(
     num_threads: cutlass.Constexpr,
     ends: cute.Tensor,
 ):
-    """:func:`scan_padded_group_sizes` (same arguments and results) reading each end offset from
-    global memory once: the clamped ends go to shared memory first and the sizes are taken from
-    there. Every CTA of a grid reads the same few offset bytes at launch, so fewer global requests
-    per CTA means less queueing on that one L2 line (one extra CTA barrier instead).
-    """
-    per_thread = (num_groups + (num_threads - 1)) // num_threads
-    first = tid * per_thread
-    for i in cutlass.range(per_thread):
-        g = first + i
-        if g < num_groups:
-            ends[g] = clamped_end(offsets, g, total)
-    cute.arch.sync_threads()
-    own = Int32(0)
-    for i in cutlass.range(per_thread):
-        g = first + i
-        if g < num_groups:
-            start, end = smem_group_bounds(ends, g)
-            own = own + (end - start + (unit - 1)) // unit
+    """:func:`scan_padded_group_sizes` (same arguments and results) for ``num_groups <= num_threads``:
+    thread ``g`` owns group ``g``, so the scan is straight-line code (two offset loads per thread,
+    one warp scan, two CTA barriers) instead of loops over runs of groups. The caller checks the
+    group count; every thread of the CTA must call it."""
     lane = tid % _WARP
     warp = tid // _WARP
+    own = Int32(0)
+    end = Int32(0)
+    if tid < num_groups:
+        start = clamped_end(offsets, tid - 1, total)
+        end = clamped_end(offsets, tid, total)
+        own = (cutlass.max(end, start) - start + (unit - 1)) // unit
     inclusive = _warp_inclusive_sum(own, lane)
     if lane == _WARP - 1:
         warp_totals[warp] = inclusive
@@ -194,13 +186,9 @@ def scan_padded_group_sizes_once(
     for w in cutlass.range_constexpr(num_threads // _WARP):
         if w < warp:
             before = before + warp_totals[w]
-    running = before + inclusive - own
-    for i in cutlass.range(per_thread):
-        g = first + i
-        if g < num_groups:
-            prefix[g] = running
-            start, end = smem_group_bounds(ends, g)
-            running = running + (end - start + (unit - 1)) // unit
+    if tid < num_groups:
+        prefix[tid] = before + inclusive - own
+        ends[tid] = end
     if tid == num_threads - 1:
         prefix[num_groups] = before + inclusive
     cute.arch.sync_threads()

@@ -27,8 +27,11 @@ def test_compiles_with_expected_sass(compiled, target):
     # ragged end of an output whose size is not a multiple of 16 bytes).
     assert kernel.global_stores(128) >= 1, kernel.format()
     assert kernel.global_stores() == kernel.global_stores(128) + kernel.global_stores(32), kernel.format()
-    if target.endswith("_words"):
-        assert kernel.global_loads(8) == 0 and kernel.global_loads(32) >= 8, kernel.format()
+    # Loads are 4-byte words: one per tile column (``_words``) or aligned words funnel-shifted into
+    # place (any row length, base address or K-group start); never byte loads.
+    assert kernel.global_loads(8) == 0 and kernel.global_loads(32) >= 8, kernel.format()
+    if not target.endswith("_words"):
+        assert kernel.counts.get("SHF.R.U64", 0) >= 1, "unaligned words are funnel-shifted"
     if not target.startswith("swizzle_plain"):
         assert kernel.counts.get("SHFL.UP", 0) >= 1, "grouped layouts scan the group sizes in-kernel"
 

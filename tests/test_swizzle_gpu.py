@@ -77,6 +77,49 @@ def test_grouped(rows, cols, num_groups, groups, poison_cuda_allocator):
     _assert_same_bytes(out, expected)
 
 
+def _skewed_scales(shape, skew, generator) -> torch.Tensor:
+    """Contiguous scales whose first byte sits ``skew`` bytes past a 16-byte boundary."""
+    numel = 1
+    for size in shape:
+        numel *= size
+    storage = torch.empty(numel + 16, dtype=torch.uint8, device="cuda")
+    scales = storage[skew : skew + numel].view(shape)
+    scales.copy_(torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8))
+    assert scales.data_ptr() % 16 == skew and scales.is_contiguous()
+    return scales.view(torch.float8_e8m0fnu)
+
+
+@pytest.mark.parametrize(
+    "groups,shape,skew",
+    [
+        # More row blocks than the persistent grid has CTAs per window: every CTA loops (prefetch).
+        (None, (300001, 13), 0),
+        (None, (200000, 36), 0),
+        (None, (200000, 36), 2),
+        (None, (40, 8192, 7), 1),
+        (None, (40, 1000, 64), 0),
+        ("M", (300001, 13), 3),
+        ("M", (200000, 36), 0),
+        ("M", (200000, 36), 1),
+        ("K", (1024, 40001), 0),
+        ("K", (65536, 100), 3),
+        ("K", (1000, 4096), 2),
+    ],
+)
+def test_many_row_blocks_per_cta_any_alignment(groups, shape, skew, poison_cuda_allocator):
+    gen = torch.Generator().manual_seed(sum(shape) + skew)
+    scales = _skewed_scales(shape, skew, gen)
+    kwargs = {}
+    if groups is not None:
+        total = shape[0] if groups == "M" else shape[1]
+        kwargs = {"group_end_offsets": _offsets(random_group_ends(total, 37, gen)), "groups": groups}
+    poison_cuda_allocator()
+    with no_sync():
+        out = torch_bindings.swizzle_scales(scales, backend="cute", **kwargs)
+    cpu_kwargs = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    _assert_same_bytes(out, reference.swizzle_scales(scales.cpu(), **cpu_kwargs))
+
+
 @pytest.mark.parametrize("groups", ["M", "K"])
 def test_garbage_offsets_stay_in_bounds(groups):
     """Offsets the kernel cannot validate (decreasing, negative, past the end) must not fault."""
@@ -169,3 +212,11 @@ def test_disk_cache_second_process(tmp_path):
     assert runs[0]["compiles"] == 1 and runs[0]["disk_loads"] == 0
     assert runs[1]["compiles"] == 0 and runs[1]["disk_loads"] == 1
     assert runs[1]["load_s"][0] < runs[0]["compile_s"][0]
+
+
+@pytest.mark.parametrize("groups", ["M", "K"])
+def test_too_many_groups_is_refused(groups):
+    scales = torch.zeros(64, 64, dtype=torch.float8_e8m0fnu, device="cuda")
+    ends = torch.zeros(2049, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="at most 2048 groups"):
+        torch_bindings.swizzle_scales(scales, group_end_offsets=ends, groups=groups, backend="cute")

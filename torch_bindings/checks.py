@@ -361,14 +361,19 @@ MAX_KERNEL_GROUPS = 2048
 """Most groups a kernel takes (its group scan lives in shared memory; ``cute_utils.groups.MAX_GROUPS``)."""
 
 
-def check_kernel_inputs(op: str, group_end_offsets: torch.Tensor | None, *tensors: torch.Tensor) -> None:
-    """Kernel-path limits beyond the contract's checks: at most ``MAX_KERNEL_GROUPS`` groups, and
-    16-byte aligned data pointers (the kernels use 16-byte vector accesses)."""
+def check_kernel_group_count(op: str, group_end_offsets: torch.Tensor | None) -> None:
+    """Kernel-path limit: at most ``MAX_KERNEL_GROUPS`` groups (the reference has none)."""
     if group_end_offsets is not None and group_end_offsets.shape[0] > MAX_KERNEL_GROUPS:
         raise ValueError(
             f"{op}: the CuTeDSL kernels take at most {MAX_KERNEL_GROUPS} groups, got "
             f"{group_end_offsets.shape[0]} (backend='reference' has no limit)"
         )
+
+
+def check_kernel_inputs(op: str, group_end_offsets: torch.Tensor | None, *tensors: torch.Tensor) -> None:
+    """Kernel-path limits beyond the contract's checks: at most ``MAX_KERNEL_GROUPS`` groups, and
+    16-byte aligned data pointers (the kernels use 16-byte vector accesses)."""
+    check_kernel_group_count(op, group_end_offsets)
     for t in tensors:
         if t.data_ptr() % 16:
             raise ValueError(

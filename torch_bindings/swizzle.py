@@ -27,49 +27,91 @@ def blocked_output_shape(scales_shape: tuple, num_groups: int | None, groups: st
     return (_round_up(rows, _TILE_ROWS), cols + _TILE_COLS * num_groups)
 
 
-_LAYOUT_BY_GROUPS = {None: "plain", "M": "m_groups", "K": "k_groups"}
+_E8M0 = torch.float8_e8m0fnu
+_LAYOUTS = ("plain", "plain", "m_groups", "k_groups")  # by variant // 2 (variant 1: 3-D plain)
 
 
-_kernels: dict[tuple, object] = {}  # hot-path lookup in front of kernel_cache.get_kernel
-on_clear(_kernels.clear)
+class _Target:
+    """A CUDA device the kernel runs on: its arch, SM count and compiled variants.
+
+    ``kernels[2 * variant + word_loads]``, variant 0: 2-D plain, 1: 3-D plain, 2: M-groups,
+    3: K-groups (filled on first use through ``kernel_cache.get_kernel``)."""
+
+    __slots__ = ("arch", "num_sms", "kernels")
+
+    def __init__(self, arch: str, num_sms: int) -> None:
+        self.arch = arch
+        self.num_sms = num_sms
+        self.kernels: dict[int, object] = {}
+
+    def kernel(self, key: int):
+        kernel = self.kernels.get(key)
+        if kernel is None:
+            kernel = self.kernels[key] = _kernel(
+                _LAYOUTS[key >> 1], 3 if key >> 1 == 1 else 2, bool(key & 1), self.arch, self.num_sms
+            )
+        return kernel
 
 
-def _kernel(layout: str, rank: int, word_loads: bool, arch: str):
-    key = (layout, rank, word_loads, arch)
-    kernel = _kernels.get(key)
-    if kernel is None:
+# CUDA device index -> _Target once ``backend.select`` let the kernel run there ("auto" and "cute"
+# both pick the kernel whenever it can run): later eager calls skip the selection.
+_targets: dict[int, _Target] = {}
+on_clear(lambda: [target.kernels.clear() for target in _targets.values()])
 
-        def build():
-            from cute_kernels.swizzle import SwizzleLayout, compile_swizzle
 
-            return compile_swizzle(SwizzleLayout(layout), arch, rank, word_loads)
+def _kernel(layout: str, rank: int, word_loads: bool, arch: str, num_sms: int):
+    def build():
+        from cute_kernels.swizzle import SwizzleLayout, compile_swizzle
 
-        kernel = _kernels[key] = get_kernel(("swizzle_scales", *key), build)
-    return kernel
+        return compile_swizzle(SwizzleLayout(layout), arch, rank, word_loads, num_sms=num_sms)
+
+    return get_kernel(("swizzle_scales", layout, rank, word_loads, arch, num_sms), build)
+
+
+def _target(device: torch.device, arch: str) -> _Target:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    target = _targets.get(index)
+    if target is None:
+        target = _targets[index] = _Target(arch, _backend.num_sms(index))
+    return target
 
 
 def _run_kernel(
-    scales: torch.Tensor, group_end_offsets: torch.Tensor | None, groups: str, arch: str
+    scales: torch.Tensor, group_end_offsets: torch.Tensor | None, groups: str, target: _Target
 ) -> torch.Tensor:
-    num_groups = None if group_end_offsets is None else group_end_offsets.shape[0]
-    shape = blocked_output_shape(scales.shape, num_groups, groups)
-    out = torch.empty(shape, dtype=torch.float8_e8m0fnu, device=scales.device)
-    if out.numel():
-        if scales.dtype != torch.float8_e8m0fnu:
-            scales = scales.view(torch.float8_e8m0fnu)
-        layout = _LAYOUT_BY_GROUPS[None if group_end_offsets is None else groups]
-        # Rows of whole, aligned 4-byte words (one word per tile column) load 4x fewer instructions.
-        word_loads = (
-            layout != "k_groups" and scales.shape[-1] % _TILE_COLS == 0 and scales.data_ptr() % 4 == 0
-        )
-        _kernel(layout, scales.dim(), word_loads, arch)(scales, out, group_end_offsets)
+    if scales.dtype is not _E8M0:
+        scales = scales.view(_E8M0)
+    shape = scales.shape
+    rows = shape[-2]
+    cols = shape[-1]
+    if group_end_offsets is None:
+        if len(shape) == 2:
+            variant = 0
+            out_shape = ((rows + 127) & -128, (cols + 3) & -4)
+        else:
+            variant = 2
+            out_shape = (shape[0], (rows + 127) & -128, (cols + 3) & -4)
+    elif groups == "M":
+        checks.check_kernel_group_count("swizzle_scales", group_end_offsets)
+        variant = 4
+        out_shape = (rows + 128 * group_end_offsets.shape[0], (cols + 3) & -4)
+    else:
+        checks.check_kernel_group_count("swizzle_scales", group_end_offsets)
+        variant = 6
+        out_shape = ((rows + 127) & -128, cols + 4 * group_end_offsets.shape[0])
+    out = scales.new_empty(out_shape)
+    if out_shape[0] and out_shape[-2] and out_shape[-1]:
+        # Rows of whole, aligned 4-byte words (one word per tile column) stage with fewer instructions.
+        if variant < 6 and not cols & 3 and not scales.data_ptr() & 3:
+            variant += 1
+        target.kernel(variant)(scales, out, group_end_offsets)
     return out
 
 
 @torch.library.custom_op("cute_kernels::swizzle_scales", mutates_args=())
 def _swizzle_op(scales: torch.Tensor, group_end_offsets: torch.Tensor | None, groups: str) -> torch.Tensor:
     arch = _backend.select(_OP, "cute", scales.device)
-    return _run_kernel(scales, group_end_offsets, groups, arch)
+    return _run_kernel(scales, group_end_offsets, groups, _target(scales.device, arch))
 
 
 @_swizzle_op.register_fake
@@ -96,9 +138,14 @@ def swizzle_scales(
     Never synchronizes with the host; the offsets' values are clamped, never trusted.
     """
     checks.check_swizzle(scales, group_end_offsets, groups)
+    compiling = torch.compiler.is_compiling()
+    if not compiling and scales.is_cuda and (backend == "auto" or backend == "cute"):
+        target = _targets.get(scales.get_device())
+        if target is not None:  # eager fast path: this device already runs the kernel
+            return _run_kernel(scales, group_end_offsets, groups, target)
     arch = _backend.select(_OP, backend, scales.device)
     if arch is None:
         return reference.swizzle_scales(scales, group_end_offsets=group_end_offsets, groups=groups)
-    if torch.compiler.is_compiling():
+    if compiling:
         return _swizzle_op(scales, group_end_offsets, groups)
-    return _run_kernel(scales, group_end_offsets, groups, arch)
+    return _run_kernel(scales, group_end_offsets, groups, _target(scales.device, arch))
