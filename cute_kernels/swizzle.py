@@ -57,6 +57,7 @@ from cute_utils.blocked import (
 from cute_utils.groups import (
     MAX_GROUPS,
     find_group,
+    m_groups_row_block,
     prefix_smem_words,
     scan_padded_group_sizes,
     scan_padded_group_sizes_small,
@@ -131,14 +132,12 @@ def _k_group_column(ends, prefix, num_groups, row_blocks, tile, grid_tiles):
 
 
 @cute.jit
-def _m_group_rows(prefix, ends, num_groups, block):
-    """``(first source row, valid rows)`` of M-groups output row block ``block`` (0 rows: padding)."""
-    g = find_group(prefix, num_groups, block)
-    start, end = smem_group_bounds(ends, g)
-    row0 = start + (block - prefix[g]) * TILE_ROWS
-    valid = Int32(0)
-    if block < prefix[g + 1]:
-        valid = cutlass.min(end - row0, TILE_ROWS)
+def _m_group_rows(prefix, ends, num_groups, block, rows):
+    """``(first source row, valid rows)`` of M-groups output row block ``block`` (0 rows: a block no
+    group covers, all padding)."""
+    row0, valid, covered = m_groups_row_block(prefix, ends, num_groups, block, rows)
+    if not covered:
+        valid = Int32(0)
     return row0, valid
 
 
@@ -344,7 +343,7 @@ def make_swizzle(
         regs = cute.make_rmem_tensor(cute.make_layout(loads_per_thread), Uint32)
         if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS):
             ahead = first_block + lane * block_step
-            sched_row0, sched_valid = _m_group_rows(prefix, ends, num_groups, ahead)
+            sched_row0, sched_valid = _m_group_rows(prefix, ends, num_groups, ahead, rows)
             if ahead >= total_blocks:
                 sched_valid = Int32(0)
             row0 = cute.arch.shuffle_sync(sched_row0, 0)
@@ -379,7 +378,7 @@ def make_swizzle(
             if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS):
                 if step_index % 32 == 0:
                     ahead = block + (lane + 1) * block_step
-                    sched_row0, sched_valid = _m_group_rows(prefix, ends, num_groups, ahead)
+                    sched_row0, sched_valid = _m_group_rows(prefix, ends, num_groups, ahead, rows)
                     if ahead >= total_blocks:
                         sched_valid = Int32(0)
                 next_row0 = cute.arch.shuffle_sync(sched_row0, step_index % 32)

@@ -91,3 +91,26 @@ def assert_same_bytes(actual: torch.Tensor, expected: torch.Tensor, what: str = 
 def cuda_offsets(ends) -> torch.Tensor:
     """int32 end offsets on the GPU."""
     return torch.tensor(ends, dtype=torch.int32, device="cuda")
+
+
+def kernel_targets(*prefixes: str) -> dict:
+    """SASS targets of ``cute_kernels`` whose names start with one of ``prefixes``."""
+    import cute_kernels
+
+    return {name: build for name, build in cute_kernels.sass_targets().items() if name.startswith(prefixes)}
+
+
+def _archs() -> tuple[str, ...]:
+    from cute_utils import sass
+
+    return tuple(sass.ARCHS)
+
+
+@pytest.fixture(scope="module", params=_archs())
+def compiled(request):
+    """``(arch, {target: SASS summaries})`` for the test module's ``TARGETS``, compiled once per arch."""
+    from cute_utils import sass
+
+    arch = request.param
+    targets = request.module.TARGETS
+    return arch, {name: sass.summarize(sass.cubin_of(build(arch))) for name, build in targets.items()}

@@ -135,7 +135,7 @@ def test_copy_baseline_best_scales_and_takes_fastest(monkeypatch: pytest.MonkeyP
         return common.Timing(us=slow * nbytes / 4000.0, method="cuda_graph", samples_us=[nbytes / 4000.0])
 
     monkeypatch.setattr(common, "require_cuda", lambda what="": None)
-    monkeypatch.setattr(common, "copy_baseline_detailed", fake)
+    monkeypatch.setattr(common, "_copy_exact_detailed", fake)
     best, tries = common.copy_baseline_best(10_000_000, tries=2, step_bytes=1000)
     assert seen == [10_000_000, 10_002_000]
     assert tries[0] == pytest.approx(3750.0) and tries[1] == pytest.approx(2500.0)  # scaled back

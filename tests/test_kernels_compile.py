@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from conftest import kernel_targets
 
-import cute_kernels
-from cute_utils import sass
+TARGETS = kernel_targets("swizzle_")
 
-TARGETS = {name: build for name, build in cute_kernels.sass_targets().items() if name.startswith("swizzle_")}
-
-
-@pytest.fixture(scope="module", params=sass.ARCHS)
-def compiled(request):
-    arch = request.param
-    return arch, {name: sass.summarize(sass.cubin_of(build(arch))) for name, build in TARGETS.items()}
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))

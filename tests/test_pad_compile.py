@@ -5,23 +5,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import kernel_targets
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-import cute_kernels
+import cute_kernels.pad
 import torch_bindings
-from cute_utils import sass
 from torch_bindings import pad as pad_bindings
 from torch_bindings import reference
 
-TARGETS = {
-    name: build for name, build in cute_kernels.sass_targets().items() if name.startswith(("pad_", "unpad_"))
-}
+TARGETS = kernel_targets("pad_", "unpad_")
 
-
-@pytest.fixture(scope="module", params=sass.ARCHS)
-def compiled(request):
-    arch = request.param
-    return arch, {name: sass.summarize(sass.cubin_of(build(arch))) for name, build in TARGETS.items()}
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))

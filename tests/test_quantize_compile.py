@@ -6,19 +6,10 @@ integer bit math, so both archs compute the same bits)."""
 from __future__ import annotations
 
 import pytest
+from conftest import kernel_targets
 
-import cute_kernels
-from cute_utils import sass
+TARGETS = kernel_targets("quantize_1x32")
 
-TARGETS = {
-    name: build for name, build in cute_kernels.sass_targets().items() if name.startswith("quantize_1x32")
-}
-
-
-@pytest.fixture(scope="module", params=sass.ARCHS)
-def compiled(request):
-    arch = request.param
-    return arch, {name: sass.summarize(sass.cubin_of(build(arch))) for name, build in TARGETS.items()}
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
