@@ -31,7 +31,14 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import TILE_COLS, TILE_ROWS, ceil_div
-from cute_utils.groups import MAX_GROUPS, m_groups_row_block, prefix_smem_words, scan_padded_group_sizes
+from cute_utils.groups import (
+    MAX_GROUPS,
+    m_groups_row_block,
+    padded_m_groups_row_block,
+    prefix_smem_words,
+    scan_padded_group_sizes,
+    uniform_groups_row_block,
+)
 from cute_utils.mx import BLOCK_SIZE, e8m0_scale, inverse_scale, lane_group_max, max_abs_bits, scale_values
 
 VECTOR = 8  # elements per lane and vector step
@@ -48,6 +55,12 @@ class ScaleLayout(str, Enum):
     PLAIN = "plain"
     BLOCKED = "blocked"
     M_GROUPS = "m_groups"
+    EXPERTS = "experts"  # 3D weights as (E N, K): per-expert blocked scales (E, Rp, Cp)
+    PADDED = "padded"  # token-group padding fused: M-groups scales of the padded groups
+
+    @property
+    def scans_groups(self) -> bool:
+        return self in (ScaleLayout.M_GROUPS, ScaleLayout.PADDED)
 
 
 DTYPES = {"bfloat16": BFloat16, "float32": Float32}
@@ -149,12 +162,18 @@ def _store_plain_scales(scale_bytes: cute.Tensor, row: Int32, tile: Int32, word:
 
 
 @cute.jit
-def _quantize_vector(values, q_vec, row, vec, store, mode: cutlass.Constexpr) -> Int32:
+def _quantize_vector(
+    values, q_vec, row, vec, store, live, mode: cutlass.Constexpr, zero_fill: cutlass.Constexpr
+):
     """E4M3-quantize one lane's 8 elements as a quarter of a 32-element block (the 4 lanes of a block
     agree on the scale through shuffles), store them to ``q_vec[row, vec, :]`` when ``store``, and
-    return the block's scale byte (0 when not ``store``: the 4 lanes of a block agree on that too)."""
+    return the block's scale byte (0 when not ``store``: the 4 lanes of a block agree on that too).
+    With ``zero_fill``, a vector that is not ``live`` (a padding row) quantizes zeros instead."""
     xf = cute.make_rmem_tensor(cute.make_layout(VECTOR), Float32)
     xf.store(values.load().to(Float32))
+    if cutlass.const_expr(zero_fill):
+        if not live:
+            xf.fill(0.0)
     amax = lane_group_max(max_abs_bits(xf), LANES_PER_BLOCK)
     s = e8m0_scale(amax, mode)
     if not store:
@@ -168,12 +187,17 @@ def _quantize_vector(values, q_vec, row, vec, store, mode: cutlass.Constexpr) ->
 
 
 def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: QuantizeConfig):
-    """Build the ``@cute.jit`` launcher ``launch(x, q, scales, offsets, stream)``.
+    """Build the ``@cute.jit`` launcher ``launch(x, q, scales, offsets, padded_start, padded_end,
+    group_param, stream)``.
 
-    ``x``: (M, K) bf16/fp32 row-major, K % 32 == 0, 16-byte aligned. ``q``: (M, K) Float8E4M3FN.
-    ``scales``: Float8E8M0FNU, (M, K/32) for ``plain``, the blocked (Rp, Cp) or M-groups
-    (M + 128 G, Cp) shape otherwise, 4-byte aligned. ``offsets``: Int32 (G,) row end offsets for
-    ``m_groups``, else ``None``.
+    ``x``: (M, K) bf16/fp32 row-major, K % 32 == 0, 16-byte aligned. ``q``: Float8E4M3FN, (M, K),
+    or (padded rows, K) for ``padded``. ``scales``: Float8E8M0FNU, 4-byte aligned: (M, K/32) for
+    ``plain``; otherwise blocked with 128-row blocks: (Rp, Cp), M-groups (M + 128 G, Cp), experts
+    (E Rp, Cp) (the (E, Rp, Cp) tensor seen as 2-D), padded (padded rows + 128 G, Cp).
+    ``offsets``: Int32 (G,) row end offsets for ``m_groups`` and ``padded``, else ``None``.
+    ``padded_start`` / ``padded_end``: Int32 (G,) outputs for ``padded`` (written by CTA 0), else
+    ``None``. ``group_param``: Int32, rows per expert (N) for ``experts``, the alignment for
+    ``padded``, ignored otherwise.
     """
     if mode not in ("floor", "rceil"):
         raise ValueError(f"mode must be 'floor' or 'rceil', got {mode!r}")
@@ -181,43 +205,86 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
     batches = STEPS // batch
     stages = config.stages
     threads = 32 * WARPS
-    grouped = layout is ScaleLayout.M_GROUPS
+    padded = layout is ScaleLayout.PADDED
 
     @cute.jit
-    def _issue(atom, x_vec, ring, u, units, first_row, valid_rows, lane_row, lane_vec, first_tile, cols):
+    def _issue(atom, x_vec, ring, u, units, src_row, src_rows, lane_row, lane_vec, first_tile, cols):
         """Issue pipeline unit ``u`` (batch ``u % batches`` of tile ``first_tile + u // batches``) into
         stage ``u % stages``; past ``units`` only an empty group is committed."""
         rows_left = Int32(0)
         vec = first_tile * LANES_PER_ROW + lane_vec + (u // batches) * LANES_PER_ROW
         row = lane_row + (u % batches) * batch * ROWS_PER_STEP
         if u < units:
-            rows_left = valid_rows - row
-        _issue_unit(atom, x_vec, ring[u % stages, None, None, None], first_row + row, rows_left, vec, cols)
+            rows_left = src_rows - row
+        _issue_unit(atom, x_vec, ring[u % stages, None, None, None], src_row + row, rows_left, vec, cols)
 
-    @cute.kernel
-    def quantize_kernel(x: cute.Tensor, q: cute.Tensor, scales: cute.Tensor, offsets, tiles_per_cta: Int32):
-        tid, _, _ = cute.arch.thread_idx()
-        row_block, col_chunk, _ = cute.arch.block_idx()
-        lane = tid % 32
-        quarter = tid // 32
-        rows, cols = x.shape
-        scale_cols = cols // BLOCK_SIZE
-        col_tiles = ceil_div(cols, TILE_K)
-        q_vec = _vector_view(q, rows, cols)
-
-        first_row = row_block * TILE_ROWS
-        valid_rows = cutlass.min(rows - first_row, TILE_ROWS)
+    @cute.jit
+    def _block_rows(smem, offsets, padded_start, padded_end, group_param, row_block, tid, rows, out_rows):
+        """``(src_row, src_rows, dst_row, dst_rows, keep_scales)`` of output row block ``row_block``:
+        its first source row of x and how many it reads, its first row of q and how many it writes
+        (rows past ``src_rows`` are zero padding), and whether its scales belong to a group."""
+        src_row = row_block * TILE_ROWS
+        src_rows = cutlass.max(cutlass.min(rows - src_row, TILE_ROWS), Int32(0))
+        dst_row, dst_rows = src_row, src_rows
         keep_scales = True
-        smem = SmemAllocator()
-        if cutlass.const_expr(grouped):
-            prefix = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words(config.max_groups)), 16)
-            ends = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words(config.max_groups)), 16)
+        if cutlass.const_expr(layout is ScaleLayout.EXPERTS):
+            src_row, src_rows = uniform_groups_row_block(row_block, group_param)
+            dst_row, dst_rows = src_row, src_rows
+        if cutlass.const_expr(layout.scans_groups):
+            words = prefix_smem_words(config.max_groups)
+            prefix = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
+            ends = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
             warp_totals = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
             num_groups = offsets.shape[0]
             scan_padded_group_sizes(
                 offsets, num_groups, rows, TILE_ROWS, prefix, warp_totals, tid, threads, ends
             )
-            first_row, valid_rows, keep_scales = m_groups_row_block(prefix, ends, num_groups, row_block, rows)
+            if cutlass.const_expr(padded):
+                aligned = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
+                scan_padded_group_sizes(
+                    offsets, num_groups, rows, group_param, aligned, warp_totals, tid, threads, ends
+                )
+                src_row, src_rows, dst_row, dst_rows, keep_scales = padded_m_groups_row_block(
+                    prefix, aligned, ends, num_groups, row_block, group_param, out_rows
+                )
+                if row_block == 0 and cute.arch.block_idx()[1] == 0:
+                    _store_padded_offsets(aligned, num_groups, group_param, padded_start, padded_end, tid)
+            else:
+                src_row, src_rows, keep_scales = m_groups_row_block(prefix, ends, num_groups, row_block, rows)
+                dst_row, dst_rows = src_row, src_rows
+        return src_row, src_rows, dst_row, dst_rows, keep_scales
+
+    @cute.jit
+    def _store_padded_offsets(aligned, num_groups, alignment, padded_start, padded_end, tid):
+        for g in cutlass.range(tid, num_groups, threads):
+            padded_start[g] = aligned[g] * alignment
+            padded_end[g] = aligned[g + 1] * alignment
+
+    @cute.kernel
+    def quantize_kernel(
+        x: cute.Tensor,
+        q: cute.Tensor,
+        scales: cute.Tensor,
+        offsets,
+        padded_start,
+        padded_end,
+        group_param: Int32,
+        tiles_per_cta: Int32,
+    ):
+        tid, _, _ = cute.arch.thread_idx()
+        row_block, col_chunk, _ = cute.arch.block_idx()
+        lane = tid % 32
+        quarter = tid // 32
+        rows, cols = x.shape
+        out_rows = q.shape[0]
+        scale_cols = cols // BLOCK_SIZE
+        col_tiles = ceil_div(cols, TILE_K)
+        q_vec = _vector_view(q, out_rows, cols)
+
+        smem = SmemAllocator()
+        src_row, src_rows, dst_row, dst_rows, keep_scales = _block_rows(
+            smem, offsets, padded_start, padded_end, group_param, row_block, tid, rows, out_rows
+        )
 
         if cutlass.const_expr(layout is ScaleLayout.PLAIN):
             scale_bytes = cute.make_tensor(
@@ -241,7 +308,7 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
         ring, atom = _staging_ring(smem, x, batch, stages)
         units = (last_tile - first_tile) * batches
         for u in cutlass.range_constexpr(stages - 1):
-            _issue(atom, x_vec, ring, u, units, first_row, valid_rows, lane_row, lane_vec, first_tile, cols)
+            _issue(atom, x_vec, ring, u, units, src_row, src_rows, lane_row, lane_vec, first_tile, cols)
         my_word = Uint32(0)
         for u in cutlass.range(units, unroll=1):
             _issue(
@@ -250,8 +317,8 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
                 ring,
                 u + stages - 1,
                 units,
-                first_row,
-                valid_rows,
+                src_row,
+                src_rows,
                 lane_row,
                 lane_vec,
                 first_tile,
@@ -264,8 +331,17 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
             for i in cutlass.range_constexpr(batch):
                 step = b * batch + i
                 r = lane_row + step * ROWS_PER_STEP
-                valid = r < valid_rows and vec * VECTOR < cols
-                s = _quantize_vector(ring[u % stages, i, lane, None], q_vec, first_row + r, vec, valid, mode)
+                in_cols = vec * VECTOR < cols
+                s = _quantize_vector(
+                    ring[u % stages, i, lane, None],
+                    q_vec,
+                    dst_row + r,
+                    vec,
+                    r < dst_rows and in_cols,
+                    r < src_rows,
+                    mode,
+                    padded,
+                )
                 # Route the row's scale word to lane (row % 32) of the quarter.
                 word = cute.arch.shuffle_sync(
                     _row_scale_word(s, lane), (lane % ROWS_PER_STEP) * LANES_PER_ROW
@@ -275,7 +351,7 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
             if b == batches - 1:
                 if cutlass.const_expr(layout is ScaleLayout.PLAIN):
                     row = quarter_row + lane
-                    _store_plain_scales(scale_bytes, first_row + row, tile, my_word, row < valid_rows)
+                    _store_plain_scales(scale_bytes, src_row + row, tile, my_word, row < src_rows)
                 else:
                     if not keep_scales:
                         my_word = Uint32(0)
@@ -285,16 +361,22 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
                         scale_words[word_index] = my_word
 
     @cute.jit
-    def launch(x: cute.Tensor, q: cute.Tensor, scales: cute.Tensor, offsets, stream):
-        rows, cols = x.shape
-        row_blocks = ceil_div(rows, TILE_ROWS)
-        if cutlass.const_expr(grouped):
-            row_blocks = ceil_div(rows + TILE_ROWS * offsets.shape[0], TILE_ROWS)
-        col_tiles = ceil_div(cols, TILE_K)
+    def launch(
+        x: cute.Tensor,
+        q: cute.Tensor,
+        scales: cute.Tensor,
+        offsets,
+        padded_start,
+        padded_end,
+        group_param: Int32,
+        stream,
+    ):
+        row_blocks = ceil_div(scales.shape[0], TILE_ROWS)
+        col_tiles = ceil_div(x.shape[1], TILE_K)
         chunks = cutlass.min(col_tiles, cutlass.max(config.target_ctas // row_blocks, 1))
         tiles_per_cta = ceil_div(col_tiles, chunks)
         chunks = ceil_div(col_tiles, tiles_per_cta)
-        quantize_kernel(x, q, scales, offsets, tiles_per_cta).launch(
+        quantize_kernel(x, q, scales, offsets, padded_start, padded_end, group_param, tiles_per_cta).launch(
             grid=[row_blocks, chunks, 1],
             block=[threads, 1, 1],
             stream=stream,
@@ -306,23 +388,29 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
 
 
 def fake_arguments(dtype_name: str, layout: ScaleLayout):
-    """Fake tensors (M, K and G symbolic; K a multiple of 32) and the env stream for ``launch``."""
+    """Fake tensors for ``launch`` (M, K, G and the q / scale row counts symbolic; K a multiple of
+    32), the group parameter and the env stream."""
     rows, cols = cute.sym_int(), cute.sym_int(divisibility=BLOCK_SIZE)
     x = cute.runtime.make_fake_compact_tensor(
         DTYPES[dtype_name], (rows, cols), stride_order=(1, 0), assumed_align=16
     )
+    q_rows = cute.sym_int() if layout is ScaleLayout.PADDED else rows
     q = cute.runtime.make_fake_compact_tensor(
-        Float8E4M3FN, (rows, cols), stride_order=(1, 0), assumed_align=16
+        Float8E4M3FN, (q_rows, cols), stride_order=(1, 0), assumed_align=16
     )
     scale_shape = (cute.sym_int(), cute.sym_int())
     scales = cute.runtime.make_fake_compact_tensor(
         Float8E8M0FNU, scale_shape, stride_order=(1, 0), assumed_align=4
     )
-    offsets = None
-    if layout is ScaleLayout.M_GROUPS:
-        offsets = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
+    offsets = padded_start = padded_end = None
+    if layout.scans_groups:
+        groups = cute.sym_int()
+        offsets = cute.runtime.make_fake_compact_tensor(Int32, (groups,), assumed_align=4)
+        if layout is ScaleLayout.PADDED:
+            padded_start = cute.runtime.make_fake_compact_tensor(Int32, (groups,), assumed_align=4)
+            padded_end = cute.runtime.make_fake_compact_tensor(Int32, (groups,), assumed_align=4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return x, q, scales, offsets, stream
+    return x, q, scales, offsets, padded_start, padded_end, Int32(0), stream
 
 
 def compile_quantize(
@@ -351,7 +439,7 @@ def variants() -> list[tuple[str, str, ScaleLayout, int]]:
     for d in DTYPES:
         for m in ("floor", "rceil"):
             for layout in ScaleLayout:
-                for g in (SMALL_GROUPS, MAX_GROUPS) if layout is ScaleLayout.M_GROUPS else (MAX_GROUPS,):
+                for g in (SMALL_GROUPS, MAX_GROUPS) if layout.scans_groups else (MAX_GROUPS,):
                     out.append((d, m, layout, g))
     return out
 
@@ -366,7 +454,7 @@ def sass_targets() -> dict:
         )
 
     def name(d: str, m: str, layout: ScaleLayout, g: int) -> str:
-        suffix = f"_g{g}" if layout is ScaleLayout.M_GROUPS else ""
+        suffix = f"_g{g}" if layout.scans_groups else ""
         return f"quantize_1x32_{d}_{m}_{layout.value}{suffix}"
 
     return {name(*v): target(*v) for v in variants()}

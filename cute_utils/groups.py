@@ -192,3 +192,72 @@ def scan_padded_group_sizes_small(
     if tid == num_threads - 1:
         prefix[num_groups] = before + inclusive
     cute.arch.sync_threads()
+
+
+@cute.jit
+def padded_m_groups_row_block(
+    prefix: cute.Tensor,
+    aligned_prefix: cute.Tensor,
+    ends: cute.Tensor,
+    num_groups: Int32,
+    row_block: Int32,
+    alignment: Int32,
+    out_rows: Int32,
+):
+    """Rows behind output row block ``row_block`` of the M-groups scale layout of *padded* groups
+    (token-group padding fused into a 1x32 quantization, SPEC section 4).
+
+    Needs two scans of :func:`scan_padded_group_sizes` over the same offsets: ``prefix`` in units of
+    128 rows and ``aligned_prefix`` in units of ``alignment`` rows (group g's padded rows start at
+    ``alignment * aligned_prefix[g]``), plus the clamped ``ends``. A group keeps its 128-row block
+    count when padded to an alignment dividing 128, so block ``j`` of group ``g`` holds source rows
+    ``start_g + 128 j ...`` written to padded rows ``padded_start_g + 128 j ...``.
+
+    Returns ``(src_first, src_valid, dst_first, dst_valid, covered)``: the block's first source
+    row and how many source rows it reads (0..128), its first output row and how many output rows
+    it writes (``dst_valid >= src_valid``; output rows past ``src_valid`` are padding, zero). Blocks
+    past ``prefix[G]`` are not covered (zero scales) and write the zero rows after the last
+    padded group, up to ``out_rows``; they read nothing.
+    """
+    covered_blocks = prefix[num_groups]
+    covered = row_block < covered_blocks
+    g = find_group(prefix, num_groups, row_block)
+    start, end = smem_group_bounds(ends, g)
+    local = (row_block - prefix[g]) * 128
+    src_first = start + local
+    src_valid = cutlass.max(cutlass.min(end - src_first, 128), Int32(0))
+    dst_first = aligned_prefix[g] * alignment + local
+    dst_limit = aligned_prefix[g + 1] * alignment
+    if not covered:
+        src_valid = Int32(0)
+        dst_first = aligned_prefix[num_groups] * alignment + (row_block - covered_blocks) * 128
+        dst_limit = out_rows
+    dst_valid = cutlass.max(cutlass.min(dst_limit - dst_first, 128), Int32(0))
+    return src_first, src_valid, dst_first, dst_valid, covered
+
+
+@cute.jit
+def uniform_groups_row_block(row_block: Int32, group_rows: Int32):
+    """Rows behind output row block ``row_block`` when every group has ``group_rows`` rows and
+    ``ceil(group_rows / 128)`` blocks (3D expert weights, per-expert blocked scales):
+    ``(first row, valid rows 0..128)``."""
+    blocks_per_group = (group_rows + 127) // 128
+    group = row_block // blocks_per_group
+    local = (row_block - group * blocks_per_group) * 128
+    valid = cutlass.max(cutlass.min(group_rows - local, 128), Int32(0))
+    return group * group_rows + local, valid
+
+
+@cute.jit
+def find_group_of_position(ends: cute.Tensor, num_groups: Int32, position: Int32) -> Int32:
+    """Number of groups whose clamped end (``ends`` from :func:`scan_padded_group_sizes`) is
+    ``<= position``: for valid (non-decreasing) offsets, the group that owns ``position`` when it is
+    below ``ends[G - 1]`` (empty groups are skipped), ``G`` when it is past every group. Garbage
+    offsets give some index in ``[0, G]``; callers check ``smem_group_bounds`` before using it."""
+    pos = Int32(0)
+    for k in cutlass.range_constexpr(_SEARCH_STEPS):
+        step = 1 << (_SEARCH_STEPS - 1 - k)
+        if pos + step <= num_groups:
+            if ends[pos + step - 1] <= position:
+                pos = pos + step
+    return pos

@@ -29,12 +29,12 @@ def test_compiles_with_expected_sass(compiled, target):
     assert kernel.shared_loads(128) >= 2, text
     assert kernel.global_stores(64) >= 2, text
     assert kernel.opcode("F2FP") >= 8 and all("UE8M0" not in m for m in kernel.counts), text
-    if "m_groups" in target:
+    if "m_groups" in target or "padded" in target:
         assert kernel.counts.get("SHFL.UP", 0) >= 1, "M-groups scan the group sizes in-kernel"
 
 
 def test_every_layout_and_dtype_is_registered():
-    layouts = {"plain", "blocked", "m_groups_g64", "m_groups_g2048"}
+    layouts = {"plain", "blocked", "experts", "m_groups_g64", "m_groups_g2048", "padded_g64", "padded_g2048"}
     expected = {
         f"quantize_1x32_{d}_{m}_{layout}"
         for d in ("bfloat16", "float32")

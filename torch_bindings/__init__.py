@@ -16,7 +16,9 @@ from .backend import select as _select
 from .kernel_cache import STATS as compile_stats
 from .kernel_cache import clear_memory_cache
 from .pad import pad_token_groups, unpad_token_groups
+from .pad_quantize import pad_and_quantize_mxfp8_2d
 from .quantize import quantize_mxfp8_2d
+from .quantize_3d import quantize_mxfp8_3d
 from .reference import check_group_end_offsets
 from .swizzle import swizzle_scales
 
@@ -24,11 +26,11 @@ from .swizzle import swizzle_scales
 KERNEL_STATUS = {
     "swizzle_scales": None,
     "quantize_mxfp8_2d": None,  # block="1x32"; "32x1" comes with issue 6
-    "quantize_mxfp8_3d": 4,
+    "quantize_mxfp8_3d": None,  # block="1x32"; "32x1" with the 32x1 kernel (issues 4 and 6)
     "pad_token_groups": None,
     "unpad_token_groups": None,
-    "pad_and_quantize_mxfp8_2d": 5,
-    "quantize_mxfp8_2d_dual": 6,
+    "pad_and_quantize_mxfp8_2d": None,
+    "quantize_mxfp8_2d_dual": None,
 }
 
 
@@ -49,9 +51,7 @@ def _reference_until_kernel(name: str):
     return op
 
 
-quantize_mxfp8_2d_dual = _reference_until_kernel("quantize_mxfp8_2d_dual")
-quantize_mxfp8_3d = _reference_until_kernel("quantize_mxfp8_3d")
-pad_and_quantize_mxfp8_2d = _reference_until_kernel("pad_and_quantize_mxfp8_2d")
+from .quantize_32x1 import quantize_mxfp8_2d_dual  # noqa: E402
 
 __all__ = [
     "KERNEL_STATUS",

@@ -54,6 +54,26 @@ def _layout(group_end_offsets: torch.Tensor | None, blocked: bool) -> str:
     return "blocked" if blocked else "plain"
 
 
+def launch_1x32(
+    layout: str,
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    mode: str,
+    arch: str,
+    group_end_offsets: torch.Tensor | None = None,
+    padded_start: torch.Tensor | None = None,
+    padded_end: torch.Tensor | None = None,
+    group_param: int = 0,
+) -> None:
+    """Launch the 1x32 kernel variant ``layout`` (``cute_kernels.quantize.ScaleLayout`` value) on
+    pre-allocated outputs; argument contract in ``cute_kernels.quantize.make_quantize``."""
+    num_groups = None if group_end_offsets is None else group_end_offsets.shape[0]
+    max_groups = _SMALL_GROUPS if num_groups is not None and num_groups <= _SMALL_GROUPS else _MAX_GROUPS
+    kernel = _kernel(x.dtype, mode, layout, max_groups, arch)
+    kernel(x, q, scales, group_end_offsets, padded_start, padded_end, group_param)
+
+
 def _run_kernel(
     x: torch.Tensor, group_end_offsets: torch.Tensor | None, mode: str, blocked: bool, arch: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,9 +84,7 @@ def _run_kernel(
         scales_shape_1x32(x.shape, num_groups, blocked), dtype=torch.float8_e8m0fnu, device=x.device
     )
     if scales.numel():
-        max_groups = _SMALL_GROUPS if num_groups is not None and num_groups <= _SMALL_GROUPS else _MAX_GROUPS
-        kernel = _kernel(x.dtype, mode, _layout(group_end_offsets, blocked), max_groups, arch)
-        kernel(x, q, scales, group_end_offsets)
+        launch_1x32(_layout(group_end_offsets, blocked), x, q, scales, mode, arch, group_end_offsets)
     return q, scales
 
 

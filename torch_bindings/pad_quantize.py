@@ -1,0 +1,82 @@
+"""``pad_and_quantize_mxfp8_2d``: token-group padding fused into the 1x32 quantization.
+
+One launch of the ``padded`` variant of ``cute_kernels.quantize``: x is read once, and the kernel
+writes the padded E4M3 rows (padding rows zero), the M-groups blocked scales of the padded groups
+and the padded group offsets. No host sync; the output row count is the static bound of SPEC
+section 4.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import backend as _backend
+from . import checks, reference
+from .quantize import launch_1x32, scales_shape_1x32
+
+_OP = "pad_and_quantize_mxfp8_2d"
+
+
+def _outputs(x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int):
+    """Empty (q, scales, padded_start, padded_end) for x (M, K); works on fake tensors."""
+    num_groups = group_end_offsets.shape[0]
+    rows = reference.padded_rows(x.shape[0], num_groups, alignment)
+    q = x.new_empty((rows, x.shape[1]), dtype=torch.float8_e4m3fn)
+    scales = x.new_empty(scales_shape_1x32((rows, x.shape[1]), num_groups, True), dtype=torch.float8_e8m0fnu)
+    return q, scales, group_end_offsets.new_empty(num_groups), group_end_offsets.new_empty(num_groups)
+
+
+def _run_kernel(
+    x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, mode: str, arch: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    checks.check_kernel_inputs(_OP, group_end_offsets, x)
+    q, scales, padded_start, padded_end = _outputs(x, group_end_offsets, alignment)
+    if scales.numel() == 0:  # K == 0: no data to quantize, only the padded offsets
+        padded_start, padded_end = reference.padded_group_offsets(group_end_offsets, alignment)
+        return q, scales, padded_start, padded_end
+    launch_1x32("padded", x, q, scales, mode, arch, group_end_offsets, padded_start, padded_end, alignment)
+    return q, scales, padded_start, padded_end
+
+
+@torch.library.custom_op("cute_kernels::pad_and_quantize_mxfp8_2d", mutates_args=())
+def _pad_quantize_op(
+    x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, scaling_mode: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    arch = _backend.select(_OP, "cute", x.device)
+    return _run_kernel(x, group_end_offsets, alignment, scaling_mode, arch)
+
+
+@_pad_quantize_op.register_fake
+def _pad_quantize_fake(
+    x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, scaling_mode: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _outputs(x, group_end_offsets, alignment)
+
+
+def pad_and_quantize_mxfp8_2d(
+    x: torch.Tensor,
+    group_end_offsets: torch.Tensor,
+    *,
+    alignment: int = 32,
+    scaling_mode: str = "rceil",
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pad each token group of x (M, K) to a multiple of ``alignment`` rows and MXFP8-quantize it
+    along K in one pass (SPEC sections 4 and 5): exactly
+    ``quantize_mxfp8_2d(pad_token_groups(x, offs, alignment=A)[0], group_end_offsets=padded_end)``.
+
+    x: bf16/fp32 contiguous, K % 32 == 0; ``group_end_offsets`` int32 (G,) on x's device;
+    ``alignment`` in {16, 32, 64, 128}. Returns ``(q, scales, padded_start, padded_end)``: q
+    (``A ceil((M + G A) / A)``, K) ``float8_e4m3fn`` with every row outside a group zero; scales
+    ``float8_e8m0fnu`` in the M-groups blocked layout of the padded groups, (rows + 128 G, Cp);
+    the padded offsets int32 (G,). One launch, no host sync; offsets are clamped, never trusted.
+    """
+    checks.check_pad_and_quantize(x, group_end_offsets, alignment, scaling_mode)
+    arch = _backend.select(_OP, backend, x.device)
+    if arch is None:
+        return reference.pad_and_quantize_mxfp8_2d(
+            x, group_end_offsets, alignment=alignment, scaling_mode=scaling_mode
+        )
+    if torch.compiler.is_compiling():
+        return _pad_quantize_op(x, group_end_offsets, alignment, scaling_mode)
+    return _run_kernel(x, group_end_offsets, alignment, scaling_mode, arch)

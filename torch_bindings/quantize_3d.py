@@ -1,0 +1,103 @@
+"""``quantize_mxfp8_3d``: PyTorch entry point of 3D expert-weight quantization.
+
+``block="1x32"`` runs the 1x32 kernel (``cute_kernels.quantize``) on w seen as (E N, K): plain
+scales are then just the (E N, K/32) matrix, and per-expert blocked scales are the ``experts``
+variant, which maps each 128-row output block to its expert's rows. ``block="32x1"`` runs the
+32x1 kernel (``torch_bindings.quantize_32x1``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import backend as _backend
+from . import checks, reference
+from .quantize import launch_1x32
+from .swizzle import blocked_output_shape
+
+_OP = "quantize_mxfp8_3d"
+_BLOCK = 32
+
+
+def scales_shape_3d(w_shape: tuple, block: str, blocked: bool) -> tuple:
+    """Scale shape of w (E, N, K): per expert S = (N, K/32) for 1x32, (K, N/32) for 32x1; plain
+    (E, *S), blocked (E, Rp, Cp). Works on SymInts."""
+    experts, n, k = w_shape
+    per_expert = (n, k // _BLOCK) if block == "1x32" else (k, n // _BLOCK)
+    if not blocked:
+        return (experts, *per_expert)
+    return blocked_output_shape((experts, *per_expert), None, "M")
+
+
+def _run_1x32(w: torch.Tensor, mode: str, blocked: bool, arch: str) -> tuple[torch.Tensor, torch.Tensor]:
+    experts, n, k = w.shape
+    q = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)
+    scales = torch.empty(
+        scales_shape_3d(w.shape, "1x32", blocked), dtype=torch.float8_e8m0fnu, device=w.device
+    )
+    if scales.numel():
+        flat_scales = scales.view(-1, scales.shape[-1])
+        layout = "experts" if blocked else "plain"
+        launch_1x32(
+            layout, w.view(experts * n, k), q.view(experts * n, k), flat_scales, mode, arch, group_param=n
+        )
+    return q, scales
+
+
+def _run_kernel(
+    w: torch.Tensor, block: str, mode: str, blocked: bool, arch: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    checks.check_kernel_inputs(_OP, None, w)
+    if block == "1x32":
+        return _run_1x32(w, mode, blocked, arch)
+    from .quantize_32x1 import run_32x1_3d
+
+    return run_32x1_3d(w, mode, blocked, arch)
+
+
+@torch.library.custom_op("cute_kernels::quantize_mxfp8_3d", mutates_args=())
+def _quantize_3d_op(
+    w: torch.Tensor, block: str, scaling_mode: str, blocked_scales: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    arch = _backend.select(_OP, "cute", w.device)
+    return _run_kernel(w, block, scaling_mode, blocked_scales, arch)
+
+
+@_quantize_3d_op.register_fake
+def _quantize_3d_fake(
+    w: torch.Tensor, block: str, scaling_mode: str, blocked_scales: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    experts, n, k = w.shape
+    if block == "1x32":
+        q = w.new_empty(w.shape, dtype=torch.float8_e4m3fn)
+    else:
+        q = torch.empty_strided(w.shape, (n * k, 1, n), dtype=torch.float8_e4m3fn, device=w.device)
+    return q, w.new_empty(scales_shape_3d(w.shape, block, blocked_scales), dtype=torch.float8_e8m0fnu)
+
+
+def quantize_mxfp8_3d(
+    w: torch.Tensor,
+    *,
+    block: str = "1x32",
+    scaling_mode: str = "rceil",
+    blocked_scales: bool = True,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8-quantize expert weights w (E, N, K), bf16 or fp32, contiguous, N and K multiples of 32
+    (SPEC sections 2, 3 and 5).
+
+    ``block="1x32"`` (along K): q (E, N, K) ``float8_e4m3fn`` row-major; per-expert scales
+    S = (N, K/32). ``block="32x1"`` (along N): q (E, N, K) with strides (N K, 1, N); per-expert
+    S = (K, N/32). Scales ``float8_e8m0fnu``: (E, *S) with ``blocked_scales=False``, else each
+    expert's S in the blocked layout, (E, Rp, Cp), every padding byte 0. One launch, no host sync,
+    no recompile when E, N or K change.
+    """
+    checks.check_quantize_3d(w, block, scaling_mode, blocked_scales)
+    arch = _backend.select(_OP, backend, w.device)
+    if arch is None:
+        return reference.quantize_mxfp8_3d(
+            w, block=block, scaling_mode=scaling_mode, blocked_scales=blocked_scales
+        )
+    if torch.compiler.is_compiling():
+        return _quantize_3d_op(w, block, scaling_mode, blocked_scales)
+    return _run_kernel(w, block, scaling_mode, blocked_scales, arch)
