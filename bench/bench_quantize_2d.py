@@ -7,7 +7,7 @@ every shape and scaling mode (``rceil`` by default; ``--modes floor rceil``) two
 * **ungrouped**: ``quantize_mxfp8_2d(x)`` -> q (M, K) ``float8_e4m3fn`` and blocked scales
   (Rp, Cp) = (128*ceil(M/128), 4*ceil(K/128));
 * **grouped** (``G`` = ``--groups``, 8 by default): ``group_end_offsets`` of skewed, unaligned group
-  sizes (``bench_swizzle.skewed_group_sizes``; the last end is M) -> scales in the M-groups
+  sizes (``common.skewed_group_sizes``; the last end is M) -> scales in the M-groups
   layout (M + 128*G, Cp).
 
 Bytes moved = x bytes read + q bytes written + scale bytes written. Before timing, our output is
@@ -70,17 +70,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.bench_swizzle import skewed_group_sizes
 from bench.common import (
-    CudaUnavailableError,
+    add_bench_args,
     copy_baseline_best,
+    copy_suspect_note,
+    cuda_or_none,
+    diff_bytes,
+    finish,
+    is_fail,
     make_parser,
     make_rotating_inputs,
     make_row,
     output_paths,
     progress,
+    progress_row,
+    raise_recompile_limit,
     report,
-    require_cuda,
+    short_error,
+    skewed_group_sizes,
     time_cuda_detailed,
     timing_kwargs,
 )
@@ -216,10 +223,6 @@ def ratio_goal(elems: int) -> float:
     return GOAL_RATIO_BIG if elems >= GOAL_BIG_ELEMS else GOAL_RATIO_SMALL
 
 
-def _is_fail(row: dict[str, Any]) -> bool:
-    return str(row.get("status", "ok")).startswith("FAIL")
-
-
 def add_grouped_ratios(rows: Sequence[dict[str, Any]]) -> None:
     """Set ``grouped_time_ratio`` = grouped us / ungrouped us on every grouped row (same shape, mode)."""
     ungrouped = {(r["mode"], tuple(r["shape"])): r for r in rows if not r.get("groups")}
@@ -240,23 +243,23 @@ def goal_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return {"mode": r.get("mode"), "shape": r.get("shape"), "G": r.get("G"), "value": value,
                 "status": r.get("status")}  # fmt: skip
 
-    ratio_rows = [r for r in rows if r.get("us") is not None or _is_fail(r)]
+    ratio_rows = [r for r in rows if r.get("us") is not None or is_fail(r)]
     ratio_miss = [
         r
         for r in ratio_rows
-        if _is_fail(r) or (r.get("ratio_to_copy") or 0.0) < ratio_goal(int(r.get("elems", 0)))
+        if is_fail(r) or (r.get("ratio_to_copy") or 0.0) < ratio_goal(int(r.get("elems", 0)))
     ]
     grouped_rows = [r for r in rows if r.get("groups")]
     grouped_miss = [
         r
         for r in grouped_rows
-        if _is_fail(r)
+        if is_fail(r)
         or r.get("grouped_time_ratio") is None
         or r["grouped_time_ratio"] > GOAL_GROUPED_SLOWDOWN
     ]
     compile_rows = [r for r in rows if r.get("compile_us") is not None]
     compile_miss = [
-        r for r in compile_rows if _is_fail(r) or (r.get("compile_speedup") or 0.0) < GOAL_COMPILE_SPEEDUP
+        r for r in compile_rows if is_fail(r) or (r.get("compile_speedup") or 0.0) < GOAL_COMPILE_SPEEDUP
     ]
     return {
         "ratio": {
@@ -302,30 +305,6 @@ def format_goal_lines(summary: dict[str, Any]) -> list[str]:
 
 def _fmt_any(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else ("n/a" if v is None else str(v))
-
-
-def _short(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-
-
-def diff_bytes(
-    out: torch.Tensor, ref: torch.Tensor, expected_shape: Sequence[int] | None = None
-) -> str | None:
-    """``None`` if ``out`` and ``ref`` hold the same bytes (and ``out`` has ``expected_shape``), else why.
-
-    Same-numel tensors of other shapes are compared as flat byte strings only when no shape is
-    expected (the baselines return 1-D or differently shaped views of the same layout).
-    """
-    if expected_shape is not None and tuple(out.shape) != tuple(expected_shape):
-        return f"shape {tuple(out.shape)} != expected {tuple(expected_shape)}"
-    if out.element_size() != ref.element_size() or out.numel() != ref.numel():
-        return f"{out.dtype}{tuple(out.shape)} vs reference {ref.dtype}{tuple(ref.shape)}"
-    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}.get(out.element_size(), torch.uint8)
-    a = out.contiguous().view(bits).reshape(-1)
-    b = ref.to(out.device).contiguous().view(bits).reshape(-1)
-    if torch.equal(a, b):
-        return None
-    return f"{int((a != b).sum().item())} of {a.numel()} elements differ"
 
 
 # --------------------------------------------------------------------------------------------
@@ -395,16 +374,6 @@ def make_compiled_reference(ref_mod: Any) -> dict[str, Callable[..., tuple[torch
     return {"ungrouped": ungrouped, "grouped": grouped}
 
 
-def _raise_recompile_limit(limit: int = 64) -> None:
-    """Let Dynamo keep a compile per (mode, variant, K) without falling back to eager."""
-    cfg = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(cfg, name) and getattr(cfg, name) < limit:
-            setattr(cfg, name, limit)
-    if hasattr(cfg, "accumulated_recompile_limit") and cfg.accumulated_recompile_limit < 4 * limit:
-        cfg.accumulated_recompile_limit = 4 * limit
-
-
 # --------------------------------------------------------------------------------------------
 # torchao baselines
 # --------------------------------------------------------------------------------------------
@@ -435,7 +404,7 @@ class TorchaoBaselines:
 
             self.info["version"] = getattr(torchao, "__version__", "unknown")
         except Exception as exc:  # noqa: BLE001 - any failure means: no baseline
-            self.info["errors"]["import"] = _short(exc)
+            self.info["errors"]["import"] = short_error(exc)
             return
         self.ok = True
         for key, name in (
@@ -447,7 +416,7 @@ class TorchaoBaselines:
             try:
                 self.mods[key] = importlib.import_module(name)
             except Exception as exc:  # noqa: BLE001
-                self.info["errors"][name] = _short(exc)
+                self.info["errors"][name] = short_error(exc)
         for key, flag in (
             ("quant", "_mxfp8_cutedsl_kernels_available"),
             ("quant", "_mxfp8_cuda_kernels_available"),
@@ -585,8 +554,8 @@ class TorchaoBaselines:
                 torch.cuda.synchronize()
             except Exception as exc:  # noqa: BLE001 - next candidate
                 self._dead.add((name, grouped, mode))
-                self.info["unavailable"][f"{variant}/{mode}: {name}"] = _short(exc)
-                progress(f"    torchao {variant}/{mode} '{name}' unavailable: {_short(exc)}")
+                self.info["unavailable"][f"{variant}/{mode}: {name}"] = short_error(exc)
+                progress(f"    torchao {variant}/{mode} '{name}' unavailable: {short_error(exc)}")
                 try:
                     torch.cuda.synchronize()
                 except Exception:  # noqa: BLE001
@@ -656,13 +625,13 @@ def bench_variant(
         torch.cuda.synchronize()
     except Exception as exc:  # noqa: BLE001
         ran = False
-        status = f"FAIL: raised {_short(exc)}"
+        status = f"FAIL: raised {short_error(exc)}"
         traceback.print_exc(file=sys.stderr)
     if check:
         try:
             ref = ref_mod.quantize_mxfp8_2d(x, group_end_offsets=offs, scaling_mode=mode)
         except Exception as exc:  # noqa: BLE001
-            notes.append(f"reference raised {_short(exc)}")
+            notes.append(f"reference raised {short_error(exc)}")
             if ran:
                 status = "FAIL: reference check raised"
     if ran and out is not None and ref is not None:
@@ -689,7 +658,7 @@ def bench_variant(
             if t.fallback_reason:
                 notes.append(f"ours: {t.fallback_reason}")
         except Exception as exc:  # noqa: BLE001
-            status = f"FAIL: timing raised {_short(exc)}"
+            status = f"FAIL: timing raised {short_error(exc)}"
             traceback.print_exc(file=sys.stderr)
 
     compile_us: float | None = None
@@ -719,8 +688,8 @@ def bench_variant(
             compile_us = t.us
             methods["compile"] = t.method
         except Exception as exc:  # noqa: BLE001
-            notes.append(f"compile(ref) n/a: {_short(exc)}")
-            progress(f"    torch.compile(reference) n/a: {_short(exc)}")
+            notes.append(f"compile(ref) n/a: {short_error(exc)}")
+            progress(f"    torch.compile(reference) n/a: {short_error(exc)}")
 
     base_us: float | None = None
     base_name: str | None = None
@@ -741,7 +710,7 @@ def bench_variant(
                 base_us = t.us
                 methods["torchao"] = t.method
             except Exception as exc:  # noqa: BLE001
-                notes.append(f"torchao n/a: {_short(exc)}")
+                notes.append(f"torchao n/a: {short_error(exc)}")
         else:
             notes.append("torchao n/a (see meta.torchao.unavailable)")
 
@@ -770,17 +739,14 @@ def bench_variant(
     row["compile_speedup"] = compile_us / our_us if compile_us and our_us else None
     row["torchao_path"] = base_name
     row["copy_us_tries"] = copy_tries
-    if (row["ratio_to_copy"] or 0.0) > 1.05 and case.nbytes_moved > 4 * 60e6:
-        notes.append(f"ratio to copy > 1 past the L2: copy baseline suspect (tries {copy_tries})")
+    suspect = copy_suspect_note(row, copy_tries)
+    if suspect:
+        notes.append(suspect)
     row["timing_methods"] = methods
     if spread is not None:
         row["our_us_spread"] = spread
     row["note"] = "; ".join(notes)
     return row
-
-
-def _fmt(v: float | None, spec: str) -> str:
-    return "n/a" if v is None else format(v, spec)
 
 
 def bench_shape(
@@ -832,12 +798,7 @@ def bench_shape(
             timing, device, check=check, backend=backend, copy_tries_n=copy_tries,
         )  # fmt: skip
         rows.append(row)
-        progress(
-            f"    {row['status']}: ours {_fmt(row['us'], '.2f')} us ({_fmt(row['gbps'], '.0f')} GB/s, "
-            f"{_fmt(row['ratio_to_copy'], '.3f')} of copy {_fmt(row['copy_gbps'], '.0f')} GB/s), "
-            f"compile(ref) {_fmt(row['compile_us'], '.2f')} us, torchao {_fmt(row['baseline_us'], '.2f')} us"
-            + (f"  [{row['note']}]" if row["note"] else "")
-        )
+        progress_row(row, (("compile(ref)", "compile_us"), ("torchao", "baseline_us")))
     return rows  # x and the rotated copies are freed on return; the caller empties the cache
 
 
@@ -862,34 +823,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-compile", action="store_true", help="skip the torch.compile(reference) baseline"
     )
-    parser.add_argument("--no-torchao", action="store_true", help="skip the torchao baseline")
-    parser.add_argument(
-        "--copy-tries",
-        type=int,
-        default=2,
-        help="copy baseline = fastest of this many sizes, each 112 KiB larger, scaled (default: 2)",
-    )
-    parser.add_argument("--no-check", action="store_true", help="skip the reference check (debugging only)")
-    parser.add_argument(
-        "--backend",
-        default="cute",
-        choices=("cute", "auto", "reference"),
-        help="backend= passed to quantize_mxfp8_2d (default: cute, so the kernel is what gets timed)",
-    )
+    add_bench_args(parser, op="quantize_mxfp8_2d")
     args = parser.parse_args(argv)
     if args.groups < 0:
         parser.error("--groups must be >= 0")
     shapes = build_shapes(args.quick, args.m, args.k)
 
-    try:
-        device = require_cuda("bench_quantize_2d")
-    except CudaUnavailableError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    device = cuda_or_none("bench_quantize_2d")
+    if device is None:
         return 2
     import torch_bindings
     import torch_bindings.reference as ref_mod
 
-    _raise_recompile_limit()
+    raise_recompile_limit()
     torchao: TorchaoBaselines | None = None
     torchao_info: dict[str, Any] = {"skipped": True}
     if not args.no_torchao:
@@ -964,20 +910,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "seconds": time.perf_counter() - start,
         },
     )
-    print()
-    for line in format_goal_lines(summary):
-        print(line)
+    lines = format_goal_lines(summary)
     if torchao is not None:
-        for variant, name in torchao_info.get("chosen", {}).items():
-            print(f"torchao {variant}: {name}")
+        lines += [f"torchao {variant}: {name}" for variant, name in torchao_info.get("chosen", {}).items()]
         if not torchao_info.get("chosen"):
             why = "; ".join(f"{k}: {v}" for k, v in torchao_info["unavailable"].items())
-            print(f"torchao: n/a ({why})")
-    fails = [r for r in rows if _is_fail(r)]
-    for r in fails:
-        print(f"FAIL {r['mode']} {r['shape']} G={r['G']}: {r['status']}")
-    print(f"results: {json_path} {png_path} ({time.perf_counter() - start:.0f} s)")
-    return 1 if fails else 0
+            lines.append(f"torchao: n/a ({why})")
+    lines.append(f"({time.perf_counter() - start:.0f} s)")
+    return finish(rows, lambda r: f"{r['mode']} {r['shape']} G={r['G']}", lines, (json_path, png_path))
 
 
 if __name__ == "__main__":

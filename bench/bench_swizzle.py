@@ -42,16 +42,22 @@ import numpy as np
 import torch
 
 from bench.common import (
-    CudaUnavailableError,
-    copy_baseline_detailed,
+    RowLog,
+    add_bench_args,
+    copy_suspect_note,
+    cuda_or_none,
+    diff_bytes,
+    finish,
     make_parser,
     make_rotating_inputs,
     make_row,
+    measure_copy,
     output_paths,
     progress,
+    progress_row,
     report,
-    require_cuda,
-    time_cuda_detailed,
+    short_error,
+    skewed_group_sizes,
     timing_kwargs,
 )
 
@@ -171,24 +177,6 @@ class SwizzleCase:
         return f"{self.layout} {tuple(self.shape)}{g}"
 
 
-def skewed_group_sizes(total: int, num_groups: int, *, seed: int = 0) -> list[int]:
-    """Deterministic, skewed, generally unaligned group sizes that sum to ``total``.
-
-    Sizes follow a heavy-tailed (log-normal) split like a real router's token counts: a few big
-    experts, many small ones, possibly some empty.
-    """
-    if num_groups <= 0:
-        raise ValueError(f"num_groups must be positive, got {num_groups}")
-    if total < 0:
-        raise ValueError(f"total must be >= 0, got {total}")
-    rng = np.random.default_rng(1234 + 7919 * seed + num_groups)
-    weights = rng.lognormal(mean=0.0, sigma=1.0, size=num_groups)
-    raw = weights / weights.sum() * total
-    sizes = np.floor(raw).astype(np.int64)
-    sizes[int(np.argmax(sizes))] += total - int(sizes.sum())
-    return [int(s) for s in sizes]
-
-
 def build_cases(quick: bool = False, layouts: Sequence[str] | None = None) -> list[SwizzleCase]:
     """The benchmark shapes (``quick``: four representative shapes, all with >= 16 MB scales)."""
     if quick:
@@ -300,22 +288,6 @@ def _clone_scales(scales: torch.Tensor) -> torch.Tensor:
     return scales.view(torch.uint8).clone().view(torch.float8_e8m0fnu)
 
 
-def compare_bytes(out: torch.Tensor, ref: torch.Tensor, expected_shape: Sequence[int]) -> str | None:
-    """``None`` if ``out`` equals ``ref`` byte for byte with the expected shape, else a reason."""
-    if tuple(out.shape) != tuple(expected_shape):
-        return f"shape {tuple(out.shape)} != expected {tuple(expected_shape)}"
-    if tuple(ref.shape) != tuple(expected_shape):
-        return f"reference shape {tuple(ref.shape)} != expected {tuple(expected_shape)}"
-    if out.element_size() != 1:
-        return f"dtype {out.dtype} is not one byte"
-    a = out.contiguous().view(torch.uint8)
-    b = ref.to(out.device).contiguous().view(torch.uint8)
-    if torch.equal(a, b):
-        return None
-    ndiff = int((a != b).sum().item())
-    return f"{ndiff} of {a.numel()} bytes differ from reference"
-
-
 def _reference(
     ref_mod: Any, case: SwizzleCase, scales: torch.Tensor, offs: torch.Tensor | None
 ) -> torch.Tensor:
@@ -331,10 +303,6 @@ def _reference(
         return ref_mod.swizzle_scales(scales.cpu(), **kwargs)
 
 
-def _short(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
-
-
 def bench_case(
     case: SwizzleCase,
     tb: Any,
@@ -344,6 +312,7 @@ def bench_case(
     device: torch.device,
     check: bool = True,
     backend: str | None = "cute",
+    copy_tries: int = 2,
 ) -> dict[str, Any]:
     """Check and time one case; return its row (never raises for kernel failures).
 
@@ -357,9 +326,7 @@ def bench_case(
     if case.groups:
         offs = torch.tensor(case.group_end_offsets(), dtype=torch.int32, device=device)
     expected_shape = case.output_shape
-    notes: list[str] = []
-    status = "ok"
-
+    log = RowLog()
     extra: dict[str, Any] = {"backend": backend} if backend is not None else {}
 
     def ours(s: torch.Tensor, o: torch.Tensor | None = None) -> torch.Tensor:
@@ -367,50 +334,34 @@ def bench_case(
             return tb.swizzle_scales(s, **extra)
         return tb.swizzle_scales(s, group_end_offsets=o, groups=case.groups_arg, **extra)
 
-    ours_ok = True
     ref: torch.Tensor | None = None
+    out: torch.Tensor | None = None
     try:
         out = ours(scales, offs)
         torch.cuda.synchronize()
     except Exception as exc:  # noqa: BLE001
-        ours_ok = False
-        status = f"FAIL: raised {_short(exc)}"
+        log.fail(f"raised {short_error(exc)}")
         traceback.print_exc(file=sys.stderr)
-        out = None
-    if ours_ok and check:
+    if out is not None and check:
         try:
             ref = _reference(ref_mod, case, scales, offs)
-            why = compare_bytes(out, ref, expected_shape)
+            why = diff_bytes(out, ref, expected_shape)
         except Exception as exc:  # noqa: BLE001
-            why = f"reference check raised {_short(exc)}"
+            why = f"reference check raised {short_error(exc)}"
         if why is not None:
-            ours_ok = False
-            status = f"FAIL: {why}"
-    elif ours_ok and not check:
-        notes.append("not checked")
-    if ours_ok and out is not None and out.dtype != torch.float8_e8m0fnu:
-        notes.append(f"output dtype {out.dtype}")
+            log.fail(why)
+    elif out is not None:
+        log.note("not checked")
+    if out is not None and out.dtype != torch.float8_e8m0fnu:
+        log.note(f"output dtype {out.dtype}")
+    ours_ok = out is not None and log.status == "ok"
     del out
 
     def make() -> tuple[Any, ...]:
         return (_clone_scales(scales), offs)
 
     sets = make_rotating_inputs(make, bytes_per_set=case.nbytes_moved)
-    methods: dict[str, str] = {}
-
-    our_us: float | None = None
-    spread: tuple[float, float, int, int] | None = None
-    if ours_ok:
-        try:
-            t = time_cuda_detailed(ours, sets, **timing)
-            our_us = t.us
-            spread = (min(t.samples_us), max(t.samples_us), t.input_sets, t.calls_per_sample)
-            methods["ours"] = t.method
-            if t.fallback_reason:
-                notes.append(f"ours: {t.fallback_reason}")
-        except Exception as exc:  # noqa: BLE001
-            status = f"FAIL: timing raised {_short(exc)}"
-            traceback.print_exc(file=sys.stderr)
+    our_us = log.time("ours", ours, sets, timing, fatal=True) if ours_ok else None
 
     base_us: float | None = None
     base_fn = baselines.get(case.layout)
@@ -421,38 +372,38 @@ def bench_case(
             if ref is None and check:
                 ref = _reference(ref_mod, case, scales, offs)
             if ref is not None:
-                why = compare_bytes(bout.reshape(expected_shape), ref, expected_shape)
+                why = diff_bytes(bout.reshape(expected_shape), ref, expected_shape)
                 if why is not None:
-                    notes.append(f"torchao output differs: {why}")
+                    log.note(f"torchao output differs: {why}")
             del bout
-            t = time_cuda_detailed(base_fn, sets, **timing)
-            base_us = t.us
-            methods["torchao"] = t.method
+            base_us = log.time("torchao", base_fn, sets, timing)
         except Exception as exc:  # noqa: BLE001
-            notes.append(f"torchao n/a: {_short(exc)}")
+            log.note(f"torchao n/a: {short_error(exc)}")
 
     del sets, ref
-    torch.cuda.empty_cache()
-    copy = copy_baseline_detailed(case.nbytes_moved, device, **timing)
-    methods["copy"] = copy.method
-
+    copy_us, tried = measure_copy(case.nbytes_moved, device, timing, copy_tries, log)
     row = make_row(
         layout=case.layout,
         shape=tuple(case.shape),
         G=case.groups if case.groups else "-",
         nbytes=case.nbytes_moved,
         us=our_us,
-        copy_us=copy.us,
+        copy_us=copy_us,
         baseline_us=base_us,
-        status=status,
+        status=log.status,
     )
     row["input_mb"] = case.input_bytes / 1e6
     row["output_shape"] = tuple(expected_shape)
     row["group_end_offsets"] = case.group_end_offsets() if case.groups else None
-    row["timing_methods"] = methods
+    row["copy_us_tries"] = tried
+    suspect = copy_suspect_note(row, tried)
+    if suspect:
+        log.note(suspect)
+    spread = log.spreads.get("ours")
     if spread is not None:
-        row["our_us_min"], row["our_us_max"], row["input_sets"], row["calls_per_sample"] = spread
-    row["note"] = "; ".join(notes)
+        row["our_us_min"], row["our_us_max"] = spread["min"], spread["max"]
+        row["input_sets"], row["calls_per_sample"] = spread["input_sets"], spread["calls_per_sample"]
+    log.fill(row)
     torch.cuda.empty_cache()
     return row
 
@@ -492,20 +443,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="only these layouts (default: all)",
     )
-    parser.add_argument("--no-torchao", action="store_true", help="skip the torchao baseline")
-    parser.add_argument("--no-check", action="store_true", help="skip the reference check (debugging only)")
-    parser.add_argument(
-        "--backend",
-        default="cute",
-        choices=("cute", "auto", "reference"),
-        help="backend= passed to swizzle_scales (default: cute, so the kernel is what gets timed)",
-    )
+    add_bench_args(parser, op="swizzle_scales")
     args = parser.parse_args(argv)
-
-    try:
-        device = require_cuda("bench_swizzle")
-    except CudaUnavailableError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    device = cuda_or_none("bench_swizzle")
+    if device is None:
         return 2
     import torch_bindings
     import torch_bindings.reference as ref_mod
@@ -530,19 +471,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{case.nbytes_moved / 1e6:.1f} MB moved ..."
         )
         row = bench_case(
-            case, torch_bindings, ref_mod, baselines, timing, device, check=not args.no_check, backend=backend
-        )
+            case, torch_bindings, ref_mod, baselines, timing, device,
+            check=not args.no_check, backend=backend, copy_tries=args.copy_tries,
+        )  # fmt: skip
         rows.append(row)
-
-        def fmt(v: float | None, spec: str) -> str:
-            return "n/a" if v is None else format(v, spec)
-
-        progress(
-            f"    {row['status']}: ours {fmt(row['us'], '.2f')} us ({fmt(row['gbps'], '.0f')} GB/s, "
-            f"{fmt(row['ratio_to_copy'], '.3f')} of copy {fmt(row['copy_gbps'], '.0f')} GB/s), "
-            f"torchao {fmt(row['baseline_us'], '.2f')} us"
-            + (f"  [{row['note']}]" if row["note"] else "")
-        )
+        progress_row(row)
 
     summary = goal_summary(rows)
     json_path, png_path = output_paths(args.out, "swizzle")
@@ -561,15 +494,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "quick": args.quick,
         },
     )
-    fails = [r for r in rows if str(r["status"]).startswith("FAIL")]
-    print(
-        f"\ngoal ({summary['goal']}): {summary['met']}/{summary['shapes']} shapes"
-        + (f"; worst {summary['worst']}" if summary["worst"] else "")
+    goal = f"goal ({summary['goal']}): {summary['met']}/{summary['shapes']} shapes" + (
+        f"; worst {summary['worst']}" if summary["worst"] else ""
     )
-    for r in fails:
-        print(f"FAIL {r['layout']} {r['shape']} G={r['G']}: {r['status']}")
-    print(f"results: {json_path} {png_path}")
-    return 1 if fails else 0
+    return finish(rows, lambda r: f"{r['layout']} {r['shape']} G={r['G']}", [goal], (json_path, png_path))
 
 
 if __name__ == "__main__":

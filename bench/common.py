@@ -33,10 +33,11 @@ import platform
 import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -58,6 +59,8 @@ __all__ = [
     "copy_baseline_us",
     "copy_baseline_detailed",
     "copy_baseline_best",
+    "copy_bytes_each_way",
+    "COPY_ALIGN",
     "gbps",
     "make_row",
     "format_value",
@@ -70,6 +73,22 @@ __all__ = [
     "output_paths",
     "timing_kwargs",
     "progress",
+    "add_bench_args",
+    "short_error",
+    "fmt_opt",
+    "is_fail",
+    "diff_bytes",
+    "skewed_group_sizes",
+    "skewed_group_ends",
+    "cuda_or_none",
+    "kernel_pending",
+    "not_built_status",
+    "RowLog",
+    "measure_copy",
+    "copy_suspect_note",
+    "raise_recompile_limit",
+    "progress_row",
+    "finish",
 ]
 
 BYTES_CONVENTION = (
@@ -84,6 +103,9 @@ DEFAULT_L2_BYTES = 50 * 1024 * 1024
 DEFAULT_MEMORY_CAP_BYTES = 4 * 1024**3
 #: Default output folder for JSON/PNG results (git-ignored).
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+#: Copy baselines copy a multiple of this many bytes each way (see :func:`copy_baseline_best`).
+COPY_ALIGN = 4096
 
 GRAPH_METHOD = "cuda_graph"
 EVENTS_METHOD = "cuda_events"
@@ -404,6 +426,36 @@ def copy_baseline_detailed(
     return copy_baseline_best(nbytes, device, tries=tries, **kw)[0]
 
 
+def _patterned_bytes(n: int, device: torch.device) -> torch.Tensor:
+    """``n`` non-constant bytes on ``device``, without the CUDA RNG.
+
+    (A CUDA-graph capture that fails part-way, e.g. a baseline that syncs, leaves the default
+    CUDA generator unusable: ``torch.randint`` then raises "Offset increment outside graph capture
+    encountered unexpectedly" for the rest of the process.)
+    """
+    out = torch.empty(n, dtype=torch.uint8, device=device)
+    words = n // 4
+    if words:
+        out[: 4 * words].view(torch.int32).copy_(
+            torch.arange(words, dtype=torch.int32, device=device).mul_(-1640531535)
+        )
+    out[4 * words :].fill_(0x5A)
+    return out
+
+
+def copy_bytes_each_way(nbytes: int, attempt: int = 0, step_bytes: int = 112 << 10) -> int:
+    """Bytes each way of copy-baseline try ``attempt`` for ``nbytes`` moved (see :func:`copy_baseline_best`).
+
+    ``nbytes / 2`` rounded up to a multiple of ``COPY_ALIGN`` (when that changes it by < 1%),
+    plus ``attempt * step_bytes``.
+    """
+    half = max(int(nbytes) // 2, 1)
+    if half >= 100 * COPY_ALIGN:
+        half = COPY_ALIGN * math.ceil(half / COPY_ALIGN)
+    return half + attempt * max(int(step_bytes), 0)
+
+
+
 def _copy_exact_detailed(
     nbytes: int,
     device: torch.device | str | int | None = None,
@@ -427,9 +479,7 @@ def _copy_exact_detailed(
         return _COPY_CACHE[key]
 
     def make() -> tuple[torch.Tensor, torch.Tensor]:
-        src = torch.randint(0, 256, (half,), dtype=torch.uint8, device=dev)
-        dst = torch.empty(half, dtype=torch.uint8, device=dev)
-        return (src, dst)
+        return (_patterned_bytes(half, dev), torch.empty(half, dtype=torch.uint8, device=dev))
 
     with torch.cuda.device(dev):
         sets = make_rotating_inputs(make, bytes_per_set=2 * half)
@@ -439,6 +489,43 @@ def _copy_exact_detailed(
     del sets
     if cache:
         _COPY_CACHE[key] = timing
+    return timing
+
+
+def _copy_kernel_detailed(
+    nbytes: int,
+    device: torch.device | str | int | None = None,
+    *,
+    warmup: int = 10,
+    iters: int = 100,
+    reps: int = 7,
+    use_graph: bool = True,
+) -> Timing:
+    """Time an SM copy kernel (``torch.bitwise_and(src, -1, out=dst)`` on int32 views) of
+    ``nbytes // 2`` bytes each way (rounded up to 4 bytes), cached per size like the memcpy."""
+    require_cuda("copy_baseline_us")
+    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    words = max(math.ceil(int(nbytes) // 2 / 4), 1)
+    key = ("kernel", words, dev.index, warmup, iters, reps, use_graph)
+    if key in _COPY_CACHE:
+        return _COPY_CACHE[key]
+
+    def make() -> tuple[torch.Tensor, torch.Tensor]:
+        src = _patterned_bytes(4 * words, dev).view(torch.int32)
+        return (src, torch.empty(words, dtype=torch.int32, device=dev))
+
+    with torch.cuda.device(dev):
+        sets = make_rotating_inputs(make, bytes_per_set=8 * words)
+        timing = time_cuda_detailed(
+            lambda src, dst: torch.bitwise_and(src, -1, out=dst),
+            sets, warmup=warmup, iters=iters, reps=reps, use_graph=use_graph,
+        )  # fmt: skip
+    del sets
+    f = (int(nbytes) // 2) / (4 * words)
+    timing = replace(timing, us=timing.us * f, samples_us=[v * f for v in timing.samples_us])
+    _COPY_CACHE[key] = timing
     return timing
 
 
@@ -469,6 +556,7 @@ def copy_baseline_best(
     *,
     tries: int = 2,
     step_bytes: int = 112 << 10,
+    kernel_try: bool = True,
     warmup: int = 10,
     iters: int = 100,
     reps: int = 7,
@@ -476,29 +564,36 @@ def copy_baseline_best(
 ) -> tuple[Timing, list[float]]:
     """The fastest of ``tries`` copy baselines of (nearly) ``nbytes``, scaled to exactly ``nbytes``.
 
-    Try 0 times exactly ``nbytes``; try ``i >= 1`` copies ``i * step_bytes``
-    more bytes each way and its time is scaled by ``nbytes / bytes copied`` (a 2.8 GB copy grows
-    by 8e-5). Why: on an H200, ``dst.copy_(src)`` (a device-to-device ``cudaMemcpyAsync``) of
-    1358 MiB each way ran at 2.77 TB/s in every run and with other buffer placements, while the
-    same copy 112 KiB longer ran at 4.3 TB/s, as do the other sizes: the driver appears to pick a
-    slower path for some sizes, and a ceiling should not depend on that.
+    Try ``i`` copies :func:`copy_bytes_each_way` ``(nbytes, i)`` bytes each way: ``nbytes / 2``
+    rounded up to a multiple of ``COPY_ALIGN`` (4 KiB), plus ``i * step_bytes``; its time is scaled
+    by ``nbytes / bytes copied`` (a 2.8 GB copy grows by 8e-5). Why: a ``dst.copy_(src)`` (a
+    device-to-device ``cudaMemcpyAsync``) captured in a CUDA graph becomes a memcpy node, and on
+    an H200 (driver 580, CUDA 13.0) such a node ran at 2.75 TB/s instead of 4.1-4.3 TB/s
+    (1) whenever the byte count was not a multiple of 64 (every bench_pad size: the int32 offsets
+    add 8-12 bytes per group) and (2) at some aligned sizes (1358 MiB each way, the
+    quantize_2d (131072, 7168) row), while eager copies and an SM copy kernel of the same sizes
+    ran at 4.1-4.3 TB/s. The 4 KiB rounding and the second try, 112 KiB longer, avoid most slow
+    sizes, but not all (1880887296 bytes each way and 112 KiB more were both slow), so with
+    ``kernel_try`` a last try times an SM copy kernel of the same bytes (an int32
+    ``bitwise_and(src, -1, out=dst)``: a kernel node, no driver memcpy path; 4.19-4.27 TB/s at
+    every size measured). The ceiling is the fastest of them.
 
     Returns:
-        ``(best timing, microseconds of every try, scaled)``; the best :class:`Timing` has its
-        ``us`` and ``samples_us`` scaled too. Measurements are cached per size (as in
-        :func:`_copy_exact_detailed`).
+        ``(best timing, microseconds of every try, scaled)`` (the memcpy tries, then the kernel
+        try); the best :class:`Timing` has its ``us`` and ``samples_us`` scaled too. Measurements
+        are cached per size (as in :func:`_copy_exact_detailed`).
     """
-    from dataclasses import replace
-
     require_cuda("copy_baseline_best")
     kw = {"warmup": warmup, "iters": iters, "reps": reps, "use_graph": use_graph}
     nbytes = max(int(nbytes), 2)
     scaled: list[Timing] = []
     for i in range(max(int(tries), 1)):
-        total = nbytes + 2 * i * max(int(step_bytes), 0)
+        total = 2 * copy_bytes_each_way(nbytes, i, step_bytes)
         t = _copy_exact_detailed(total, device, **kw)
         f = nbytes / total
         scaled.append(replace(t, us=t.us * f, samples_us=[v * f for v in t.samples_us]))
+    if kernel_try:
+        scaled.append(_copy_kernel_detailed(nbytes, device, **kw))
     best = min(scaled, key=lambda t: t.us)
     return best, [t.us for t in scaled]
 
@@ -809,6 +904,42 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-graph", dest="use_graph", action="store_false", help="time eager calls, not CUDA-graph replays"
     )
+    parser.add_argument(
+        "--copy-tries",
+        type=int,
+        default=2,
+        help="copy baseline = fastest of this many sizes, each 112 KiB larger, scaled (default: 2)",
+    )
+    return parser
+
+
+def add_bench_args(
+    parser: argparse.ArgumentParser,
+    *,
+    op: str | None = None,
+    torchao: bool = True,
+    check: bool = True,
+    backend: str | None = "cute",
+) -> argparse.ArgumentParser:
+    """Add the options the kernel benches share on top of :func:`add_common_args`.
+
+    ``--no-torchao`` (when ``torchao``), ``--no-check`` (when ``check``) and ``--backend``
+    (choices ``cute``/``auto``/``reference``, default ``backend``; omitted when ``backend`` is
+    ``None``). ``op`` names the public function in the help text.
+    """
+    if torchao:
+        parser.add_argument("--no-torchao", action="store_true", help="skip the torchao baseline")
+    if check:
+        parser.add_argument(
+            "--no-check", action="store_true", help="skip the reference check (debugging only)"
+        )
+    if backend is not None:
+        parser.add_argument(
+            "--backend",
+            default=backend,
+            choices=("cute", "auto", "reference"),
+            help=f"backend= passed to {op or 'our op'} (default: {backend}; cute times the kernel)",
+        )
     return parser
 
 
@@ -848,3 +979,235 @@ def timing_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def progress(message: str) -> None:
     """One progress line on stderr (flushed)."""
     print(message, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Shared bench scaffolding (rows, checks, status lines, the end of a run)
+# --------------------------------------------------------------------------------------------
+
+
+def short_error(exc: BaseException, limit: int = 200) -> str:
+    """``"Type: message"`` of ``exc``, first line only, at most ``limit`` characters."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:limit]
+
+
+def fmt_opt(value: float | None, spec: str) -> str:
+    """``format(value, spec)``, or ``"n/a"`` for ``None``."""
+    return "n/a" if value is None else format(value, spec)
+
+
+def is_fail(row: Mapping[str, Any]) -> bool:
+    """Whether a result row's status is a failure (starts with ``FAIL``)."""
+    return str(row.get("status", "ok")).startswith("FAIL")
+
+
+def diff_bytes(
+    out: torch.Tensor, ref: torch.Tensor, expected_shape: Sequence[int] | None = None
+) -> str | None:
+    """``None`` if ``out`` and ``ref`` hold the same bits (and ``out`` has ``expected_shape``), else why.
+
+    Elements are compared as integers of their size (so NaN payloads count), in logical order
+    (``.contiguous()`` of each). Same-numel tensors of other shapes are compared flat when no
+    shape is expected (baselines may return other views of the same layout).
+    """
+    if expected_shape is not None and tuple(out.shape) != tuple(expected_shape):
+        return f"shape {tuple(out.shape)} != expected {tuple(expected_shape)}"
+    if out.element_size() != ref.element_size() or out.numel() != ref.numel():
+        return f"{out.dtype}{tuple(out.shape)} vs reference {ref.dtype}{tuple(ref.shape)}"
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[out.element_size()]
+    a = out.contiguous().view(bits).reshape(-1)
+    b = ref.to(out.device).contiguous().view(bits).reshape(-1)
+    if torch.equal(a, b):
+        return None
+    return f"{int((a != b).sum().item())} of {a.numel()} elements differ"
+
+
+def skewed_group_sizes(total: int, num_groups: int, *, seed: int = 0) -> list[int]:
+    """Deterministic, skewed, generally unaligned group sizes that sum to ``total``.
+
+    Sizes follow a heavy-tailed (log-normal) split like a real router's token counts: a few big
+    experts, many small ones, possibly some empty.
+    """
+    if num_groups <= 0:
+        raise ValueError(f"num_groups must be positive, got {num_groups}")
+    if total < 0:
+        raise ValueError(f"total must be >= 0, got {total}")
+    rng = np.random.default_rng(1234 + 7919 * seed + num_groups)
+    weights = rng.lognormal(mean=0.0, sigma=1.0, size=num_groups)
+    raw = weights / weights.sum() * total
+    sizes = np.floor(raw).astype(np.int64)
+    sizes[int(np.argmax(sizes))] += total - int(sizes.sum())
+    return [int(s) for s in sizes]
+
+
+def skewed_group_ends(total: int, num_groups: int, *, seed: int = 0) -> list[int]:
+    """End offsets (cumulative sums) of :func:`skewed_group_sizes`; the last one is ``total``."""
+    return [int(v) for v in np.cumsum(skewed_group_sizes(total, num_groups, seed=seed))]
+
+
+def cuda_or_none(what: str) -> torch.device | None:
+    """The CUDA device, or ``None`` after printing ``error: <why>`` to stderr (callers exit 2)."""
+    try:
+        return require_cuda(what)
+    except CudaUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def kernel_pending(op: str) -> int | None:
+    """The issue whose CuTeDSL kernel ``torch_bindings.<op>`` still waits for, or ``None`` if built.
+
+    Reads ``torch_bindings.KERNEL_STATUS`` (an op it does not list counts as built).
+    """
+    import torch_bindings
+
+    return getattr(torch_bindings, "KERNEL_STATUS", {}).get(op)
+
+
+def not_built_status(op: str, issue: int | None = None) -> str:
+    """Row status of an op whose kernel is not built yet (not a failure: nothing was wrong)."""
+    issue = kernel_pending(op) if issue is None else issue
+    return f"kernel not built (issue #{issue})" if issue is not None else "kernel not built"
+
+
+class RowLog:
+    """What happened while one row was measured: status, notes and the timing method of each timing.
+
+    ``status`` stays ``"ok"`` until :meth:`fail` (or a failed ``fatal`` timing) sets
+    ``"FAIL: <why>"``; other problems are notes, joined by :meth:`note_text`.
+    """
+
+    def __init__(self) -> None:
+        self.status = "ok"
+        self.notes: list[str] = []
+        self.methods: dict[str, str] = {}
+        self.spreads: dict[str, dict[str, Any]] = {}
+
+    def fail(self, why: str) -> None:
+        """Mark the row failed (the first failure is kept)."""
+        if not is_fail({"status": self.status}):
+            self.status = f"FAIL: {why}"
+
+    def note(self, text: str) -> None:
+        """Add a note."""
+        self.notes.append(text)
+
+    def time(
+        self,
+        key: str,
+        fn: Callable[..., Any],
+        inputs: Sequence[tuple[Any, ...]],
+        timing: Mapping[str, Any],
+        *,
+        fatal: bool = False,
+    ) -> float | None:
+        """:func:`time_cuda_detailed` of ``fn``; microseconds, or ``None`` if it raised.
+
+        Records the method under ``key``, a graph-capture fallback as a note, and a failure as a
+        FAIL status (``fatal``: our own op) or as a ``"<key> n/a: ..."`` note (a baseline).
+        """
+        try:
+            t = time_cuda_detailed(fn, inputs, **timing)
+        except Exception as exc:  # noqa: BLE001 - a failed timing is reported in the row
+            if fatal:
+                self.fail(f"timing raised {short_error(exc)}")
+                import traceback
+
+                traceback.print_exc(file=sys.stderr)
+            else:
+                self.note(f"{key} n/a: {short_error(exc)}")
+            return None
+        self.methods[key] = t.method
+        self.spreads[key] = {
+            "min": min(t.samples_us),
+            "max": max(t.samples_us),
+            "input_sets": t.input_sets,
+            "calls_per_sample": t.calls_per_sample,
+        }
+        if t.fallback_reason:
+            self.note(f"{key}: {t.fallback_reason}")
+        return t.us
+
+    def note_text(self) -> str:
+        """The notes joined with ``"; "``."""
+        return "; ".join(self.notes)
+
+    def fill(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Store the methods, spreads and notes in ``row`` (``timing_methods``, ``us_spread``,
+        ``note``) and return it."""
+        row["timing_methods"] = dict(self.methods)
+        row["us_spread"] = dict(self.spreads)
+        row["note"] = self.note_text()
+        return row
+
+
+#: Bytes past which a ratio to copy above ``SUSPECT_RATIO`` means the copy baseline misread.
+SUSPECT_BYTES = 4 * 60e6
+SUSPECT_RATIO = 1.05
+
+
+def measure_copy(
+    nbytes: int,
+    device: torch.device,
+    timing: Mapping[str, Any],
+    tries: int,
+    log: RowLog | None = None,
+) -> tuple[float, list[float]]:
+    """The copy baseline of ``nbytes`` moved (:func:`copy_baseline_best`): ``(us, us of each try)``.
+
+    Empties the caching allocator first (so the copy buffers do not crowd the bench's own), and
+    records the method in ``log`` under ``"copy"``.
+    """
+    torch.cuda.empty_cache()
+    best, tried = copy_baseline_best(nbytes, device, tries=tries, **timing)
+    if log is not None:
+        log.methods["copy"] = best.method
+    return best.us, tried
+
+
+def copy_suspect_note(row: Mapping[str, Any], tries: Sequence[float]) -> str | None:
+    """A note when a row beats the copy of its bytes by > 5% past the L2 (the copy misread)."""
+    if (row.get("ratio_to_copy") or 0.0) > SUSPECT_RATIO and row.get("nbytes", 0) > SUSPECT_BYTES:
+        return f"ratio to copy > 1 past the L2: copy baseline suspect (tries {[round(t, 2) for t in tries]})"
+    return None
+
+
+def progress_row(
+    row: Mapping[str, Any], extras: Sequence[tuple[str, str]] = (("torchao", "baseline_us"),)
+) -> None:
+    """One stderr line for a finished row: status, our us, GB/s, ratio to copy, then ``extras``
+    (``(label, row key)`` of other microsecond columns) and the note."""
+    tail = "".join(f", {label} {fmt_opt(row.get(key), '.2f')} us" for label, key in extras)
+    note = row.get("note")
+    ours = f"ours {fmt_opt(row.get('us'), '.2f')} us ({fmt_opt(row.get('gbps'), '.0f')} GB/s"
+    copy = f"{fmt_opt(row.get('ratio_to_copy'), '.3f')} of copy {fmt_opt(row.get('copy_gbps'), '.0f')} GB/s"
+    progress(f"    {row.get('status')}: {ours}, {copy})" + tail + (f"  [{note}]" if note else ""))
+
+
+def finish(
+    rows: Sequence[Mapping[str, Any]],
+    describe: Callable[[Mapping[str, Any]], str],
+    lines: Sequence[str],
+    paths: Sequence[Path | None],
+) -> int:
+    """The end of a bench run: print ``lines`` (goals), one ``FAIL <row>: <status>`` line per failed
+    row (``describe(row)`` names it) and the result paths; return 1 if any row failed, else 0."""
+    print()
+    for line in lines:
+        print(line)
+    fails = [r for r in rows if is_fail(r)]
+    for r in fails:
+        print(f"FAIL {describe(r)}: {r['status']}")
+    print("results: " + " ".join(str(p) for p in paths if p is not None))
+    return 1 if fails else 0
+
+
+def raise_recompile_limit(limit: int = 64) -> None:
+    """Let Dynamo keep a compile per (variant, static shape) of a baseline without falling back to
+    eager (the compiled baselines see a few shapes each)."""
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name) and getattr(cfg, name) < limit:
+            setattr(cfg, name, limit)
+    if hasattr(cfg, "accumulated_recompile_limit") and cfg.accumulated_recompile_limit < 4 * limit:
+        cfg.accumulated_recompile_limit = 4 * limit

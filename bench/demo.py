@@ -1,13 +1,18 @@
 """``make demo``: the toolkit's job on a realistic MoE batch.
 
 On a supported GPU: 8 experts, 16384 tokens of hidden size 7168 with skewed, unaligned expert
-group sizes. The scales of the activations (M-groups), of the weight-gradient operands (K-groups)
-and of the expert weights (3D) go through the blocked-scale kernel; each result is checked byte
-for byte against the reference and timed next to a device copy of the same bytes.
-Quantization itself still runs the PyTorch reference until its kernels land (issues 3-6).
+group sizes. The batch goes through the fused ``pad_and_quantize_mxfp8_2d`` (padded E4M3 tokens and
+M-groups blocked scales of the padded groups in one pass), the 8 experts' (N, K) = (2048, 7168)
+weights through ``quantize_mxfp8_3d`` (1x32 and 32x1), and the scales of the activations
+(M-groups), of the weight-gradient operands (K-groups) and of the expert weights (3D) through the
+blocked-scale kernel. Each result is checked byte for byte against the reference and timed next
+to a device copy of the same bytes. An op whose kernel is not built yet
+(``torch_bindings.KERNEL_STATUS``, or a call that raises ``NotImplementedError``) gets a row that
+says so instead of a timing.
 
-Without a GPU: says so, runs the reference on a smaller batch, and prints the sm_100a SASS summary
-of every kernel (compiled here, no GPU needed).
+Without a GPU: says so, runs the reference on a smaller batch (fused pad-and-quantize and 3D
+weights included), and prints the sm_100a SASS summary of every kernel (compiled here, no GPU
+needed).
 """
 
 from __future__ import annotations
@@ -34,8 +39,42 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.view(torch.uint8), b.to(a.device).view(torch.uint8))
 
 
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _same_all(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> bool:
+    return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want, strict=True))
+
+
+def _demo_row(name: str, what: str, op: str, run, want, inputs: tuple[torch.Tensor, ...]) -> dict:
+    """Check ``run()`` against ``want()`` and time it next to a copy of its bytes (read + written).
+
+    ``op`` is the public op whose kernel runs; a pending kernel (``KERNEL_STATUS``, or
+    ``NotImplementedError``/``ImportError`` from the call) gives a row saying so.
+    """
+    from bench.common import copy_baseline_us, gbps, kernel_pending, not_built_status, short_error, time_cuda
+
+    row = {"job": name, "shape": what, "MB": None, "us": None, "GB/s": None, "copy GB/s": None, "ratio": None}
+    if kernel_pending(op) is not None:
+        return {**row, "bit-exact": not_built_status(op)}
+    try:
+        out = run()
+        torch.cuda.synchronize()
+    except (NotImplementedError, ImportError) as exc:
+        return {**row, "bit-exact": f"kernel not built: {short_error(exc, 80)}"}
+    except Exception as exc:  # noqa: BLE001 - a row, not a crash; counted as a failure
+        return {**row, "bit-exact": f"NO: raised {short_error(exc, 80)}"}
+    ok = _same_all(out, want())
+    nbytes = _nbytes(*inputs, *out)
+    us = time_cuda(run)
+    copy = copy_baseline_us(nbytes, torch.device("cuda"))
+    row.update({"MB": nbytes / 1e6, "us": us, "GB/s": gbps(nbytes, us), "copy GB/s": gbps(nbytes, copy)})
+    return {**row, "ratio": copy / us, "bit-exact": "yes" if ok else "NO"}
+
+
 def gpu_demo() -> int:
-    from bench.common import copy_baseline_us, gbps, report, time_cuda
+    from bench.common import report
 
     device = torch.device("cuda")
     print(f"device: {torch.cuda.get_device_name()}  batch: {TOKENS} tokens x {HIDDEN}, {EXPERTS} experts")
@@ -43,46 +82,56 @@ def gpu_demo() -> int:
     ends = group_ends(TOKENS).to(device)
     ends32 = group_ends(TOKENS, multiple=32).to(device)
     w = torch.randn(EXPERTS, EXPERT_DIM, HIDDEN, dtype=torch.bfloat16, device=device)
+    sizes = torch.diff(ends.cpu(), prepend=torch.zeros(1, dtype=torch.int32)).tolist()
+    print(f"expert group sizes: {sizes}")
+    rows = [
+        _demo_row(
+            "pad + quantize activations (fused)",
+            f"({TOKENS}, {HIDDEN}) G={EXPERTS}",
+            "pad_and_quantize_mxfp8_2d",
+            lambda: torch_bindings.pad_and_quantize_mxfp8_2d(x, ends),
+            lambda: reference.pad_and_quantize_mxfp8_2d(x, ends),
+            (x, ends),
+        )
+    ]
+    for block in ("1x32", "32x1"):
+        rows.append(
+            _demo_row(
+                f"expert weights, 3D {block}",
+                str(tuple(w.shape)),
+                "quantize_mxfp8_3d",
+                lambda b=block: torch_bindings.quantize_mxfp8_3d(w, block=b),
+                lambda b=block: reference.quantize_mxfp8_3d(w, block=b),
+                (w,),
+            )
+        )
     _, s_act = reference.quantize_mxfp8_2d(x, blocked_scales=False)
     _, s_wgrad = reference.quantize_mxfp8_2d(x, block="32x1", blocked_scales=False)
     _, s_w = reference.quantize_mxfp8_3d(w, blocked_scales=False)
     jobs = [
-        ("activations, M-groups", s_act, {"group_end_offsets": ends}),
-        ("wgrad operand, K-groups", s_wgrad, {"group_end_offsets": ends32 // 32, "groups": "K"}),
-        ("expert weights, 3D", s_w, {}),
+        ("swizzle activations, M-groups", s_act, {"group_end_offsets": ends}),
+        ("swizzle wgrad operand, K-groups", s_wgrad, {"group_end_offsets": ends32 // 32, "groups": "K"}),
+        ("swizzle expert weights, 3D", s_w, {}),
     ]
-    rows, failures = [], 0
     for name, scales, kwargs in jobs:
-        out = torch_bindings.swizzle_scales(scales, backend="cute", **kwargs)
-        ok = _same(
-            out,
-            reference.swizzle_scales(
-                scales.cpu(), **{k: v.cpu() if torch.is_tensor(v) else v for k, v in kwargs.items()}
-            ),
-        )
-        failures += not ok
-        nbytes = scales.numel() + out.numel()
-        us = time_cuda(lambda s=scales, k=kwargs: torch_bindings.swizzle_scales(s, **k))
-        copy = copy_baseline_us(nbytes, device)
+        cpu_kwargs = {k: v.cpu() if torch.is_tensor(v) else v for k, v in kwargs.items()}
         rows.append(
-            {
-                "job": name,
-                "scales": tuple(scales.shape),
-                "MB": nbytes / 1e6,
-                "us": us,
-                "GB/s": gbps(nbytes, us),
-                "copy GB/s": gbps(nbytes, copy),
-                "ratio": copy / us,
-                "bit-exact": "yes" if ok else "NO",
-            }
+            _demo_row(
+                name,
+                str(tuple(scales.shape)),
+                "swizzle_scales",
+                lambda s=scales, k=kwargs: (torch_bindings.swizzle_scales(s, **k),),
+                lambda s=scales, k=cpu_kwargs: (reference.swizzle_scales(s.cpu(), **k),),
+                (scales,),
+            )
         )
     report(
         rows,
-        ["job", "scales", "MB", "us", "GB/s", "copy GB/s", "ratio", "bit-exact"],
-        "swizzle_scales on a MoE batch (bytes moved = read + written)",
+        ["job", "shape", "MB", "us", "GB/s", "copy GB/s", "ratio", "bit-exact"],
+        "cute-kernels on a MoE batch (bytes moved = read + written; ratio = copy time / our time)",
         panel_key=None,
     )
-    return 1 if failures else 0
+    return 1 if any(r["bit-exact"].startswith("NO") for r in rows) else 0
 
 
 def cpu_demo() -> int:
@@ -96,6 +145,16 @@ def cpu_demo() -> int:
         reference.quantize_mxfp8_2d(x, blocked_scales=False)[1], group_end_offsets=ends
     )
     print(f"swizzle_scales M-groups: {tuple(blocked.shape)}, same bytes as fused: {_same(blocked, s)}")
+    q, s, start, end = torch_bindings.pad_and_quantize_mxfp8_2d(x, ends)
+    pq = reference.quantize_mxfp8_2d(reference.pad_token_groups(x, ends)[0], group_end_offsets=end)
+    print(
+        f"pad_and_quantize_mxfp8_2d (alignment 32): q {tuple(q.shape)}, scales {tuple(s.shape)}, "
+        f"padded ends {end.tolist()}; same bytes as pad then quantize: {_same_all((q, s), pq)}"
+    )
+    w = torch.randn(EXPERTS, 256, 1024, dtype=torch.bfloat16)
+    for block in ("1x32", "32x1"):
+        q, s = torch_bindings.quantize_mxfp8_3d(w, block=block)
+        print(f"quantize_mxfp8_3d {block}: q {tuple(q.shape)} strides {q.stride()}, scales {tuple(s.shape)}")
     print("\nSASS of every kernel for sm_100a (compiled on this machine):")
     from cute_utils import sass
 

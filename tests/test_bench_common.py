@@ -15,10 +15,9 @@ from bench.bench_swizzle import (
     GOAL_MIN_BYTES,
     SwizzleCase,
     build_cases,
-    compare_bytes,
     goal_summary,
-    skewed_group_sizes,
 )
+from bench.common import diff_bytes, skewed_group_sizes
 
 # ------------------------------------------------------------------------------------------
 # bandwidth math and rows
@@ -307,14 +306,14 @@ def test_build_cases() -> None:
     assert {c.layout for c in build_cases(quick=True, layouts=["M", "K"])} == {"M-groups", "K-groups"}
 
 
-def test_compare_bytes() -> None:
+def test_diff_bytes_on_scales() -> None:
     a = torch.arange(24, dtype=torch.uint8).reshape(4, 6).view(torch.float8_e8m0fnu)
-    assert compare_bytes(a, a.clone(), (4, 6)) is None
+    assert diff_bytes(a, a.clone(), (4, 6)) is None
     b = a.view(torch.uint8).clone()
     b[1, 2] = 200
-    msg = compare_bytes(a, b.view(torch.float8_e8m0fnu), (4, 6))
-    assert msg is not None and "1 of 24 bytes differ" in msg
-    assert "shape" in (compare_bytes(a, a, (4, 7)) or "")
+    msg = diff_bytes(a, b.view(torch.float8_e8m0fnu), (4, 6))
+    assert msg is not None and "1 of 24 elements differ" in msg
+    assert "shape" in (diff_bytes(a, a, (4, 7)) or "")
 
 
 def test_goal_summary() -> None:
@@ -329,3 +328,126 @@ def test_goal_summary() -> None:
     assert s["shapes"] == 3 and s["met"] == 1
     assert s["worst"]["shape"] == (4,)
     assert not math.isnan(float(s["met"]))
+
+
+# ------------------------------------------------------------------------------------------
+# shared bench scaffolding
+# ------------------------------------------------------------------------------------------
+
+
+def test_short_error_fmt_opt_is_fail() -> None:
+    msg = common.short_error(ValueError("bad thing\nsecond line"))
+    assert msg == "ValueError: bad thing"
+    assert len(common.short_error(RuntimeError("x" * 500), 50)) == 50
+    assert common.fmt_opt(None, ".2f") == "n/a" and common.fmt_opt(1.234, ".1f") == "1.2"
+    assert common.is_fail({"status": "FAIL: x"}) and not common.is_fail({"status": "kernel not built"})
+    assert not common.is_fail({})
+
+
+def test_diff_bytes_nan_payloads_and_strides() -> None:
+    a = torch.tensor([1.0, float("nan")], dtype=torch.float32)
+    b = a.clone()
+    b.view(torch.int32)[1] += 1  # another NaN payload: torch.equal on floats would miss it
+    assert diff_bytes(a, a.clone()) is None
+    assert diff_bytes(a, b) == "1 of 2 elements differ"
+    t = torch.arange(12, dtype=torch.uint8).view(3, 4)
+    assert diff_bytes(t.t().contiguous().t(), t, (3, 4)) is None  # logical order, any strides
+    assert "vs reference" in diff_bytes(t, t.view(torch.int16))
+
+
+def test_skewed_group_ends() -> None:
+    ends = common.skewed_group_ends(1000, 5, seed=2)
+    assert ends[-1] == 1000 and ends == sorted(ends)
+    assert [b - a for a, b in zip([0] + ends, ends, strict=False)] == skewed_group_sizes(1000, 5, seed=2)
+
+
+def test_add_bench_args() -> None:
+    parser = common.make_parser("x")
+    common.add_bench_args(parser, op="op")
+    args = parser.parse_args([])
+    assert args.backend == "cute" and not args.no_torchao and not args.no_check and args.copy_tries == 2
+    args = parser.parse_args(["--backend", "reference", "--no-torchao", "--no-check", "--copy-tries", "3"])
+    assert args.backend == "reference" and args.no_torchao and args.no_check and args.copy_tries == 3
+    bare = common.add_bench_args(common.make_parser("y"), torchao=False, check=False, backend=None)
+    assert not hasattr(bare.parse_args([]), "backend") and not hasattr(bare.parse_args([]), "no_torchao")
+
+
+def test_kernel_pending_and_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch_bindings
+
+    monkeypatch.setitem(torch_bindings.KERNEL_STATUS, "some_op", 7)
+    assert common.kernel_pending("some_op") == 7
+    assert common.not_built_status("some_op") == "kernel not built (issue #7)"
+    assert common.kernel_pending("swizzle_scales") is None
+    assert common.kernel_pending("not_listed") is None
+
+
+def test_rowlog(monkeypatch: pytest.MonkeyPatch) -> None:
+    log = common.RowLog()
+    log.note("a")
+    log.fail("first")
+    log.fail("second")
+    assert log.status == "FAIL: first"
+
+    def fake(fn, inputs, **kw):  # type: ignore[no-untyped-def]
+        if fn is None:
+            raise RuntimeError("boom")
+        return common.Timing(us=5.0, method="cuda_graph", samples_us=[4.0, 6.0], calls_per_sample=3,
+                             fallback_reason="why not")  # fmt: skip
+
+    monkeypatch.setattr(common, "time_cuda_detailed", fake)
+    ok = common.RowLog()
+    assert ok.time("ours", lambda: None, [()], {}) == 5.0
+    assert ok.time("torchao", None, [()], {}) is None  # type: ignore[arg-type]
+    assert ok.status == "ok" and "torchao n/a: RuntimeError: boom" in ok.note_text()
+    assert ok.time("ours", None, [()], {}, fatal=True) is None  # type: ignore[arg-type]
+    assert ok.status.startswith("FAIL: timing raised")
+    row = ok.fill({})
+    assert row["timing_methods"] == {"ours": "cuda_graph"}
+    assert row["us_spread"]["ours"]["min"] == 4.0 and "ours: why not" in row["note"]
+
+
+def test_copy_suspect_note() -> None:
+    row = common.make_row(nbytes=10**9, us=100.0, copy_us=120.0)
+    assert "suspect" in (common.copy_suspect_note(row, [120.0, 121.0]) or "")
+    assert common.copy_suspect_note(common.make_row(nbytes=10**9, us=100.0, copy_us=90.0), [90.0]) is None
+    small = common.make_row(nbytes=10**6, us=1.0, copy_us=2.0)  # fits in L2: no suspicion
+    assert common.copy_suspect_note(small, [2.0]) is None
+
+
+def test_measure_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = {}
+
+    def fake(nbytes, device, tries, **kw):  # type: ignore[no-untyped-def]
+        seen.update(nbytes=nbytes, tries=tries, **kw)
+        return common.Timing(us=3.0, method="cuda_events"), [3.0, 4.0]
+
+    monkeypatch.setattr(common, "copy_baseline_best", fake)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    log = common.RowLog()
+    assert common.measure_copy(100, torch.device("cpu"), {"iters": 5}, 3, log) == (3.0, [3.0, 4.0])
+    assert seen == {"nbytes": 100, "tries": 3, "iters": 5} and log.methods == {"copy": "cuda_events"}
+
+
+def test_finish(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rows = [{"name": "a", "status": "ok"}, {"name": "b", "status": "FAIL: nope"}]
+    assert common.finish(rows, lambda r: r["name"], ["goal: 1/2"], (tmp_path / "x.json", None)) == 1
+    out = capsys.readouterr().out
+    assert "goal: 1/2" in out and "FAIL b: FAIL: nope" in out and "x.json" in out
+    assert common.finish(rows[:1], lambda r: r["name"], [], ()) == 0
+
+
+def test_cuda_or_none_without_gpu(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert common.cuda_or_none("bench_x") is None
+    assert "error: bench_x needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_raise_recompile_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    monkeypatch.setattr(cfg, name, 8)
+    common.raise_recompile_limit(64)
+    assert getattr(cfg, name) == 64
