@@ -97,14 +97,14 @@ def op_cases(device: torch.device) -> dict[str, tuple[str | None, Callable[[], o
 
 def part_cases(device: torch.device) -> dict[str, Callable[[], object]]:
     """Pieces of the swizzle M-groups path and allocation floors (internals: may move)."""
-    from torch_bindings import checks
+    from torch_bindings import checks, targets
     from torch_bindings import swizzle as binding
 
     scales = torch.zeros(256, 8, dtype=torch.uint8, device=device).view(torch.float8_e8m0fnu)
     ends = torch.tensor([100, 256], dtype=torch.int32, device=device)
     empty = torch.empty(16, dtype=torch.uint8, device=device)
     out = torch_bindings.swizzle_scales(scales, group_end_offsets=ends)
-    kernel = binding._targets[device.index].kernel(5)  # M-groups, word loads
+    kernel = targets.known(scales).kernel(5, binding._make_kernel)  # M-groups, word loads
     return {
         "  part: check_swizzle (M-groups)": lambda: checks.check_swizzle(scales, ends, "M"),
         "  part: output as scales.new_empty(shape)": lambda: scales.new_empty((512, 8)),
@@ -113,6 +113,31 @@ def part_cases(device: torch.device) -> dict[str, Callable[[], object]]:
         ),
         "  part: kernel call alone (TVM-FFI)": lambda: kernel(scales, out, ends),
         "torch.empty (floor: one allocation)": lambda: torch.empty_like(empty),
+        **_quantize_parts(device),
+    }
+
+
+def _quantize_parts(device: torch.device) -> dict[str, Callable[[], object]]:
+    """Pieces of the quantize_mxfp8_2d 1x32 blocked path (internals: may move)."""
+    from torch_bindings import backend, checks, targets
+    from torch_bindings import quantize as binding
+
+    x = torch.randn(256, 256, dtype=torch.bfloat16, device=device)
+    q, s = torch_bindings.quantize_mxfp8_2d(x)
+    target = targets.known(x)
+    kernel = target.kernel((x.dtype, "rceil", "blocked", binding._MAX_GROUPS), binding._make_kernel)
+    return {
+        "  part: check_quantize_2d": lambda: checks.check_quantize_2d(x, "1x32", None, "rceil", True),
+        "  part: fast_quantize_ok": lambda: checks.fast_quantize_ok(x, 2, "rceil", True),
+        "  part: backend.select": lambda: backend.select("q", "auto", x.device),
+        "  part: check_kernel_inputs": lambda: checks.check_kernel_inputs("q", None, x),
+        "  part: torch.compiler.is_compiling": torch.compiler.is_compiling,
+        "  part: quantize kernel call alone (7 args)": lambda: kernel(x, q, s, None, None, None, 0),
+        "  part: quantize kernel lookup": lambda: target.kernel((x.dtype, "rceil", "blocked", 2048), None),
+        "  part: two new_empty outputs": lambda: (
+            x.new_empty((256, 256), dtype=torch.float8_e4m3fn),
+            x.new_empty((256, 8), dtype=torch.float8_e8m0fnu),
+        ),
     }
 
 

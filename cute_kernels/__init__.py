@@ -9,7 +9,7 @@ import importlib
 from collections.abc import Callable
 
 #: Kernel modules that register SASS targets (each defines ``sass_targets() -> dict``).
-KERNEL_MODULES = ("swizzle", "quantize", "pad")
+KERNEL_MODULES = ("swizzle", "quantize", "pad", "quantize_32x1")
 
 
 def sass_targets() -> dict[str, Callable[[str], object]]:

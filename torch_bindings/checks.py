@@ -380,3 +380,37 @@ def check_kernel_inputs(op: str, group_end_offsets: torch.Tensor | None, *tensor
                 f"{op}: the CuTeDSL kernels need 16-byte aligned tensors, got a data pointer at "
                 f"{t.data_ptr() % 16} bytes past a 16-byte boundary (pass a .clone() of it)"
             )
+
+
+# ----------------------------------------------------------------------------------------------
+# Eager fast paths (host overhead): True only when the arguments surely pass the full checks above;
+# any doubt returns False and the caller runs the full check, which raises the error.
+# ----------------------------------------------------------------------------------------------
+
+_QUANT_DTYPE_SET = frozenset(QUANT_DTYPES)
+
+
+def fast_quantize_ok(x: Any, ndim: int, scaling_mode: Any, blocked_scales: Any) -> bool:
+    """x a contiguous bf16/fp32 tensor of rank ``ndim`` with its last dim a multiple of 32, and a
+    valid scaling mode and ``blocked_scales`` flag."""
+    return (
+        isinstance(x, torch.Tensor)
+        and x.dtype in _QUANT_DTYPE_SET
+        and x.dim() == ndim
+        and not x.shape[-1] % BLOCK_SIZE
+        and (scaling_mode == "rceil" or scaling_mode == "floor")
+        and (blocked_scales is True or blocked_scales is False)
+        and x.is_contiguous()
+    )
+
+
+def fast_offsets_ok(offsets: Any, x: torch.Tensor) -> bool:
+    """Group end offsets that :func:`check_offsets` accepts for data ``x``."""
+    return (
+        isinstance(offsets, torch.Tensor)
+        and offsets.dtype == OFFSETS_DTYPE
+        and offsets.dim() == 1
+        and offsets.numel() > 0
+        and offsets.is_contiguous()
+        and offsets.get_device() == x.get_device()
+    )

@@ -117,8 +117,10 @@ def _pad_fake(
     x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out = x.new_empty(padded_shape(x.shape, group_end_offsets.shape[0], alignment))
-    return out, group_end_offsets.new_empty(group_end_offsets.shape), group_end_offsets.new_empty(
-        group_end_offsets.shape
+    return (
+        out,
+        group_end_offsets.new_empty(group_end_offsets.shape),
+        group_end_offsets.new_empty(group_end_offsets.shape),
     )
 
 

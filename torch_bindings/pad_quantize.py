@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from . import backend as _backend
-from . import checks, reference
+from . import checks, reference, targets
 from .quantize import launch_1x32, scales_shape_1x32
 
 _OP = "pad_and_quantize_mxfp8_2d"
+_ALIGNMENTS = frozenset(checks.ALIGNMENTS)
 
 
 def _outputs(x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int):
@@ -27,14 +27,14 @@ def _outputs(x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int):
 
 
 def _run_kernel(
-    x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, mode: str, arch: str
+    x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, mode: str, target: targets.DeviceTarget
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     checks.check_kernel_inputs(_OP, group_end_offsets, x)
     q, scales, padded_start, padded_end = _outputs(x, group_end_offsets, alignment)
     if scales.numel() == 0:  # K == 0: no data to quantize, only the padded offsets
         padded_start, padded_end = reference.padded_group_offsets(group_end_offsets, alignment)
         return q, scales, padded_start, padded_end
-    launch_1x32("padded", x, q, scales, mode, arch, group_end_offsets, padded_start, padded_end, alignment)
+    launch_1x32(target, "padded", x, q, scales, mode, group_end_offsets, padded_start, padded_end, alignment)
     return q, scales, padded_start, padded_end
 
 
@@ -42,8 +42,7 @@ def _run_kernel(
 def _pad_quantize_op(
     x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, scaling_mode: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    arch = _backend.select(_OP, "cute", x.device)
-    return _run_kernel(x, group_end_offsets, alignment, scaling_mode, arch)
+    return _run_kernel(x, group_end_offsets, alignment, scaling_mode, targets.select(_OP, "cute", x))
 
 
 @_pad_quantize_op.register_fake
@@ -71,12 +70,22 @@ def pad_and_quantize_mxfp8_2d(
     ``float8_e8m0fnu`` in the M-groups blocked layout of the padded groups, (rows + 128 G, Cp);
     the padded offsets int32 (G,). One launch, no host sync; offsets are clamped, never trusted.
     """
+    if (
+        (backend == "auto" or backend == "cute")
+        and checks.fast_quantize_ok(x, 2, scaling_mode, True)
+        and checks.fast_offsets_ok(group_end_offsets, x)
+        and type(alignment) is int
+        and alignment in _ALIGNMENTS
+    ):
+        target = targets.known(x)
+        if target is not None and not torch.compiler.is_compiling():  # eager fast path
+            return _run_kernel(x, group_end_offsets, alignment, scaling_mode, target)
     checks.check_pad_and_quantize(x, group_end_offsets, alignment, scaling_mode)
-    arch = _backend.select(_OP, backend, x.device)
-    if arch is None:
+    target = targets.select(_OP, backend, x)
+    if target is None:
         return reference.pad_and_quantize_mxfp8_2d(
             x, group_end_offsets, alignment=alignment, scaling_mode=scaling_mode
         )
     if torch.compiler.is_compiling():
         return _pad_quantize_op(x, group_end_offsets, alignment, scaling_mode)
-    return _run_kernel(x, group_end_offsets, alignment, scaling_mode, arch)
+    return _run_kernel(x, group_end_offsets, alignment, scaling_mode, target)

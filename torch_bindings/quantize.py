@@ -1,43 +1,36 @@
 """``quantize_mxfp8_2d``: PyTorch entry point of the 1x32 quantization kernel (``cute_kernels.quantize``).
 
-The 32x1 block (issue 6) is not built yet: it runs the reference on CPU and refuses on a GPU unless
-``backend="reference"`` is passed.
+The 32x1 block runs ``cute_kernels.quantize_32x1`` through ``torch_bindings.quantize_32x1``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import backend as _backend
-from . import checks, reference
-from .kernel_cache import get_kernel, on_clear
+from . import checks, reference, targets
+from .kernel_cache import get_kernel
+from .quantize_32x1 import quantize_2d_32x1_op, run_32x1_2d
 from .swizzle import blocked_output_shape
 
 _OP = "quantize_mxfp8_2d"
 _MAX_GROUPS = checks.MAX_KERNEL_GROUPS
-_BLOCK = 32
-
-_kernels: dict[tuple, object] = {}  # hot-path lookup in front of kernel_cache.get_kernel
-on_clear(_kernels.clear)
-
-
 _SMALL_GROUPS = 64  # cute_kernels.quantize.SMALL_GROUPS: the M-groups variant with small scan arrays
+_BLOCK = 32
+_E4M3 = torch.float8_e4m3fn
+_E8M0 = torch.float8_e8m0fnu
 
 
-def _kernel(dtype: torch.dtype, mode: str, layout: str, max_groups: int, arch: str):
-    key = (dtype, mode, layout, max_groups, arch)
-    kernel = _kernels.get(key)
-    if kernel is None:
-        dtype_name = str(dtype).removeprefix("torch.")
+def _make_kernel(target: targets.DeviceTarget, key: tuple):
+    """Compiled 1x32 kernel for ``key = (dtype, mode, layout, max_groups)`` on ``target``."""
+    dtype, mode, layout, max_groups = key
+    dtype_name = str(dtype).removeprefix("torch.")
 
-        def build():
-            from cute_kernels.quantize import ScaleLayout, compile_quantize
+    def build():
+        from cute_kernels.quantize import ScaleLayout, compile_quantize
 
-            return compile_quantize(dtype_name, mode, ScaleLayout(layout), arch, max_groups=max_groups)
+        return compile_quantize(dtype_name, mode, ScaleLayout(layout), target.arch, max_groups=max_groups)
 
-        cache_key = ("quantize_1x32", dtype_name, mode, layout, max_groups, arch)
-        kernel = _kernels[key] = get_kernel(cache_key, build)
-    return kernel
+    return get_kernel(("quantize_1x32", dtype_name, mode, layout, max_groups, target.arch), build)
 
 
 def scales_shape_1x32(x_shape: tuple, num_groups: int | None, blocked: bool) -> tuple:
@@ -48,19 +41,20 @@ def scales_shape_1x32(x_shape: tuple, num_groups: int | None, blocked: bool) -> 
     return blocked_output_shape((rows, cols // _BLOCK), num_groups, "M")
 
 
-def _layout(group_end_offsets: torch.Tensor | None, blocked: bool) -> str:
-    if group_end_offsets is not None:
-        return "m_groups"
-    return "blocked" if blocked else "plain"
+def _max_groups(group_end_offsets: torch.Tensor | None) -> int:
+    """Group capacity of the kernel variant for these offsets (small scan arrays when G <= 64)."""
+    if group_end_offsets is not None and group_end_offsets.shape[0] <= _SMALL_GROUPS:
+        return _SMALL_GROUPS
+    return _MAX_GROUPS
 
 
 def launch_1x32(
+    target: targets.DeviceTarget,
     layout: str,
     x: torch.Tensor,
     q: torch.Tensor,
     scales: torch.Tensor,
     mode: str,
-    arch: str,
     group_end_offsets: torch.Tensor | None = None,
     padded_start: torch.Tensor | None = None,
     padded_end: torch.Tensor | None = None,
@@ -68,23 +62,34 @@ def launch_1x32(
 ) -> None:
     """Launch the 1x32 kernel variant ``layout`` (``cute_kernels.quantize.ScaleLayout`` value) on
     pre-allocated outputs; argument contract in ``cute_kernels.quantize.make_quantize``."""
-    num_groups = None if group_end_offsets is None else group_end_offsets.shape[0]
-    max_groups = _SMALL_GROUPS if num_groups is not None and num_groups <= _SMALL_GROUPS else _MAX_GROUPS
-    kernel = _kernel(x.dtype, mode, layout, max_groups, arch)
+    kernel = target.kernel((x.dtype, mode, layout, _max_groups(group_end_offsets)), _make_kernel)
     kernel(x, q, scales, group_end_offsets, padded_start, padded_end, group_param)
 
 
-def _run_kernel(
-    x: torch.Tensor, group_end_offsets: torch.Tensor | None, mode: str, blocked: bool, arch: str
+def run_1x32_2d(
+    x: torch.Tensor,
+    group_end_offsets: torch.Tensor | None,
+    mode: str,
+    blocked: bool,
+    target: targets.DeviceTarget,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """1x32 kernel path of ``quantize_mxfp8_2d`` after the contract checks: allocates (q, scales)
+    and launches once on ``target`` (kernel-path checks: alignment, group count)."""
     checks.check_kernel_inputs(_OP, group_end_offsets, x)
-    num_groups = None if group_end_offsets is None else group_end_offsets.shape[0]
-    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty(
-        scales_shape_1x32(x.shape, num_groups, blocked), dtype=torch.float8_e8m0fnu, device=x.device
-    )
-    if scales.numel():
-        launch_1x32(_layout(group_end_offsets, blocked), x, q, scales, mode, arch, group_end_offsets)
+    rows, cols = x.shape
+    padded_cols = ((cols >> 5) + 3) & -4  # integer form of scales_shape_1x32 (hot path)
+    if group_end_offsets is not None:
+        layout, shape = "m_groups", (rows + 128 * group_end_offsets.shape[0], padded_cols)
+        key_groups = _max_groups(group_end_offsets)
+    elif blocked:
+        layout, shape, key_groups = "blocked", ((rows + 127) & -128, padded_cols), _MAX_GROUPS
+    else:
+        layout, shape, key_groups = "plain", (rows, cols >> 5), _MAX_GROUPS
+    q = x.new_empty((rows, cols), dtype=_E4M3)
+    scales = x.new_empty(shape, dtype=_E8M0)
+    if shape[0] and cols:
+        kernel = target.kernel((x.dtype, mode, layout, key_groups), _make_kernel)
+        kernel(x, q, scales, group_end_offsets, None, None, 0)
     return q, scales
 
 
@@ -92,8 +97,7 @@ def _run_kernel(
 def _quantize_op(
     x: torch.Tensor, group_end_offsets: torch.Tensor | None, scaling_mode: str, blocked_scales: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    arch = _backend.select(_OP, "cute", x.device)
-    return _run_kernel(x, group_end_offsets, scaling_mode, blocked_scales, arch)
+    return run_1x32_2d(x, group_end_offsets, scaling_mode, blocked_scales, targets.select(_OP, "cute", x))
 
 
 @_quantize_op.register_fake
@@ -122,11 +126,22 @@ def quantize_mxfp8_2d(
     by the quantization kernel itself. One launch, no host sync, no recompile when M or the
     offsets change.
 
-    ``block="32x1"`` (issue 6): reference only for now (CPU, or ``backend="reference"``).
+    ``block="32x1"`` (M % 32 == 0): q (M, K) with strides (1, M); scales of S = (K, M/32): plain
+    (K, M/32), blocked (Rp, Cp), or with row end offsets (multiples of 32) the K-groups layout
+    (Rp, M/32 + 4 G), written by the 32x1 kernel (``cute_kernels.quantize_32x1``).
     """
+    if (
+        block == "1x32"
+        and (backend == "auto" or backend == "cute")
+        and checks.fast_quantize_ok(x, 2, scaling_mode, blocked_scales)
+        and (group_end_offsets is None or (blocked_scales and checks.fast_offsets_ok(group_end_offsets, x)))
+    ):
+        target = targets.known(x)
+        if target is not None and not torch.compiler.is_compiling():  # eager fast path
+            return run_1x32_2d(x, group_end_offsets, scaling_mode, blocked_scales, target)
     checks.check_quantize_2d(x, block, group_end_offsets, scaling_mode, blocked_scales)
-    arch = _backend.select(_OP, backend, x.device)
-    if arch is None:
+    target = targets.select(_OP, backend, x)
+    if target is None:
         return reference.quantize_mxfp8_2d(
             x,
             block=block,
@@ -135,10 +150,9 @@ def quantize_mxfp8_2d(
             blocked_scales=blocked_scales,
         )
     if block != "1x32":
-        raise NotImplementedError(
-            f"{_OP}: the CuTeDSL kernel for block='32x1' is not built yet (issue #6); "
-            "pass backend='reference' to run the PyTorch reference on this device"
-        )
+        if torch.compiler.is_compiling():
+            return quantize_2d_32x1_op(x, group_end_offsets, scaling_mode, blocked_scales)
+        return run_32x1_2d(x, group_end_offsets, scaling_mode, blocked_scales, target.arch)
     if torch.compiler.is_compiling():
         return _quantize_op(x, group_end_offsets, scaling_mode, blocked_scales)
-    return _run_kernel(x, group_end_offsets, scaling_mode, blocked_scales, arch)
+    return run_1x32_2d(x, group_end_offsets, scaling_mode, blocked_scales, target)

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import backend as _backend
-from . import checks, reference
+from . import checks, reference, targets
 from .quantize import launch_1x32
 from .swizzle import blocked_output_shape
 
@@ -29,38 +28,36 @@ def scales_shape_3d(w_shape: tuple, block: str, blocked: bool) -> tuple:
     return blocked_output_shape((experts, *per_expert), None, "M")
 
 
-def _run_1x32(w: torch.Tensor, mode: str, blocked: bool, arch: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _run_1x32(
+    w: torch.Tensor, mode: str, blocked: bool, target: targets.DeviceTarget
+) -> tuple[torch.Tensor, torch.Tensor]:
     experts, n, k = w.shape
-    q = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)
-    scales = torch.empty(
-        scales_shape_3d(w.shape, "1x32", blocked), dtype=torch.float8_e8m0fnu, device=w.device
-    )
+    q = w.new_empty(w.shape, dtype=torch.float8_e4m3fn)
+    scales = w.new_empty(scales_shape_3d(w.shape, "1x32", blocked), dtype=torch.float8_e8m0fnu)
     if scales.numel():
         flat_scales = scales.view(-1, scales.shape[-1])
         layout = "experts" if blocked else "plain"
-        launch_1x32(
-            layout, w.view(experts * n, k), q.view(experts * n, k), flat_scales, mode, arch, group_param=n
-        )
+        flat_w, flat_q = w.view(experts * n, k), q.view(experts * n, k)
+        launch_1x32(target, layout, flat_w, flat_q, flat_scales, mode, group_param=n)
     return q, scales
 
 
 def _run_kernel(
-    w: torch.Tensor, block: str, mode: str, blocked: bool, arch: str
+    w: torch.Tensor, block: str, mode: str, blocked: bool, target: targets.DeviceTarget
 ) -> tuple[torch.Tensor, torch.Tensor]:
     checks.check_kernel_inputs(_OP, None, w)
     if block == "1x32":
-        return _run_1x32(w, mode, blocked, arch)
+        return _run_1x32(w, mode, blocked, target)
     from .quantize_32x1 import run_32x1_3d
 
-    return run_32x1_3d(w, mode, blocked, arch)
+    return run_32x1_3d(w, mode, blocked, target.arch)
 
 
 @torch.library.custom_op("cute_kernels::quantize_mxfp8_3d", mutates_args=())
 def _quantize_3d_op(
     w: torch.Tensor, block: str, scaling_mode: str, blocked_scales: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    arch = _backend.select(_OP, "cute", w.device)
-    return _run_kernel(w, block, scaling_mode, blocked_scales, arch)
+    return _run_kernel(w, block, scaling_mode, blocked_scales, targets.select(_OP, "cute", w))
 
 
 @_quantize_3d_op.register_fake
@@ -92,12 +89,21 @@ def quantize_mxfp8_3d(
     expert's S in the blocked layout, (E, Rp, Cp), every padding byte 0. One launch, no host sync,
     no recompile when E, N or K change.
     """
+    if (
+        (block == "1x32" or block == "32x1")
+        and (backend == "auto" or backend == "cute")
+        and checks.fast_quantize_ok(w, 3, scaling_mode, blocked_scales)
+        and not w.shape[1] % 32
+    ):
+        target = targets.known(w)
+        if target is not None and not torch.compiler.is_compiling():  # eager fast path
+            return _run_kernel(w, block, scaling_mode, blocked_scales, target)
     checks.check_quantize_3d(w, block, scaling_mode, blocked_scales)
-    arch = _backend.select(_OP, backend, w.device)
-    if arch is None:
+    target = targets.select(_OP, backend, w)
+    if target is None:
         return reference.quantize_mxfp8_3d(
             w, block=block, scaling_mode=scaling_mode, blocked_scales=blocked_scales
         )
     if torch.compiler.is_compiling():
         return _quantize_3d_op(w, block, scaling_mode, blocked_scales)
-    return _run_kernel(w, block, scaling_mode, blocked_scales, arch)
+    return _run_kernel(w, block, scaling_mode, blocked_scales, target)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from . import backend as _backend
-from . import checks, reference
-from .kernel_cache import get_kernel, on_clear
+from . import checks, reference, targets
+from .kernel_cache import get_kernel
 
 _OP = "swizzle_scales"
 _TILE_ROWS, _TILE_COLS = 128, 4
@@ -31,35 +30,12 @@ _E8M0 = torch.float8_e8m0fnu
 _LAYOUTS = ("plain", "plain", "m_groups", "k_groups")  # by variant // 2 (variant 1: 3-D plain)
 
 
-class _Target:
-    """A CUDA device the kernel runs on: its arch, SM count and compiled variants.
+def _make_kernel(target: targets.DeviceTarget, key: int):
+    """Compiled variant ``key = 2 * variant + word_loads`` on ``target``; variant 0: 2-D plain,
+    1: 3-D plain, 2: M-groups, 3: K-groups."""
+    layout, rank, word_loads = _LAYOUTS[key >> 1], 3 if key >> 1 == 1 else 2, bool(key & 1)
+    arch, num_sms = target.arch, target.num_sms
 
-    ``kernels[2 * variant + word_loads]``, variant 0: 2-D plain, 1: 3-D plain, 2: M-groups,
-    3: K-groups (filled on first use through ``kernel_cache.get_kernel``)."""
-
-    __slots__ = ("arch", "num_sms", "kernels")
-
-    def __init__(self, arch: str, num_sms: int) -> None:
-        self.arch = arch
-        self.num_sms = num_sms
-        self.kernels: dict[int, object] = {}
-
-    def kernel(self, key: int):
-        kernel = self.kernels.get(key)
-        if kernel is None:
-            kernel = self.kernels[key] = _kernel(
-                _LAYOUTS[key >> 1], 3 if key >> 1 == 1 else 2, bool(key & 1), self.arch, self.num_sms
-            )
-        return kernel
-
-
-# CUDA device index -> _Target once ``backend.select`` let the kernel run there ("auto" and "cute"
-# both pick the kernel whenever it can run): later eager calls skip the selection.
-_targets: dict[int, _Target] = {}
-on_clear(lambda: [target.kernels.clear() for target in _targets.values()])
-
-
-def _kernel(layout: str, rank: int, word_loads: bool, arch: str, num_sms: int):
     def build():
         from cute_kernels.swizzle import SwizzleLayout, compile_swizzle
 
@@ -68,16 +44,8 @@ def _kernel(layout: str, rank: int, word_loads: bool, arch: str, num_sms: int):
     return get_kernel(("swizzle_scales", layout, rank, word_loads, arch, num_sms), build)
 
 
-def _target(device: torch.device, arch: str) -> _Target:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    target = _targets.get(index)
-    if target is None:
-        target = _targets[index] = _Target(arch, _backend.num_sms(index))
-    return target
-
-
 def _run_kernel(
-    scales: torch.Tensor, group_end_offsets: torch.Tensor | None, groups: str, target: _Target
+    scales: torch.Tensor, group_end_offsets: torch.Tensor | None, groups: str, target: targets.DeviceTarget
 ) -> torch.Tensor:
     if scales.dtype is not _E8M0:
         scales = scales.view(_E8M0)
@@ -104,14 +72,13 @@ def _run_kernel(
         # Rows of whole, aligned 4-byte words (one word per tile column) stage with fewer instructions.
         if variant < 6 and not cols & 3 and not scales.data_ptr() & 3:
             variant += 1
-        target.kernel(variant)(scales, out, group_end_offsets)
+        target.kernel(variant, _make_kernel)(scales, out, group_end_offsets)
     return out
 
 
 @torch.library.custom_op("cute_kernels::swizzle_scales", mutates_args=())
 def _swizzle_op(scales: torch.Tensor, group_end_offsets: torch.Tensor | None, groups: str) -> torch.Tensor:
-    arch = _backend.select(_OP, "cute", scales.device)
-    return _run_kernel(scales, group_end_offsets, groups, _target(scales.device, arch))
+    return _run_kernel(scales, group_end_offsets, groups, targets.select(_OP, "cute", scales))
 
 
 @_swizzle_op.register_fake
@@ -139,13 +106,13 @@ def swizzle_scales(
     """
     checks.check_swizzle(scales, group_end_offsets, groups)
     compiling = torch.compiler.is_compiling()
-    if not compiling and scales.is_cuda and (backend == "auto" or backend == "cute"):
-        target = _targets.get(scales.get_device())
+    if not compiling and (backend == "auto" or backend == "cute"):
+        target = targets.known(scales)
         if target is not None:  # eager fast path: this device already runs the kernel
             return _run_kernel(scales, group_end_offsets, groups, target)
-    arch = _backend.select(_OP, backend, scales.device)
-    if arch is None:
+    target = targets.select(_OP, backend, scales)
+    if target is None:
         return reference.swizzle_scales(scales, group_end_offsets=group_end_offsets, groups=groups)
     if compiling:
         return _swizzle_op(scales, group_end_offsets, groups)
-    return _run_kernel(scales, group_end_offsets, groups, _target(scales.device, arch))
+    return _run_kernel(scales, group_end_offsets, groups, target)

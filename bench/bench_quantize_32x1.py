@@ -1,0 +1,108 @@
+"""Benchmark the 32x1 MXFP8 quantization (``quantize_mxfp8_2d(block="32x1")``) and the dual op.
+
+bf16 x (M, K), M in (8192, 32768, 131072), K in (2048, 5120, 7168), rceil, blocked scales, no groups
+and G = 8 row groups (sizes multiples of 32). Bytes moved = x read + q written + scales written
+(dual: both q and both scale tensors). Ratio to copy = copy us / our us for the same bytes, copy
+timed in the same run (:func:`bench.common.copy_baseline_best`). The dual row also shows the time
+of the two single calls and the speedup of the dual op over them.
+
+Goals (issue 6): 32x1 ratio to copy >= 0.85 for M*K >= 32768*2048; dual >= 1.4x faster than the
+two single calls.
+
+Run (GPU machine, project root on PYTHONPATH)::
+
+    python -m bench.bench_quantize_32x1 [--quick] [--no-dual]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import torch_bindings
+from bench.common import copy_baseline_best, gbps, make_rotating_inputs, time_cuda
+
+ROWS = (8192, 32768, 131072)
+COLS = (2048, 5120, 7168)
+
+
+def _ends(rows: int, groups: int, device: torch.device) -> torch.Tensor:
+    """``groups`` uneven row groups, sizes multiples of 32, covering all rows."""
+    blocks = rows // 32
+    weights = torch.arange(1, groups + 1, dtype=torch.float64)
+    sizes = (weights / weights.sum() * blocks).floor().long()
+    sizes[-1] += blocks - int(sizes.sum())
+    return (torch.cumsum(sizes, 0) * 32).to(torch.int32).to(device)
+
+
+def _nbytes(outputs) -> int:
+    return sum(t.numel() * t.element_size() for t in outputs)
+
+
+def bench_shape(rows: int, cols: int, groups: int | None, dual: bool) -> dict:
+    device = torch.device("cuda")
+    ends = _ends(rows, groups, device) if groups else None
+    sets = make_rotating_inputs(
+        lambda: (torch.randn(rows, cols, device=device, dtype=torch.bfloat16),),
+        bytes_per_set=rows * cols * 4,
+    )
+
+    def single(x):
+        return torch_bindings.quantize_mxfp8_2d(x, block="32x1", group_end_offsets=ends)
+
+    def one_x32(x):
+        return torch_bindings.quantize_mxfp8_2d(x, block="1x32", group_end_offsets=ends)
+
+    x0 = sets[0][0]
+    moved = x0.numel() * 2 + _nbytes(single(x0))
+    us = time_cuda(single, sets)
+    copy_us = copy_baseline_best(moved, device)[0].us
+    row = {
+        "shape": f"{rows}x{cols}",
+        "G": groups or 0,
+        "32x1_us": us,
+        "32x1_GBps": gbps(moved, us),
+        "32x1_ratio": copy_us / us,
+    }
+    if dual:
+        both = torch_bindings.quantize_mxfp8_2d_dual(x0, group_end_offsets=ends)
+        moved_dual = x0.numel() * 2 + _nbytes(both)
+        dual_us = time_cuda(lambda x: torch_bindings.quantize_mxfp8_2d_dual(x, group_end_offsets=ends), sets)
+        pair_us = time_cuda(lambda x: (one_x32(x), single(x)), sets)
+        copy_dual = copy_baseline_best(moved_dual, device)[0].us
+        row.update(
+            {
+                "dual_us": dual_us,
+                "dual_ratio": copy_dual / dual_us,
+                "two_calls_us": pair_us,
+                "dual_speedup": pair_us / dual_us,
+            }
+        )
+    del sets
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one shape per M")
+    parser.add_argument("--no-dual", action="store_true")
+    args = parser.parse_args()
+    cols_list = (7168,) if args.quick else COLS
+    rows_out = []
+    for rows in ROWS:
+        for cols in cols_list:
+            for groups in (None, 8):
+                rows_out.append(bench_shape(rows, cols, groups, not args.no_dual and groups is None))
+    print(f"device: {torch.cuda.get_device_name()}")
+    keys = list(dict.fromkeys(k for r in rows_out for k in r))
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for r in rows_out:
+        cells = [f"{r[k]:.3g}" if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys]
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Tune the 32x1 quantization kernel's config (``cute_kernels.quantize_32x1.Quantize32x1Config``).
+
+Compiles each candidate config, times it on bf16 shapes (blocked rceil scales) next to a copy of the
+same bytes, checks the bytes against the default kernel, and prints one line per (config, shape).
+
+    python -m bench.tune_quantize_32x1
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bench.common import copy_baseline_best, make_rotating_inputs, time_cuda
+from cute_kernels.quantize_32x1 import Quantize32x1Config, ScaleLayout, compile_quantize_32x1
+from torch_bindings.quantize_32x1 import scales_shape_32x1
+
+CANDIDATES = {
+    "pairs_mc4": Quantize32x1Config(),
+    "pairs_mc0": Quantize32x1Config(min_ctas_per_sm=0),
+    "lane_mc4": Quantize32x1Config(pair_stores=False),
+    "lane_mc0": Quantize32x1Config(pair_stores=False, min_ctas_per_sm=0),
+    "pairs_t16k": Quantize32x1Config(target_ctas=16384),
+}
+SHAPES = ((32768, 2048), (32768, 7168), (131072, 7168))
+
+
+def main() -> None:
+    arch = {9: "sm_90a", 10: "sm_100a"}[torch.cuda.get_device_capability()[0]]
+    print(f"device: {torch.cuda.get_device_name()}")
+    for rows, cols in SHAPES:
+        shape = scales_shape_32x1(rows, cols, None, True)
+
+        def make(rows=rows, cols=cols, shape=shape):
+            x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+            q = torch.empty(cols, rows, device="cuda", dtype=torch.float8_e4m3fn)
+            return (x, q, torch.empty(shape, device="cuda", dtype=torch.float8_e8m0fnu))
+
+        sets = make_rotating_inputs(make)
+        moved = rows * cols * 3 + shape[0] * shape[1]
+        copy_us = copy_baseline_best(moved)[0].us
+        reference = None
+        for name, config in CANDIDATES.items():
+            kernel = compile_quantize_32x1("bfloat16", "rceil", ScaleLayout.BLOCKED, arch, config)
+            x, q, s = sets[0]
+            kernel(x[None], q[None], s[None], None)
+            out = (q.view(torch.uint8).clone(), s.view(torch.uint8).clone())
+            reference = reference or out
+            same = all(torch.equal(a, b) for a, b in zip(out, reference, strict=True))
+            us = time_cuda(lambda x, q, s, k=kernel: k(x[None], q[None], s[None], None), sets)
+            print(f"{rows}x{cols} {name:12s} {us:9.1f} us  ratio {copy_us / us:.3f}  same={same}")
+        del sets
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,550 @@
+"""MXFP8 quantization in 32x1 blocks (32 consecutive rows): x (E, M, K) -> q^T (E, K, M) + E8M0 scales.
+
+2D ``quantize_mxfp8_2d(block="32x1")`` is the E = 1 case, 3D ``quantize_mxfp8_3d(block="32x1")`` runs
+one expert per grid z. Per expert, the logical scale matrix is S = (K, M/32): S[k, c] is the scale
+of rows ``[32 c, 32 c + 32)`` of column k. Scale layouts (a compile-time choice, :class:`ScaleLayout`):
+
+- ``plain``: S row-major, (E, K, M/32).
+- ``blocked``: SPEC section 3's blocked layout of S, (E, Rp, Cp), every padding byte written 0.
+- ``k_groups`` (E = 1): row groups from end offsets (sizes multiples of 32), SPEC's K-groups layout
+  with ``kend = end / 32``, (Rp, M/32 + 4 G), every byte no group covers written 0 by the kernel
+  (group padding columns by the thread that writes the group's last column, the zero tail after
+  the last group by a grid-stride loop).
+
+Work decomposition: CTA ``(x, y, z)`` owns row tile ``x`` (128 rows = 4 row blocks = one 4-byte word
+of a blocked tile) of expert ``z`` and a run of 256-column tiles. Each of its 128 threads owns two
+adjacent columns: it loads a row block's 32 rows of its column pair (one 4-byte load per row for
+bf16, 8 bytes for fp32: a warp reads 128 or 256 contiguous bytes per row), so the block max is
+thread-local (no shuffles, no shared memory), then writes each column's 32 E4M3 bytes as two
+16-byte stores into q^T. The 4 scale bytes of a column over the tile's 4 row blocks form exactly
+one word of a blocked tile (``blocked``: one 4-byte store per column and tile; ``plain`` and
+``k_groups``: byte stores). Threads of columns in ``[K, Rp)`` write the blocked layout's zero rows.
+
+Design choice (vs. a TMA tile in shared memory read back column-wise): loads straight into
+registers need no barrier and no shared memory, keep 4 KB per warp in flight, and give the same
+coalescing on the read side; a CTA's 4 row blocks write each 128-byte line of q^T whole.
+
+Dual (``dual=True``, bf16, plain/blocked): the same loads also give the 1x32 quantization
+(:func:`quantize_rows_1x32`): bit-exact, but on an H200 2.2x slower than the two single kernels (a
+row's block max costs 4 shuffles per row and lane, q rows leave as 2-byte stores, and it spills),
+so the bindings do not use it yet (``torch_bindings.quantize_32x1.FUSED_DUAL``). A faster dual
+needs the tile in shared memory (TMA) and a row-wise second pass over it.
+
+M, K, E and G are symbolic: one compile per (dtype, scaling mode, scale layout, config, arch).
+M and K must be multiples of 32, x and q 16-byte aligned (the bindings check both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float8E4M3FN, Float8E8M0FNU, Float32, Int32, Uint8, Uint32
+from cutlass.memory import SmemAllocator
+
+from cute_utils.blocked import TILE_BYTES, TILE_COLS, TILE_ROWS, ceil_div
+from cute_utils.groups import (
+    MAX_GROUPS,
+    find_group_of_position,
+    prefix_smem_words,
+    scan_padded_group_sizes,
+    smem_group_bounds,
+)
+from cute_utils.mx import BLOCK_SIZE, abs_bits, e8m0_scale, inverse_scale, lane_group_max
+
+THREADS = 128
+COLS_PER_THREAD = 2
+TILE_K = THREADS * COLS_PER_THREAD  # 256 columns of x per column tile
+TILE_M = TILE_COLS * BLOCK_SIZE  # 128 rows: the 4 scale columns of one blocked-tile word
+BLOCKS = TILE_M // BLOCK_SIZE  # 4 row blocks per tile
+DTYPES = {"bfloat16": BFloat16, "float32": Float32}
+MODES = ("floor", "rceil")
+
+
+class ScaleLayout(str, Enum):
+    PLAIN = "plain"
+    BLOCKED = "blocked"
+    K_GROUPS = "k_groups"
+
+
+DUAL_LAYOUTS = (ScaleLayout.PLAIN, ScaleLayout.BLOCKED)
+#: The dual kernel is built for bf16 only: with fp32 pairs (64 data registers) it spills.
+DUAL_DTYPES = ("bfloat16",)
+
+
+@dataclass(frozen=True)
+class Quantize32x1Config:
+    """``target_ctas``: grid size aimed for (a CTA loops over a run of column tiles, which amortizes
+    the group scan and lookups); ``min_ctas_per_sm``: register cap (0: none); ``max_groups``: most
+    groups the ``k_groups`` variant takes (scan arrays in shared memory); ``pair_stores``: lane
+    pairs exchange halves so each store instruction writes whole 32-byte sectors
+    (:func:`store_sector_pairs`) instead of each lane writing its own column's halves."""
+
+    target_ctas: int = 16384
+    min_ctas_per_sm: int = 4
+    max_groups: int = MAX_GROUPS
+    pair_stores: bool = True
+
+
+# Measured on an H200 (bench/tune_quantize_32x1.py): 4 CTAs per SM (128 registers; the K-groups
+# variant wants more and spills nothing at 128) beat no cap by 5-10%; a grid of ~16384 CTAs beat
+# 4096 by up to 9% at 131072 x 7168; lane-pair sector stores beat per-lane stores by 1.35x.
+# The dual kernel needs more registers: 3 CTAs per SM (168).
+_DEFAULT = Quantize32x1Config()
+_DUAL = Quantize32x1Config(min_ctas_per_sm=3)
+CONFIGS = {arch: {"bfloat16": _DEFAULT, "float32": _DEFAULT} for arch in ("sm_90a", "sm_100a")}
+DUAL_CONFIGS = {arch: {"bfloat16": _DUAL} for arch in ("sm_90a", "sm_100a")}
+
+
+def _pair_view(x: cute.Tensor) -> cute.Tensor:
+    """(E, M, K/2, 2) view of a row-major (E, M, K) tensor: ``[e, m, p, None]`` is columns 2p, 2p+1."""
+    experts, rows, cols = x.shape
+    return cute.make_tensor(
+        x.iterator,
+        cute.make_layout(
+            (experts, rows, cols // COLS_PER_THREAD, COLS_PER_THREAD),
+            stride=(x.layout.stride[0], x.layout.stride[1], COLS_PER_THREAD, 1),
+        ),
+    )
+
+
+def _block_view(qt: cute.Tensor) -> cute.Tensor:
+    """(E, K, M/32, 32) view of q^T (E, K, M): ``[e, k, c, None]`` is the 32 bytes of block c."""
+    experts, cols, rows = qt.shape
+    return cute.make_tensor(
+        qt.iterator,
+        cute.make_layout(
+            (experts, cols, rows // BLOCK_SIZE, BLOCK_SIZE),
+            stride=(qt.layout.stride[0], qt.layout.stride[1], BLOCK_SIZE, 1),
+        ),
+    )
+
+
+def _half_view(qt: cute.Tensor) -> cute.Tensor:
+    """(E, K, M/32, 2, 4) Uint32 view of q^T (E, K, M): ``[e, k, c, h, None]`` is the 16-byte half h
+    of block c of column k."""
+    experts, cols, rows = qt.shape
+    return cute.make_tensor(
+        cute.recast_ptr(qt.iterator, dtype=Uint32),
+        cute.make_layout(
+            (experts, cols, rows // BLOCK_SIZE, 2, 4),
+            stride=(qt.layout.stride[0] // 4, qt.layout.stride[1] // 4, 8, 4, 1),
+        ),
+    )
+
+
+def _flat_view(scales: cute.Tensor, dtype, per: int) -> cute.Tensor:
+    """(E, R*C/per) view of the scale tensor (E, R, C) in units of ``dtype`` (``per`` bytes)."""
+    experts, rows, cols = scales.shape
+    size = rows * cols // per
+    return cute.make_tensor(
+        cute.recast_ptr(scales.iterator, dtype=dtype), cute.make_layout((experts, size), stride=(size, 1))
+    )
+
+
+@cute.jit
+def load_column_pair_block(pairs: cute.Tensor, e: Int32, row0: Int32, pair: Int32, raw: cute.Tensor):
+    """Load rows ``row0 .. row0 + 31`` of column pair ``pair`` into ``raw`` (32, 2): one 4-byte
+    (bf16) or 8-byte (fp32) load per row, all issued before any is used."""
+    for i in cutlass.range_constexpr(BLOCK_SIZE):
+        cute.autovec_copy(pairs[e, row0 + i, pair, None], raw[i, None])
+
+
+@cute.jit
+def column_amax_bits(values: cute.Tensor, j: cutlass.Constexpr) -> Int32:
+    """``max |v|`` (bits, NaN-propagating) of column ``j`` of a (32, 2) bf16/fp32 fragment."""
+    amax = Int32(0)
+    for i in cutlass.range_constexpr(BLOCK_SIZE):
+        amax = cutlass.max(amax, abs_bits(Float32(values[i, j])))
+    return amax
+
+
+@cute.jit
+def quantize_column(values: cute.Tensor, j: cutlass.Constexpr, s: Int32, q: cute.Tensor):
+    """E4M3 bytes of column ``j`` of the (32, 2) bf16/fp32 fragment with scale byte ``s`` into the
+    32-byte register fragment ``q`` (Float8E4M3FN)."""
+    inv = inverse_scale(s)
+    scaled = cute.make_rmem_tensor(cute.make_layout(BLOCK_SIZE), Float32)
+    for i in cutlass.range_constexpr(BLOCK_SIZE):
+        scaled[i] = Float32(values[i, j]) * inv
+    q.store(scaled.load().to(Float8E4M3FN))
+
+
+@cute.jit
+def store_sector_pairs(words: cute.Tensor, dst: cute.Tensor, e: Int32, k0: Int32, block: Int32, valid):
+    """Store the E4M3 blocks of a thread's two columns (``words``: (2, 8) Uint32, column ``k0 + j``
+    in row j) so that lanes ``2i`` and ``2i + 1`` write the two 16-byte halves of one 32-byte sector
+    in each store instruction (whole sectors into L2, not half ones).
+
+    ``dst``: (E, K, M/32, 2, 4) Uint32 view of q^T (``[e, k, c, h, None]``: half h of block c of
+    column k). Lane pairs own columns ``k_even .. k_even + 3``; each lane gives its partner the
+    halves the partner stores (4 shuffles per column). Every lane must call this (shuffles);
+    only lanes with ``valid`` store.
+    """
+    odd = cute.arch.lane_idx() % 2
+    received = cute.make_rmem_tensor(cute.make_layout((COLS_PER_THREAD, 4), stride=(4, 1)), Uint32)
+    for j in cutlass.range_constexpr(COLS_PER_THREAD):
+        for i in cutlass.range_constexpr(4):
+            send = words[j, 4 + i]
+            if odd != 0:
+                send = words[j, i]
+            received[j, i] = cute.arch.shuffle_sync_bfly(send, 1)
+    first = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+    second = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+    for j in cutlass.range_constexpr(COLS_PER_THREAD):
+        for i in cutlass.range_constexpr(4):
+            first[i] = words[j, i]
+            second[i] = received[j, i]
+            if odd != 0:
+                first[i] = received[j, i]
+                second[i] = words[j, 4 + i]
+        if valid:
+            cute.autovec_copy(first, dst[e, k0 - 2 * odd + j, block, odd, None])
+            cute.autovec_copy(second, dst[e, k0 + 2 - 2 * odd + j, block, odd, None])
+
+
+@cute.jit
+def quantize_rows_1x32(
+    raw: cute.Tensor,
+    q_pairs: cute.Tensor,
+    row_scales: cute.Tensor,
+    e: Int32,
+    row0: Int32,
+    pair: Int32,
+    valid,
+    mode: cutlass.Constexpr,
+    blocked: cutlass.Constexpr,
+):
+    """The 1x32 quantization of the rows a thread holds (dual kernel).
+
+    ``raw`` (32, 2) holds rows ``row0 .. row0 + 31`` of columns ``2 pair, 2 pair + 1``; a row's
+    32-column block spans 16 lanes, so its max is the lane-local max and 4 butterfly shuffles.
+    Each lane stores its 2 E4M3 bytes per row into ``q_pairs`` (E, M, K/2, 2) (a warp writes 64
+    contiguous bytes of a row per store), and lane ``l`` stores the scale bytes of rows ``l % 16``
+    and ``l % 16 + 16`` into ``row_scales`` (E, R, C): plain (M, K/32), or ``blocked`` (Rp, Cp) in
+    SPEC section 3's layout, where lanes of rows or columns outside x write the padding zeros.
+    Every lane must call this (shuffles); only ``valid`` lanes store data.
+    """
+    lane = cute.arch.lane_idx()
+    scale_bytes = _flat_view(row_scales, Uint8, 1)
+    _, scale_rows, scale_cols = row_scales.shape
+    col_block = pair // (BLOCK_SIZE // COLS_PER_THREAD)
+    half_rows = BLOCK_SIZE // 2
+    kept = [Int32(0), Int32(0)]  # scale bytes of rows lane % 16 and lane % 16 + 16
+    for i in cutlass.range_constexpr(BLOCK_SIZE):
+        v0 = Float32(raw[i, 0])
+        v1 = Float32(raw[i, 1])
+        amax = lane_group_max(cutlass.max(abs_bits(v0), abs_bits(v1)), BLOCK_SIZE // COLS_PER_THREAD)
+        if not valid:
+            amax = Int32(0)
+        s = e8m0_scale(amax, mode)
+        inv = inverse_scale(s)
+        scaled = cute.make_rmem_tensor(cute.make_layout(COLS_PER_THREAD), Float32)
+        scaled[0] = v0 * inv
+        scaled[1] = v1 * inv
+        q = cute.make_rmem_tensor(cute.make_layout(COLS_PER_THREAD), Float8E4M3FN)
+        q.store(scaled.load().to(Float8E4M3FN))
+        if valid:
+            cute.autovec_copy(q, q_pairs[e, row0 + i, pair, None])
+        if lane % half_rows == i % half_rows:
+            kept[i // half_rows] = s
+    for h in cutlass.range_constexpr(2):
+        r = row0 + lane % half_rows + h * half_rows
+        if cutlass.const_expr(blocked):
+            if r < scale_rows and col_block < scale_cols:
+                tile = (r // TILE_ROWS) * (scale_cols // TILE_COLS) + col_block // TILE_COLS
+                offset = tile * TILE_BYTES + blocked_row_offset(r) + col_block % TILE_COLS
+                scale_bytes[e, offset] = Uint8(kept[h])
+        else:
+            if valid:
+                scale_bytes[e, r * scale_cols + col_block] = Uint8(kept[h])
+
+
+@cute.jit
+def k_group_block(prefix: cute.Tensor, ends: cute.Tensor, num_groups: Int32, row0: Int32, scale_rows: Int32):
+    """Where row block ``rows [row0, row0 + 32)`` lands in a K-groups layout with ``scale_rows`` (Rp)
+    rows, from the 128-row padded prefix and clamped ends of the group scan.
+
+    Returns ``(covered, base, row_block_bytes, pad)``: ``covered`` (Int32 0/1) when a group owns the
+    block; byte ``base + (k // 128) * row_block_bytes + (k % 32) * 16 + ((k % 128) // 32) * 4`` is
+    S[k, block]; ``pad`` (0..3) zero bytes follow it in its word when it is its group's last column.
+    """
+    g = find_group_of_position(ends, num_groups, row0)
+    gi = cutlass.max(cutlass.min(g, num_groups - 1), Int32(0))
+    start, end = smem_group_bounds(ends, gi)
+    covered = Int32(0)
+    if g < num_groups:
+        if start <= row0:
+            if row0 < end:
+                covered = Int32(1)
+    col = cutlass.max(row0 - start, Int32(0)) // BLOCK_SIZE
+    base = scale_rows * TILE_COLS * prefix[gi] + (col // TILE_COLS) * TILE_BYTES + col % TILE_COLS
+    row_block_bytes = (prefix[gi + 1] - prefix[gi]) * TILE_BYTES
+    pad = Int32(0)
+    if row0 + BLOCK_SIZE >= end:
+        pad = TILE_COLS - 1 - col % TILE_COLS
+    return covered, base, row_block_bytes, pad
+
+
+@cute.jit
+def blocked_row_offset(k: Int32) -> Int32:
+    """Byte offset of scale row ``k`` inside its 512-byte blocked tile and 128-row block."""
+    return (k % 32) * 16 + ((k % TILE_ROWS) // 32) * 4
+
+
+@cute.jit
+def zero_fill_chunks(words: cute.Tensor, first_byte: Int32, end_byte: Int32, index: Int32, stride: Int32):
+    """Zero the 16-byte chunks of bytes ``[first_byte, end_byte)`` (both multiples of 16) of the flat
+    Uint32 tensor ``words``, chunk ``index``, ``index + stride``, ... (a grid-stride loop)."""
+    zero = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+    zero.fill(0)
+    chunks = cute.make_tensor(words.iterator, cute.make_layout((cute.size(words) // 4, 4), stride=(4, 1)))
+    first = first_byte // 16
+    for chunk in cutlass.range(first + index, end_byte // 16, stride, unroll=1):
+        cute.autovec_copy(zero, chunks[chunk, None])
+
+
+def make_quantize_32x1(
+    dtype_name: str, mode: str, layout: ScaleLayout, config: Quantize32x1Config, dual: bool = False
+):
+    """Build the ``@cute.jit`` launcher ``launch(x, qt, scales, offsets, q_rows, row_scales, stream)``.
+
+    ``x``: (E, M, K) bf16/fp32 row-major, M and K multiples of 32. ``qt``: (E, K, M) Float8E4M3FN
+    row-major (q^T). ``scales``: Float8E8M0FNU (E, K, M/32) for ``plain``, (E, Rp, Cp) for
+    ``blocked``, (1, Rp, M/32 + 4 G) for ``k_groups``. ``offsets``: Int32 (G,) row end offsets for
+    ``k_groups``, else ``None``.
+
+    ``dual`` (``plain`` or ``blocked`` only) also writes the 1x32 quantization from the same loads:
+    ``q_rows`` (E, M, K) Float8E4M3FN row-major and ``row_scales`` of S = (M, K/32) per expert,
+    plain (E, M, K/32) or blocked (E, Rp, Cp) like ``layout`` (see :func:`quantize_rows_1x32`);
+    both ``None`` otherwise.
+    """
+    if dual and layout is ScaleLayout.K_GROUPS:
+        raise ValueError("the dual kernel takes plain or blocked scales (K-groups: two single calls)")
+    if mode not in MODES:
+        raise ValueError(f"mode must be 'floor' or 'rceil', got {mode!r}")
+    grouped = layout is ScaleLayout.K_GROUPS
+
+    @cute.kernel
+    def quantize_32x1_kernel(
+        x: cute.Tensor,
+        qt: cute.Tensor,
+        scales: cute.Tensor,
+        offsets,
+        q_rows,
+        row_scales,
+        tiles_per_cta: Int32,
+    ):
+        tid, _, _ = cute.arch.thread_idx()
+        row_tile, col_chunk, e = cute.arch.block_idx()
+        _, rows, cols = x.shape
+        _, scale_rows, scale_cols = scales.shape
+        col_tiles = ceil_div(cols, TILE_K)
+        pairs = _pair_view(x)
+        q_blocks = _block_view(qt)
+        q_halves = _half_view(qt)
+
+        if cutlass.const_expr(layout is ScaleLayout.BLOCKED):
+            scale_out = _flat_view(scales, Uint32, 4)
+        else:
+            scale_out = _flat_view(scales, Uint8, 1)
+
+        if cutlass.const_expr(grouped):
+            smem = SmemAllocator()
+            prefix = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words(config.max_groups)), 16)
+            ends = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words(config.max_groups)), 16)
+            warp_totals = smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32), 16)
+            num_groups = offsets.shape[0]
+            scan_padded_group_sizes(
+                offsets, num_groups, rows, TILE_M, prefix, warp_totals, tid, THREADS, ends
+            )
+            # Bytes past the last group's region are zero: a grid-stride loop over all CTAs.
+            grid_x, grid_y, _ = cute.arch.grid_dim()
+            cta = row_tile * grid_y + col_chunk
+            zero_fill_chunks(
+                _flat_view(scales, Uint32, 4)[0, None],
+                cutlass.min(scale_rows * TILE_COLS * prefix[num_groups], scale_rows * scale_cols),
+                scale_rows * scale_cols,
+                cta * THREADS + tid,
+                grid_x * grid_y * THREADS,
+            )
+            # Where each of the tile's 4 row blocks lands (fixed per CTA): threads 0..3 look it up.
+            block_info = smem.allocate_tensor(Int32, cute.make_layout((BLOCKS, 4), stride=(4, 1)), 16)
+            if tid < BLOCKS:
+                cov, base, rbb, pad = k_group_block(
+                    prefix, ends, num_groups, (row_tile * BLOCKS + tid) * BLOCK_SIZE, scale_rows
+                )
+                block_info[tid, 0] = cov
+                block_info[tid, 1] = base
+                block_info[tid, 2] = rbb
+                block_info[tid, 3] = pad
+            cute.arch.sync_threads()
+
+        first_tile = col_chunk * tiles_per_cta
+        last_tile = cutlass.min(first_tile + tiles_per_cta, col_tiles)
+        for tile in cutlass.range(first_tile, last_tile, unroll=1):
+            pair = tile * THREADS + tid
+            k0 = pair * COLS_PER_THREAD
+            words = [Uint32(0), Uint32(0)]
+            for b in cutlass.range(BLOCKS, unroll=1):
+                block = row_tile * BLOCKS + b
+                row0 = block * BLOCK_SIZE
+                valid = row0 < rows and k0 < cols
+                raw = cute.make_rmem_tensor(
+                    cute.make_layout((BLOCK_SIZE, COLS_PER_THREAD), stride=(2, 1)), x.element_type
+                )
+                if valid:
+                    load_column_pair_block(pairs, e, row0, pair, raw)
+                if cutlass.const_expr(dual):
+                    quantize_rows_1x32(
+                        raw,
+                        _pair_view(q_rows),
+                        row_scales,
+                        e,
+                        row0,
+                        pair,
+                        valid,
+                        mode,
+                        layout is ScaleLayout.BLOCKED,
+                    )
+                q_words = cute.make_rmem_tensor(cute.make_layout((COLS_PER_THREAD, 8), stride=(8, 1)), Uint32)
+                for j in cutlass.range_constexpr(COLS_PER_THREAD):
+                    amax = column_amax_bits(raw, j)
+                    if not valid:
+                        amax = Int32(0)
+                    s = e8m0_scale(amax, mode)
+                    q = cute.recast_tensor(q_words[j, None], Float8E4M3FN)
+                    quantize_column(raw, j, s, q)
+                    if cutlass.const_expr(not config.pair_stores):
+                        if valid:
+                            cute.autovec_copy(q, q_blocks[e, k0 + j, block, None])
+                    k = k0 + j
+                    if cutlass.const_expr(layout is ScaleLayout.BLOCKED):
+                        words[j] = words[j] | (Uint32(s) << Uint32(8 * b))
+                    elif cutlass.const_expr(layout is ScaleLayout.PLAIN):
+                        if valid:
+                            scale_out[e, k * scale_cols + block] = Uint8(s)
+                    else:
+                        if block_info[b, 0] != 0 and k < scale_rows:
+                            offset = block_info[b, 1] + (k // TILE_ROWS) * block_info[b, 2]
+                            offset = offset + blocked_row_offset(k)
+                            size = cute.size(scale_out, mode=[1])
+                            if offset < size:
+                                scale_out[0, offset] = Uint8(s)
+                            for p in cutlass.range_constexpr(1, TILE_COLS):
+                                if p <= block_info[b, 3] and offset + p < size:
+                                    scale_out[0, offset + p] = Uint8(0)
+                if cutlass.const_expr(config.pair_stores):
+                    store_sector_pairs(q_words, q_halves, e, k0, block, valid)
+            if cutlass.const_expr(layout is ScaleLayout.BLOCKED):
+                for j in cutlass.range_constexpr(COLS_PER_THREAD):
+                    k = k0 + j
+                    if k < scale_rows:
+                        word = ((k // TILE_ROWS) * (scale_cols // TILE_COLS) + row_tile) * (TILE_BYTES // 4)
+                        scale_out[e, word + blocked_row_offset(k) // 4] = words[j]
+
+    @cute.jit
+    def launch(x: cute.Tensor, qt: cute.Tensor, scales: cute.Tensor, offsets, q_rows, row_scales, stream):
+        experts, rows, cols = x.shape
+        row_tiles = ceil_div(rows, TILE_M)
+        col_tiles = ceil_div(cols, TILE_K)
+        chunks = cutlass.min(col_tiles, cutlass.max(config.target_ctas // (row_tiles * experts), 1))
+        tiles_per_cta = ceil_div(col_tiles, chunks)
+        chunks = ceil_div(col_tiles, tiles_per_cta)
+        quantize_32x1_kernel(x, qt, scales, offsets, q_rows, row_scales, tiles_per_cta).launch(
+            grid=[row_tiles, chunks, experts],
+            block=[THREADS, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=config.min_ctas_per_sm,
+            preferred_smem_carveout=100 if config.min_ctas_per_sm else None,
+        )
+
+    return launch
+
+
+def fake_arguments(dtype_name: str, layout: ScaleLayout, dual: bool = False):
+    """Fake tensors (E, M, K, scale shapes and G symbolic; M and K multiples of 32) and the env stream."""
+    experts = cute.sym_int()
+    rows, cols = cute.sym_int(divisibility=BLOCK_SIZE), cute.sym_int(divisibility=BLOCK_SIZE)
+    x = cute.runtime.make_fake_compact_tensor(
+        DTYPES[dtype_name], (experts, rows, cols), stride_order=(2, 1, 0), assumed_align=16
+    )
+    qt = cute.runtime.make_fake_compact_tensor(
+        Float8E4M3FN, (experts, cols, rows), stride_order=(2, 1, 0), assumed_align=16
+    )
+    scale_shape = (experts, cute.sym_int(), cute.sym_int())
+    scales = cute.runtime.make_fake_compact_tensor(
+        Float8E8M0FNU, scale_shape, stride_order=(2, 1, 0), assumed_align=16
+    )
+    offsets = None
+    if layout is ScaleLayout.K_GROUPS:
+        offsets = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
+    q_rows = row_scales = None
+    if dual:
+        q_rows = cute.runtime.make_fake_compact_tensor(
+            Float8E4M3FN, (experts, rows, cols), stride_order=(2, 1, 0), assumed_align=16
+        )
+        row_scales = cute.runtime.make_fake_compact_tensor(
+            Float8E8M0FNU, (experts, cute.sym_int(), cute.sym_int()), stride_order=(2, 1, 0), assumed_align=16
+        )
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return x, qt, scales, offsets, q_rows, row_scales, stream
+
+
+def compile_quantize_32x1(
+    dtype_name: str,
+    mode: str,
+    layout: ScaleLayout,
+    arch: str,
+    config: Quantize32x1Config | None = None,
+    options: str = "",
+    dual: bool = False,
+):
+    """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream); ``dual``:
+    the 1x32 + 32x1 kernel."""
+    config = config or (DUAL_CONFIGS if dual else CONFIGS)[arch][dtype_name]
+    launch = make_quantize_32x1(dtype_name, mode, layout, config, dual)
+    return cute.compile(
+        launch,
+        *fake_arguments(dtype_name, layout, dual),
+        options=f"--enable-tvm-ffi --gpu-arch {arch} {options}".strip(),
+    )
+
+
+def variants(dual: bool = False) -> list[tuple[str, str, ScaleLayout, bool]]:
+    """Every (dtype, mode, scale layout, dual) variant the bindings may ask for; ``dual`` adds the
+    dual kernel's (not registered as SASS targets while it spills and is unused)."""
+    out = [(d, m, layout, False) for d in DTYPES for m in MODES for layout in ScaleLayout]
+    if dual:
+        out += [(d, m, layout, True) for d in DUAL_DTYPES for m in MODES for layout in DUAL_LAYOUTS]
+    return out
+
+
+def sass_targets() -> dict:
+    """SASS-inspection targets: ``quantize_32x1_<dtype>_<mode>_<layout>`` and
+    ``quantize_dual_<dtype>_<mode>_<layout>`` -> build(arch)."""
+    from cute_utils.sass import compile_options
+
+    def target(dtype_name: str, mode: str, layout: ScaleLayout, dual: bool):
+        return lambda arch: compile_quantize_32x1(
+            dtype_name, mode, layout, arch, options=compile_options(arch), dual=dual
+        )
+
+    return {
+        f"quantize_{'dual' if dual else '32x1'}_{d}_{m}_{layout.value}": target(d, m, layout, dual)
+        for d, m, layout, dual in variants()
+    }
+
+
+__all__ = [
+    "CONFIGS",
+    "Quantize32x1Config",
+    "ScaleLayout",
+    "compile_quantize_32x1",
+    "fake_arguments",
+    "make_quantize_32x1",
+    "sass_targets",
+    "variants",
+]

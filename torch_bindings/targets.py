@@ -1,0 +1,61 @@
+"""Per-device kernel tables for the eager fast path of every public op.
+
+``backend.select`` (device type, capability, DSL import) runs on a device's first kernel call;
+after that the device's :class:`DeviceTarget` (its arch, SM count and the compiled kernels already
+used there, keyed by each binding's own small keys) is found with one dict lookup on
+``tensor.get_device()``, and eager calls skip the selection. ``"auto"`` and ``"cute"`` both pick the
+kernel wherever it can run, so a registered device means the kernel runs there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from . import backend as _backend
+from .kernel_cache import on_clear
+
+
+class DeviceTarget:
+    """A CUDA device the kernels run on: ``arch`` ("sm_90a" / "sm_100a"), ``num_sms``, and
+    ``kernels`` (binding key -> TVM-FFI callable, filled by :meth:`kernel`)."""
+
+    __slots__ = ("arch", "num_sms", "kernels")
+
+    def __init__(self, arch: str, num_sms: int) -> None:
+        self.arch = arch
+        self.num_sms = num_sms
+        self.kernels: dict[object, Callable] = {}
+
+    def kernel(self, key: object, make: Callable[[DeviceTarget, object], Callable]) -> Callable:
+        """The callable for the binding's ``key``: from this table, else ``make(self, key)`` (which
+        goes through ``kernel_cache.get_kernel``: memory, disk, then a compile)."""
+        kernel = self.kernels.get(key)
+        if kernel is None:
+            kernel = self.kernels[key] = make(self, key)
+        return kernel
+
+
+_targets: dict[int, DeviceTarget] = {}
+on_clear(lambda: [target.kernels.clear() for target in _targets.values()])
+
+
+def known(tensor: torch.Tensor) -> DeviceTarget | None:
+    """The target of ``tensor``'s device if a kernel already ran there (CPU tensors: ``None``)."""
+    return _targets.get(tensor.get_device())
+
+
+def target(device: torch.device, arch: str) -> DeviceTarget:
+    """The target of CUDA ``device`` (registered on first use) after ``backend.select`` gave ``arch``."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    found = _targets.get(index)
+    if found is None:
+        found = _targets[index] = DeviceTarget(arch, _backend.num_sms(index))
+    return found
+
+
+def select(op: str, backend: str, tensor: torch.Tensor) -> DeviceTarget | None:
+    """``backend.select`` as a target: ``None`` when the reference runs."""
+    arch = _backend.select(op, backend, tensor.device)
+    return None if arch is None else target(tensor.device, arch)
