@@ -55,16 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     arch, _ = kernel_arch(device)
     dtype = getattr(torch, args.dtype)
     configs = [
-        QuantizeConfig(batch_vectors=b, stages=st, target_ctas=t, max_groups=g)
-        for b, st, t, g in [
-            (2, 3, 4096, 2048),
-            (2, 2, 4096, 2048),
-            (1, 4, 4096, 2048),
-            (2, 3, 1024, 2048),
-            (2, 3, 4096, 64),
-            (2, 3, 1024, 64),
-            (2, 3, 512, 64),
-            (4, 2, 1024, 64),
+        QuantizeConfig(batch_vectors=b, stages=st, target_ctas=t, max_groups=g, warp_tiles=w)
+        for b, st, t, g, w in [
+            (2, 3, 16384, 64, 1),
+            (2, 3, 8192, 64, 4),
+            (2, 3, 16384, 64, 4),
+            (2, 3, 32768, 64, 4),
+            (4, 3, 16384, 64, 4),
+            (2, 4, 16384, 64, 4),
+            (2, 3, 16384, 64, 2),
         ]
     ]
     rows = []
@@ -78,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         for shape in SHAPES[:2] if args.quick else SHAPES:
             for grouped, kernel in kernels.items():
                 sets, nbytes = _inputs(shape, dtype, grouped, device)
-                us = time_cuda(lambda *a, k=kernel: k(*a), sets)
+                us = time_cuda(lambda x, q, s, e, k=kernel: k(x, q, s, e, None, None, 0), sets)
                 copy = copy_baseline_us(nbytes, device)
                 rows.append(
                     {
@@ -88,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                         "stages": config.stages,
                         "target ctas": config.target_ctas,
                         "max G": config.max_groups,
+                        "warp tiles": config.warp_tiles,
                         "us": us,
                         "ratio": copy / us,
                     }
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     json_path, _ = output_paths(args, "tune_quantize")
     report(
         rows,
-        ["shape", "grouped", "batch", "stages", "target ctas", "max G", "us", "ratio"],
+        ["shape", "grouped", "batch", "stages", "target ctas", "max G", "warp tiles", "us", "ratio"],
         f"quantize 1x32 config sweep ({args.dtype})",
         json_path=json_path,
         panel_key=None,

@@ -6,16 +6,23 @@ Scale layouts (a compile-time choice, :class:`ScaleLayout`):
 - ``blocked``: SPEC section 3's blocked layout of S = (M, K/32), shape (Rp, Cp).
 - ``m_groups``: row groups from end offsets, (M + 128 G, Cp); group g's rows blocked from row
   ``P_g = 128 * sum_{i<g} ceil(n_i / 128)``, every byte no group covers written as 0.
+- ``experts``: 3D weights (E, N, K) seen as (E N, K), per-expert blocked scales (E, Rp, Cp).
+- ``padded``: token-group padding fused in: x's groups are written to their padded rows of q
+  (padding rows zero) with the M-groups scales of the padded groups, and CTA 0 writes the padded
+  offsets (:func:`padded_m_groups_row_block`).
 
-Work decomposition: CTA ``(x, y)`` owns output row block ``x`` (128 scale rows; for ``m_groups``
-the source rows behind it come from the in-kernel group scan, :func:`m_groups_row_block`) and a
-contiguous run of 128-column tiles (4 scale columns each). Its 4 warps take one 32-row quarter of
-the block each. A lane holds 8 consecutive elements (one 16-byte load for bf16): 4 lanes form a
-32-element block, so the block max is two butterfly shuffles away, and a warp covers 2 rows x 128
-columns per vector step. Lanes load ``batch_vectors`` vectors before converting (bytes in flight),
-store the E4M3 data with 8-byte stores, and gather each row's 4 scale bytes into one word that
-ends in lane ``row % 32``: after a tile, each lane stores the one word of the blocked tile its row
-owns (``plain``: its row's bytes). No shared memory except the group scan; no CTA barrier after it.
+Work decomposition: each output row block (128 scale rows; for the grouped layouts the source rows
+behind it come from the in-kernel group scan) is split into 32-row quarters, one per warp, and
+its 128-column tiles (4 scale columns each) into runs, one per CTA. With ``warp_tiles = 4`` (the
+tuned choice) a CTA's 4 warps share one quarter and take adjacent tiles, so each row is read in
+1 KB runs; with 1 they take the 4 quarters of one tile. A lane holds 8 consecutive elements (one
+16-byte load for bf16): 4 lanes form a 32-element block, so the block max is two butterfly shuffles
+away, and a warp covers 2 rows x 128 columns per vector step. Loads go through a per-lane
+``cp.async`` ring in shared memory (``batch_vectors`` vectors per unit, ``stages`` units), which
+keeps bytes in flight without registers; completion is the lane's own ``wait_group`` (no barrier).
+E4M3 data leaves as 8-byte stores; each row's 4 scale bytes are gathered into one word that ends in
+lane ``row % 32``, and after a tile each lane stores the one word of the blocked tile its row owns
+(``plain``: its row's bytes). The only CTA barriers are the group scan's.
 
 M, K and the group count are symbolic: one compile per (dtype, scaling mode, scale layout, config,
 arch). K must be a multiple of 32 and x 16-byte aligned (the bindings check both).
@@ -72,15 +79,20 @@ class QuantizeConfig:
     ``stages``: units in a lane's shared-memory ring (``stages - 1`` in flight while one converts);
     ``target_ctas``: grid size aimed for (each CTA loops over a run of column tiles, which amortizes
     the group scan); ``min_ctas_per_sm``: register cap (0: none); ``max_groups``: most groups the
-    M-groups variant takes (its scan arrays live in shared memory, which bounds occupancy)."""
+    M-groups variant takes (its scan arrays live in shared memory, which bounds occupancy);
+    ``warp_tiles``: warps of a CTA side by side along K (1: the 4 warps take the 4 quarters of a
+    128-row block on one tile; 4: one quarter, 4 adjacent tiles, so a row is read in 1 KB runs)."""
 
     batch_vectors: int = 2
     stages: int = 3
-    target_ctas: int = 4096
+    target_ctas: int = 32768
     min_ctas_per_sm: int = 0
     max_groups: int = MAX_GROUPS  # m_groups: shared-memory size of the group scan
+    warp_tiles: int = 4
 
     def __post_init__(self) -> None:
+        if self.warp_tiles not in (1, 2, 4):
+            raise ValueError(f"warp_tiles={self.warp_tiles} must be 1, 2 or 4")
         if self.batch_vectors < 1 or STEPS % self.batch_vectors:
             raise ValueError(f"batch_vectors={self.batch_vectors} must divide {STEPS}")
         if self.stages < 2:
@@ -88,7 +100,8 @@ class QuantizeConfig:
 
 
 # Picked with bench/tune_quantize.py on an H200 (bench/README.md): 2 vectors per unit and 3 stages
-# (4 KB in flight per warp at 40 registers, so ~16 warps per SM fit); a grid of ~4096 CTAs.
+# (4 KB in flight per warp at 40 registers); warps side by side along K (1 KB runs per row, +2-4%
+# at M K >= 32768 x 7168) and a grid of ~32768 CTAs (many short CTAs: less tail at the last wave).
 # ``SMALL_GROUPS`` is the M-groups variant for G <= 64: its smaller scan arrays leave room for
 # more CTAs per SM (small shapes gain ~10%).
 SMALL_GROUPS = 64
@@ -206,13 +219,16 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
     stages = config.stages
     threads = 32 * WARPS
     padded = layout is ScaleLayout.PADDED
+    warp_tiles = config.warp_tiles
+    warp_rows = WARPS // warp_tiles  # quarters of a row block per CTA
 
     @cute.jit
     def _issue(atom, x_vec, ring, u, units, src_row, src_rows, lane_row, lane_vec, first_tile, cols):
-        """Issue pipeline unit ``u`` (batch ``u % batches`` of tile ``first_tile + u // batches``) into
-        stage ``u % stages``; past ``units`` only an empty group is committed."""
+        """Issue pipeline unit ``u`` (batch ``u % batches`` of this warp's tile
+        ``first_tile + warp_tiles * (u // batches)``) into stage ``u % stages``; past ``units`` only an
+        empty group is committed."""
         rows_left = Int32(0)
-        vec = first_tile * LANES_PER_ROW + lane_vec + (u // batches) * LANES_PER_ROW
+        vec = (first_tile + (u // batches) * warp_tiles) * LANES_PER_ROW + lane_vec
         row = lane_row + (u % batches) * batch * ROWS_PER_STEP
         if u < units:
             rows_left = src_rows - row
@@ -247,7 +263,7 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
                 src_row, src_rows, dst_row, dst_rows, keep_scales = padded_m_groups_row_block(
                     prefix, aligned, ends, num_groups, row_block, group_param, out_rows
                 )
-                if row_block == 0 and cute.arch.block_idx()[1] == 0:
+                if cute.arch.block_idx()[0] == 0 and cute.arch.block_idx()[1] == 0:
                     _store_padded_offsets(aligned, num_groups, group_param, padded_start, padded_end, tid)
             else:
                 src_row, src_rows, keep_scales = m_groups_row_block(prefix, ends, num_groups, row_block, rows)
@@ -272,9 +288,11 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
         tiles_per_cta: Int32,
     ):
         tid, _, _ = cute.arch.thread_idx()
-        row_block, col_chunk, _ = cute.arch.block_idx()
+        row_unit, col_chunk, _ = cute.arch.block_idx()
         lane = tid % 32
-        quarter = tid // 32
+        warp = tid // 32
+        row_block = row_unit // warp_tiles
+        quarter = (row_unit % warp_tiles) * warp_rows + warp // warp_tiles
         rows, cols = x.shape
         out_rows = q.shape[0]
         scale_cols = cols // BLOCK_SIZE
@@ -299,14 +317,15 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
         quarter_row = quarter * QUARTER_ROWS  # first row of this warp inside the block
         lane_row = quarter_row + lane // LANES_PER_ROW  # the lane's row in the block at step 0
         lane_vec = lane % LANES_PER_ROW
-        first_tile = col_chunk * tiles_per_cta
-        last_tile = cutlass.min(first_tile + tiles_per_cta, col_tiles)
+        chunk_tile = col_chunk * tiles_per_cta
+        first_tile = chunk_tile + warp % warp_tiles  # this warp's tiles: first_tile + warp_tiles * j
+        last_tile = cutlass.min(chunk_tile + tiles_per_cta, col_tiles)
 
         # Per-lane cp.async pipeline: unit u = batch (u % batches) of tile (first_tile + u // batches);
         # its vectors land in stage (u % stages) of this warp's shared ring while older units convert.
         x_vec = _vector_view(x, rows, cols)
         ring, atom = _staging_ring(smem, x, batch, stages)
-        units = (last_tile - first_tile) * batches
+        units = cutlass.max(ceil_div(last_tile - first_tile, warp_tiles), 0) * batches
         for u in cutlass.range_constexpr(stages - 1):
             _issue(atom, x_vec, ring, u, units, src_row, src_rows, lane_row, lane_vec, first_tile, cols)
         my_word = Uint32(0)
@@ -325,7 +344,7 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
                 cols,
             )
             cute.arch.cp_async_wait_group(stages - 1)
-            tile = first_tile + u // batches
+            tile = first_tile + (u // batches) * warp_tiles
             b = u % batches
             vec = tile * LANES_PER_ROW + lane_vec
             for i in cutlass.range_constexpr(batch):
@@ -371,13 +390,13 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
         group_param: Int32,
         stream,
     ):
-        row_blocks = ceil_div(scales.shape[0], TILE_ROWS)
+        row_units = ceil_div(scales.shape[0], TILE_ROWS) * warp_tiles
         col_tiles = ceil_div(x.shape[1], TILE_K)
-        chunks = cutlass.min(col_tiles, cutlass.max(config.target_ctas // row_blocks, 1))
-        tiles_per_cta = ceil_div(col_tiles, chunks)
+        chunks = cutlass.min(col_tiles, cutlass.max(config.target_ctas // row_units, 1))
+        tiles_per_cta = ceil_div(ceil_div(col_tiles, chunks), warp_tiles) * warp_tiles  # whole warp rounds
         chunks = ceil_div(col_tiles, tiles_per_cta)
         quantize_kernel(x, q, scales, offsets, padded_start, padded_end, group_param, tiles_per_cta).launch(
-            grid=[row_blocks, chunks, 1],
+            grid=[row_units, chunks, 1],
             block=[threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=config.min_ctas_per_sm,
