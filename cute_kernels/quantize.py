@@ -46,7 +46,16 @@ from cute_utils.groups import (
     scan_padded_group_sizes,
     uniform_groups_row_block,
 )
-from cute_utils.mx import BLOCK_SIZE, e8m0_scale, inverse_scale, lane_group_max, max_abs_bits, scale_values
+from cute_utils.mx import (
+    BLOCK_SIZE,
+    abs_bits,
+    e8m0_scale,
+    inverse_scale,
+    lane_group_max,
+    max_abs_bits,
+    scale_values,
+    transpose_bytes_4x4,
+)
 
 VECTOR = 8  # elements per lane and vector step
 LANES_PER_BLOCK = BLOCK_SIZE // VECTOR  # 4
@@ -107,6 +116,11 @@ class QuantizeConfig:
 SMALL_GROUPS = 64
 _DEFAULT = QuantizeConfig()
 CONFIGS = {arch: {"bfloat16": _DEFAULT, "float32": _DEFAULT} for arch in ("sm_90a", "sm_100a")}
+# The dual variant (bench/tune_dual.py, H200): 4 units in flight beside the tile kept for the
+# column pass, and the 4 warps on the 4 quarters of one tile, so a CTA writes 128 contiguous bytes
+# of each q^T row (0.65 of copy vs 0.49 with warps side by side along K).
+_DUAL = QuantizeConfig(stages=5, warp_tiles=1)
+DUAL_CONFIGS = {arch: {"bfloat16": _DUAL, "float32": _DUAL} for arch in ("sm_90a", "sm_100a")}
 
 
 def _vector_view(tensor: cute.Tensor, rows, cols, dtype=None) -> cute.Tensor:
@@ -199,7 +213,92 @@ def _quantize_vector(
     return s
 
 
-def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: QuantizeConfig):
+@cute.jit
+def _column_pass(
+    cols_view: cute.Tensor,
+    slots,
+    qt_words: cute.Tensor,
+    scale_bytes_t: cute.Tensor,
+    scale_cols_t: Int32,
+    tile: Int32,
+    block32: Int32,
+    live: Int32,
+    cols: Int32,
+    mode: cutlass.Constexpr,
+    batch: cutlass.Constexpr,
+    blocked: cutlass.Constexpr,
+):
+    """32x1 quantization of one warp's 32-row x 128-column tile already in its shared ring (the
+    dual kernel's second pass over the tile that the 1x32 pass just converted).
+
+    ``cols_view``: the warp's ring as (slot, batch, row parity, 16 vectors, 2 halves, 4 elements);
+    ``slots[b]``: ring slot of the tile's unit b. Lane ``l`` owns columns ``4 l .. 4 l + 3`` of the
+    tile (k = 128 tile + 4 l + j): one pass takes each column's 32-row max, a second quantizes, and
+    4x4 byte transposes turn rows into 16-byte runs of q^T rows (``qt_words``: (K, M/4) words).
+    ``scale_bytes_t``: the 32x1 scales as flat bytes, S^T = (K, M/32) plain or its blocked layout
+    with ``scale_cols_t`` (Cp) columns.
+    ``block32``: the 32-row block index along M (the column of S^T = (K, M/32)); ``live``: whether
+    the block holds data (else its scales are written as 0 and no data is stored).
+    """
+    lane = cute.arch.thread_idx()[0] % 32
+    vector, half = lane // 2, lane % 2
+    k0 = tile * TILE_K + lane * 4
+    amax = cute.make_rmem_tensor(cute.make_layout(4), Int32)
+    amax.fill(0)
+    for r in cutlass.range_constexpr(BLOCK_SIZE):
+        step = r // ROWS_PER_STEP
+        values = cols_view[slots[step // batch], step % batch, r % 2, vector, half, None].load().to(Float32)
+        for j in cutlass.range_constexpr(4):
+            amax[j] = cutlass.max(amax[j], abs_bits(values[j]))
+    # Re-read the tile below rather than keep its 128 values in registers across the two passes.
+    cute.arch.sync_warp()
+    inv = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+    for j in cutlass.range_constexpr(4):
+        s = e8m0_scale(amax[j], mode)
+        k = k0 + j
+        if not live or k >= cols:
+            s = Int32(0)
+        inv[j] = inverse_scale(s)
+        if cutlass.const_expr(blocked):
+            offset = ((k // TILE_K) * (scale_cols_t // TILE_COLS) + block32 // TILE_COLS) * 512
+            offset = offset + (k % 32) * 16 + ((k % TILE_K) // 32) * 4 + block32 % TILE_COLS
+            scale_bytes_t[offset] = Uint8(s)
+        else:
+            if k < cols and live:
+                scale_bytes_t[k * scale_cols_t + block32] = Uint8(s)
+    for h in cutlass.range_constexpr(2):
+        words = cute.make_rmem_tensor(cute.make_layout((4, 4), stride=(4, 1)), Uint32)
+        for g in cutlass.range_constexpr(4):
+            rows = []
+            for rr in cutlass.range_constexpr(4):
+                r = h * 16 + g * 4 + rr
+                step = r // ROWS_PER_STEP
+                xf = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+                xf.store(
+                    cols_view[slots[step // batch], step % batch, r % 2, vector, half, None]
+                    .load()
+                    .to(Float32)
+                )
+                for j in cutlass.range_constexpr(4):
+                    xf[j] = xf[j] * inv[j]
+                q4 = cute.make_rmem_tensor(cute.make_layout(4), Float8E4M3FN)
+                q4.store(xf.load().to(Float8E4M3FN))
+                rows.append(cute.recast_tensor(q4, Uint32)[0])
+            c0, c1, c2, c3 = transpose_bytes_4x4(rows[0], rows[1], rows[2], rows[3])
+            words[0, g] = c0
+            words[1, g] = c1
+            words[2, g] = c2
+            words[3, g] = c3
+        if live:
+            for j in cutlass.range_constexpr(4):
+                if k0 + j < cols:
+                    dst = cute.local_tile(qt_words[k0 + j, None], (4,), (block32 * 2 + h,))
+                    cute.autovec_copy(words[j, None], dst)
+
+
+def make_quantize(
+    dtype_name: str, mode: str, layout: ScaleLayout, config: QuantizeConfig, dual: bool = False
+):
     """Build the ``@cute.jit`` launcher ``launch(x, q, scales, offsets, padded_start, padded_end,
     group_param, stream)``.
 
@@ -219,20 +318,25 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
     stages = config.stages
     threads = 32 * WARPS
     padded = layout is ScaleLayout.PADDED
+    if dual and layout not in (ScaleLayout.PLAIN, ScaleLayout.BLOCKED):
+        raise ValueError(f"the dual kernel takes plain or blocked scales, not {layout.value}")
+    ahead = stages - 1  # units in flight while one converts
+    # The dual kernel keeps a warp's whole tile (``batches`` units) in the ring for its column pass.
+    ring_units = batches + ahead if dual else stages
     warp_tiles = config.warp_tiles
     warp_rows = WARPS // warp_tiles  # quarters of a row block per CTA
 
     @cute.jit
     def _issue(atom, x_vec, ring, u, units, src_row, src_rows, lane_row, lane_vec, first_tile, cols):
         """Issue pipeline unit ``u`` (batch ``u % batches`` of this warp's tile
-        ``first_tile + warp_tiles * (u // batches)``) into stage ``u % stages``; past ``units`` only an
-        empty group is committed."""
+        ``first_tile + warp_tiles * (u // batches)``) into ring slot ``u % ring_units``; past
+        ``units`` only an empty group is committed (groups count units)."""
         rows_left = Int32(0)
         vec = (first_tile + (u // batches) * warp_tiles) * LANES_PER_ROW + lane_vec
         row = lane_row + (u % batches) * batch * ROWS_PER_STEP
         if u < units:
             rows_left = src_rows - row
-        _issue_unit(atom, x_vec, ring[u % stages, None, None, None], src_row + row, rows_left, vec, cols)
+        _issue_unit(atom, x_vec, ring[u % ring_units, None, None, None], src_row + row, rows_left, vec, cols)
 
     @cute.jit
     def _block_rows(smem, offsets, padded_start, padded_end, group_param, row_block, tid, rows, out_rows):
@@ -284,6 +388,8 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
         offsets,
         padded_start,
         padded_end,
+        qt,
+        scales_t,
         group_param: Int32,
         tiles_per_cta: Int32,
     ):
@@ -324,26 +430,35 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
         # Per-lane cp.async pipeline: unit u = batch (u % batches) of tile (first_tile + u // batches);
         # its vectors land in stage (u % stages) of this warp's shared ring while older units convert.
         x_vec = _vector_view(x, rows, cols)
-        ring, atom = _staging_ring(smem, x, batch, stages)
-        units = cutlass.max(ceil_div(last_tile - first_tile, warp_tiles), 0) * batches
-        for u in cutlass.range_constexpr(stages - 1):
+        ring, atom = _staging_ring(smem, x, batch, ring_units)
+        tiles = cutlass.max(ceil_div(last_tile - first_tile, warp_tiles), 0)
+        if cutlass.const_expr(dual):
+            cols_view = cute.make_tensor(
+                ring.iterator,
+                cute.make_layout(
+                    (ring_units, batch, 2, LANES_PER_ROW, 2, 4),
+                    stride=(batch * 32 * VECTOR, 32 * VECTOR, LANES_PER_ROW * VECTOR, VECTOR, 4, 1),
+                ),
+            )
+            qt_words = cute.make_tensor(
+                cute.recast_ptr(qt.iterator, dtype=Uint32),
+                cute.make_layout((cols, rows // 4), stride=(rows // 4, 1)),
+            )
+            scale_bytes_t = cute.make_tensor(
+                cute.recast_ptr(scales_t.iterator, dtype=Uint8), cute.make_layout(cute.size(scales_t))
+            )
+            scale_cols_t = scales_t.shape[1]
+        # Per-lane cp.async pipeline: unit u = batch (u % batches) of this warp's tile u // batches, in
+        # ring slot u % ring_units; ``ahead`` units are in flight while one converts.
+        units = tiles * batches
+        for u in cutlass.range_constexpr(ahead):
             _issue(atom, x_vec, ring, u, units, src_row, src_rows, lane_row, lane_vec, first_tile, cols)
         my_word = Uint32(0)
         for u in cutlass.range(units, unroll=1):
             _issue(
-                atom,
-                x_vec,
-                ring,
-                u + stages - 1,
-                units,
-                src_row,
-                src_rows,
-                lane_row,
-                lane_vec,
-                first_tile,
-                cols,
+                atom, x_vec, ring, u + ahead, units, src_row, src_rows, lane_row, lane_vec, first_tile, cols
             )
-            cute.arch.cp_async_wait_group(stages - 1)
+            cute.arch.cp_async_wait_group(ahead)
             tile = first_tile + (u // batches) * warp_tiles
             b = u % batches
             vec = tile * LANES_PER_ROW + lane_vec
@@ -352,7 +467,7 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
                 r = lane_row + step * ROWS_PER_STEP
                 in_cols = vec * VECTOR < cols
                 s = _quantize_vector(
-                    ring[u % stages, i, lane, None],
+                    ring[u % ring_units, i, lane, None],
                     q_vec,
                     dst_row + r,
                     vec,
@@ -368,6 +483,24 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
                 if lane // ROWS_PER_STEP == step:
                     my_word = word
             if b == batches - 1:
+                if cutlass.const_expr(dual):
+                    cute.arch.sync_warp()  # the tile's slots, filled by every lane, are complete
+                    slots = [(u - (batches - 1) + bb) % ring_units for bb in range(batches)]
+                    _column_pass(
+                        cols_view,
+                        slots,
+                        qt_words,
+                        scale_bytes_t,
+                        scale_cols_t,
+                        tile,
+                        row_block * WARPS + quarter,
+                        quarter_row < src_rows,
+                        cols,
+                        mode,
+                        batch,
+                        layout is ScaleLayout.BLOCKED,
+                    )
+                    cute.arch.sync_warp()  # before the next issues overwrite the tile's slots
                 if cutlass.const_expr(layout is ScaleLayout.PLAIN):
                     row = quarter_row + lane
                     _store_plain_scales(scale_bytes, src_row + row, tile, my_word, row < src_rows)
@@ -387,6 +520,8 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
         offsets,
         padded_start,
         padded_end,
+        qt,
+        scales_t,
         group_param: Int32,
         stream,
     ):
@@ -395,7 +530,9 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
         chunks = cutlass.min(col_tiles, cutlass.max(config.target_ctas // row_units, 1))
         tiles_per_cta = ceil_div(ceil_div(col_tiles, chunks), warp_tiles) * warp_tiles  # whole warp rounds
         chunks = ceil_div(col_tiles, tiles_per_cta)
-        quantize_kernel(x, q, scales, offsets, padded_start, padded_end, group_param, tiles_per_cta).launch(
+        quantize_kernel(
+            x, q, scales, offsets, padded_start, padded_end, qt, scales_t, group_param, tiles_per_cta
+        ).launch(
             grid=[row_units, chunks, 1],
             block=[threads, 1, 1],
             stream=stream,
@@ -406,10 +543,11 @@ def make_quantize(dtype_name: str, mode: str, layout: ScaleLayout, config: Quant
     return launch
 
 
-def fake_arguments(dtype_name: str, layout: ScaleLayout):
+def fake_arguments(dtype_name: str, layout: ScaleLayout, dual: bool = False):
     """Fake tensors for ``launch`` (M, K, G and the q / scale row counts symbolic; K a multiple of
-    32), the group parameter and the env stream."""
-    rows, cols = cute.sym_int(), cute.sym_int(divisibility=BLOCK_SIZE)
+    32, and M too for ``dual``), the group parameter and the env stream."""
+    rows = cute.sym_int(divisibility=BLOCK_SIZE) if dual else cute.sym_int()
+    cols = cute.sym_int(divisibility=BLOCK_SIZE)
     x = cute.runtime.make_fake_compact_tensor(
         DTYPES[dtype_name], (rows, cols), stride_order=(1, 0), assumed_align=16
     )
@@ -428,8 +566,16 @@ def fake_arguments(dtype_name: str, layout: ScaleLayout):
         if layout is ScaleLayout.PADDED:
             padded_start = cute.runtime.make_fake_compact_tensor(Int32, (groups,), assumed_align=4)
             padded_end = cute.runtime.make_fake_compact_tensor(Int32, (groups,), assumed_align=4)
+    qt = scales_t = None
+    if dual:
+        qt = cute.runtime.make_fake_compact_tensor(
+            Float8E4M3FN, (cols, rows), stride_order=(1, 0), assumed_align=16
+        )
+        scales_t = cute.runtime.make_fake_compact_tensor(
+            Float8E8M0FNU, (cute.sym_int(), cute.sym_int()), stride_order=(1, 0), assumed_align=4
+        )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return x, q, scales, offsets, padded_start, padded_end, Int32(0), stream
+    return x, q, scales, offsets, padded_start, padded_end, qt, scales_t, Int32(0), stream
 
 
 def compile_quantize(
@@ -440,40 +586,47 @@ def compile_quantize(
     config: QuantizeConfig | None = None,
     options: str = "",
     max_groups: int = MAX_GROUPS,
+    dual: bool = False,
 ):
     """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream); without a
-    ``config``, the tuned one for the dtype with ``max_groups`` (``SMALL_GROUPS`` or ``MAX_GROUPS``)."""
-    config = config or replace(CONFIGS[arch][dtype_name], max_groups=max_groups)
-    launch = make_quantize(dtype_name, mode, layout, config)
+    ``config``, the tuned one for the dtype with ``max_groups`` (``SMALL_GROUPS`` or ``MAX_GROUPS``).
+    ``dual``: also write the 32x1 quantization of x (q^T and its scales) from the same read."""
+    config = config or replace((DUAL_CONFIGS if dual else CONFIGS)[arch][dtype_name], max_groups=max_groups)
+    launch = make_quantize(dtype_name, mode, layout, config, dual)
     return cute.compile(
         launch,
-        *fake_arguments(dtype_name, layout),
+        *fake_arguments(dtype_name, layout, dual),
         options=f"--enable-tvm-ffi --gpu-arch {arch} {options}".strip(),
     )
 
 
-def variants() -> list[tuple[str, str, ScaleLayout, int]]:
-    """Every (dtype, mode, scale layout, max groups) variant the bindings may ask for."""
+DUAL_LAYOUTS = (ScaleLayout.PLAIN, ScaleLayout.BLOCKED)
+
+
+def variants() -> list[tuple[str, str, ScaleLayout, int, bool]]:
+    """Every (dtype, mode, scale layout, max groups, dual) variant the bindings may ask for."""
     out = []
     for d in DTYPES:
         for m in ("floor", "rceil"):
             for layout in ScaleLayout:
                 for g in (SMALL_GROUPS, MAX_GROUPS) if layout.scans_groups else (MAX_GROUPS,):
-                    out.append((d, m, layout, g))
+                    out.append((d, m, layout, g, False))
+                if layout in DUAL_LAYOUTS:
+                    out.append((d, m, layout, MAX_GROUPS, True))
     return out
 
 
 def sass_targets() -> dict:
-    """SASS-inspection targets: ``quantize_1x32_<dtype>_<mode>_<layout>`` -> build(arch)."""
+    """SASS-inspection targets: ``quantize_1x32[_dual]_<dtype>_<mode>_<layout>[_g<G>]`` -> build(arch)."""
     from cute_utils.sass import compile_options
 
-    def target(dtype_name: str, mode: str, layout: ScaleLayout, groups: int):
+    def target(dtype_name: str, mode: str, layout: ScaleLayout, groups: int, dual: bool):
         return lambda arch: compile_quantize(
-            dtype_name, mode, layout, arch, options=compile_options(arch), max_groups=groups
+            dtype_name, mode, layout, arch, options=compile_options(arch), max_groups=groups, dual=dual
         )
 
-    def name(d: str, m: str, layout: ScaleLayout, g: int) -> str:
+    def name(d: str, m: str, layout: ScaleLayout, g: int, dual: bool) -> str:
         suffix = f"_g{g}" if layout.scans_groups else ""
-        return f"quantize_1x32_{d}_{m}_{layout.value}{suffix}"
+        return f"quantize_1x32{'_dual' if dual else ''}_{d}_{m}_{layout.value}{suffix}"
 
     return {name(*v): target(*v) for v in variants()}

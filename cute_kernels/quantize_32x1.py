@@ -24,12 +24,6 @@ Design choice (vs. a TMA tile in shared memory read back column-wise): loads str
 registers need no barrier and no shared memory, keep 4 KB per warp in flight, and give the same
 coalescing on the read side; a CTA's 4 row blocks write each 128-byte line of q^T whole.
 
-Dual (``dual=True``, bf16, plain/blocked): the same loads also give the 1x32 quantization
-(:func:`quantize_rows_1x32`): bit-exact, but on an H200 2.2x slower than the two single kernels (a
-row's block max costs 4 shuffles per row and lane, q rows leave as 2-byte stores, and it spills),
-so the bindings do not use it yet (``torch_bindings.quantize_32x1.FUSED_DUAL``). A faster dual
-needs the tile in shared memory (TMA) and a row-wise second pass over it.
-
 M, K, E and G are symbolic: one compile per (dtype, scaling mode, scale layout, config, arch).
 M and K must be multiples of 32, x and q 16-byte aligned (the bindings check both).
 """
@@ -52,7 +46,7 @@ from cute_utils.groups import (
     scan_padded_group_sizes,
     smem_group_bounds,
 )
-from cute_utils.mx import BLOCK_SIZE, abs_bits, e8m0_scale, inverse_scale, lane_group_max
+from cute_utils.mx import BLOCK_SIZE, abs_bits, e8m0_scale, inverse_scale
 
 THREADS = 128
 COLS_PER_THREAD = 2
@@ -67,11 +61,6 @@ class ScaleLayout(str, Enum):
     PLAIN = "plain"
     BLOCKED = "blocked"
     K_GROUPS = "k_groups"
-
-
-DUAL_LAYOUTS = (ScaleLayout.PLAIN, ScaleLayout.BLOCKED)
-#: The dual kernel is built for bf16 only: with fp32 pairs (64 data registers) it spills.
-DUAL_DTYPES = ("bfloat16",)
 
 
 @dataclass(frozen=True)
@@ -91,11 +80,8 @@ class Quantize32x1Config:
 # Measured on an H200 (bench/tune_quantize_32x1.py): 4 CTAs per SM (128 registers; the K-groups
 # variant wants more and spills nothing at 128) beat no cap by 5-10%; a grid of ~16384 CTAs beat
 # 4096 by up to 9% at 131072 x 7168; lane-pair sector stores beat per-lane stores by 1.35x.
-# The dual kernel needs more registers: 3 CTAs per SM (168).
 _DEFAULT = Quantize32x1Config()
-_DUAL = Quantize32x1Config(min_ctas_per_sm=3)
 CONFIGS = {arch: {"bfloat16": _DEFAULT, "float32": _DEFAULT} for arch in ("sm_90a", "sm_100a")}
-DUAL_CONFIGS = {arch: {"bfloat16": _DUAL} for arch in ("sm_90a", "sm_100a")}
 
 
 def _pair_view(x: cute.Tensor) -> cute.Tensor:
@@ -206,63 +192,6 @@ def store_sector_pairs(words: cute.Tensor, dst: cute.Tensor, e: Int32, k0: Int32
 
 
 @cute.jit
-def quantize_rows_1x32(
-    raw: cute.Tensor,
-    q_pairs: cute.Tensor,
-    row_scales: cute.Tensor,
-    e: Int32,
-    row0: Int32,
-    pair: Int32,
-    valid,
-    mode: cutlass.Constexpr,
-    blocked: cutlass.Constexpr,
-):
-    """The 1x32 quantization of the rows a thread holds (dual kernel).
-
-    ``raw`` (32, 2) holds rows ``row0 .. row0 + 31`` of columns ``2 pair, 2 pair + 1``; a row's
-    32-column block spans 16 lanes, so its max is the lane-local max and 4 butterfly shuffles.
-    Each lane stores its 2 E4M3 bytes per row into ``q_pairs`` (E, M, K/2, 2) (a warp writes 64
-    contiguous bytes of a row per store), and lane ``l`` stores the scale bytes of rows ``l % 16``
-    and ``l % 16 + 16`` into ``row_scales`` (E, R, C): plain (M, K/32), or ``blocked`` (Rp, Cp) in
-    SPEC section 3's layout, where lanes of rows or columns outside x write the padding zeros.
-    Every lane must call this (shuffles); only ``valid`` lanes store data.
-    """
-    lane = cute.arch.lane_idx()
-    scale_bytes = _flat_view(row_scales, Uint8, 1)
-    _, scale_rows, scale_cols = row_scales.shape
-    col_block = pair // (BLOCK_SIZE // COLS_PER_THREAD)
-    half_rows = BLOCK_SIZE // 2
-    kept = [Int32(0), Int32(0)]  # scale bytes of rows lane % 16 and lane % 16 + 16
-    for i in cutlass.range_constexpr(BLOCK_SIZE):
-        v0 = Float32(raw[i, 0])
-        v1 = Float32(raw[i, 1])
-        amax = lane_group_max(cutlass.max(abs_bits(v0), abs_bits(v1)), BLOCK_SIZE // COLS_PER_THREAD)
-        if not valid:
-            amax = Int32(0)
-        s = e8m0_scale(amax, mode)
-        inv = inverse_scale(s)
-        scaled = cute.make_rmem_tensor(cute.make_layout(COLS_PER_THREAD), Float32)
-        scaled[0] = v0 * inv
-        scaled[1] = v1 * inv
-        q = cute.make_rmem_tensor(cute.make_layout(COLS_PER_THREAD), Float8E4M3FN)
-        q.store(scaled.load().to(Float8E4M3FN))
-        if valid:
-            cute.autovec_copy(q, q_pairs[e, row0 + i, pair, None])
-        if lane % half_rows == i % half_rows:
-            kept[i // half_rows] = s
-    for h in cutlass.range_constexpr(2):
-        r = row0 + lane % half_rows + h * half_rows
-        if cutlass.const_expr(blocked):
-            if r < scale_rows and col_block < scale_cols:
-                tile = (r // TILE_ROWS) * (scale_cols // TILE_COLS) + col_block // TILE_COLS
-                offset = tile * TILE_BYTES + blocked_row_offset(r) + col_block % TILE_COLS
-                scale_bytes[e, offset] = Uint8(kept[h])
-        else:
-            if valid:
-                scale_bytes[e, r * scale_cols + col_block] = Uint8(kept[h])
-
-
-@cute.jit
 def k_group_block(prefix: cute.Tensor, ends: cute.Tensor, num_groups: Int32, row0: Int32, scale_rows: Int32):
     """Where row block ``rows [row0, row0 + 32)`` lands in a K-groups layout with ``scale_rows`` (Rp)
     rows, from the 128-row padded prefix and clamped ends of the group scan.
@@ -306,23 +235,14 @@ def zero_fill_chunks(words: cute.Tensor, first_byte: Int32, end_byte: Int32, ind
         cute.autovec_copy(zero, chunks[chunk, None])
 
 
-def make_quantize_32x1(
-    dtype_name: str, mode: str, layout: ScaleLayout, config: Quantize32x1Config, dual: bool = False
-):
-    """Build the ``@cute.jit`` launcher ``launch(x, qt, scales, offsets, q_rows, row_scales, stream)``.
+def make_quantize_32x1(dtype_name: str, mode: str, layout: ScaleLayout, config: Quantize32x1Config):
+    """Build the ``@cute.jit`` launcher ``launch(x, qt, scales, offsets, stream)``.
 
     ``x``: (E, M, K) bf16/fp32 row-major, M and K multiples of 32. ``qt``: (E, K, M) Float8E4M3FN
     row-major (q^T). ``scales``: Float8E8M0FNU (E, K, M/32) for ``plain``, (E, Rp, Cp) for
     ``blocked``, (1, Rp, M/32 + 4 G) for ``k_groups``. ``offsets``: Int32 (G,) row end offsets for
     ``k_groups``, else ``None``.
-
-    ``dual`` (``plain`` or ``blocked`` only) also writes the 1x32 quantization from the same loads:
-    ``q_rows`` (E, M, K) Float8E4M3FN row-major and ``row_scales`` of S = (M, K/32) per expert,
-    plain (E, M, K/32) or blocked (E, Rp, Cp) like ``layout`` (see :func:`quantize_rows_1x32`);
-    both ``None`` otherwise.
     """
-    if dual and layout is ScaleLayout.K_GROUPS:
-        raise ValueError("the dual kernel takes plain or blocked scales (K-groups: two single calls)")
     if mode not in MODES:
         raise ValueError(f"mode must be 'floor' or 'rceil', got {mode!r}")
     grouped = layout is ScaleLayout.K_GROUPS
@@ -333,8 +253,6 @@ def make_quantize_32x1(
         qt: cute.Tensor,
         scales: cute.Tensor,
         offsets,
-        q_rows,
-        row_scales,
         tiles_per_cta: Int32,
     ):
         tid, _, _ = cute.arch.thread_idx()
@@ -397,18 +315,6 @@ def make_quantize_32x1(
                 )
                 if valid:
                     load_column_pair_block(pairs, e, row0, pair, raw)
-                if cutlass.const_expr(dual):
-                    quantize_rows_1x32(
-                        raw,
-                        _pair_view(q_rows),
-                        row_scales,
-                        e,
-                        row0,
-                        pair,
-                        valid,
-                        mode,
-                        layout is ScaleLayout.BLOCKED,
-                    )
                 q_words = cute.make_rmem_tensor(cute.make_layout((COLS_PER_THREAD, 8), stride=(8, 1)), Uint32)
                 for j in cutlass.range_constexpr(COLS_PER_THREAD):
                     amax = column_amax_bits(raw, j)
@@ -446,14 +352,14 @@ def make_quantize_32x1(
                         scale_out[e, word + blocked_row_offset(k) // 4] = words[j]
 
     @cute.jit
-    def launch(x: cute.Tensor, qt: cute.Tensor, scales: cute.Tensor, offsets, q_rows, row_scales, stream):
+    def launch(x: cute.Tensor, qt: cute.Tensor, scales: cute.Tensor, offsets, stream):
         experts, rows, cols = x.shape
         row_tiles = ceil_div(rows, TILE_M)
         col_tiles = ceil_div(cols, TILE_K)
         chunks = cutlass.min(col_tiles, cutlass.max(config.target_ctas // (row_tiles * experts), 1))
         tiles_per_cta = ceil_div(col_tiles, chunks)
         chunks = ceil_div(col_tiles, tiles_per_cta)
-        quantize_32x1_kernel(x, qt, scales, offsets, q_rows, row_scales, tiles_per_cta).launch(
+        quantize_32x1_kernel(x, qt, scales, offsets, tiles_per_cta).launch(
             grid=[row_tiles, chunks, experts],
             block=[THREADS, 1, 1],
             stream=stream,
@@ -464,7 +370,7 @@ def make_quantize_32x1(
     return launch
 
 
-def fake_arguments(dtype_name: str, layout: ScaleLayout, dual: bool = False):
+def fake_arguments(dtype_name: str, layout: ScaleLayout):
     """Fake tensors (E, M, K, scale shapes and G symbolic; M and K multiples of 32) and the env stream."""
     experts = cute.sym_int()
     rows, cols = cute.sym_int(divisibility=BLOCK_SIZE), cute.sym_int(divisibility=BLOCK_SIZE)
@@ -481,16 +387,8 @@ def fake_arguments(dtype_name: str, layout: ScaleLayout, dual: bool = False):
     offsets = None
     if layout is ScaleLayout.K_GROUPS:
         offsets = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
-    q_rows = row_scales = None
-    if dual:
-        q_rows = cute.runtime.make_fake_compact_tensor(
-            Float8E4M3FN, (experts, rows, cols), stride_order=(2, 1, 0), assumed_align=16
-        )
-        row_scales = cute.runtime.make_fake_compact_tensor(
-            Float8E8M0FNU, (experts, cute.sym_int(), cute.sym_int()), stride_order=(2, 1, 0), assumed_align=16
-        )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return x, qt, scales, offsets, q_rows, row_scales, stream
+    return x, qt, scales, offsets, stream
 
 
 def compile_quantize_32x1(
@@ -500,42 +398,32 @@ def compile_quantize_32x1(
     arch: str,
     config: Quantize32x1Config | None = None,
     options: str = "",
-    dual: bool = False,
 ):
-    """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream); ``dual``:
-    the 1x32 + 32x1 kernel."""
-    config = config or (DUAL_CONFIGS if dual else CONFIGS)[arch][dtype_name]
-    launch = make_quantize_32x1(dtype_name, mode, layout, config, dual)
+    """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream)."""
+    config = config or CONFIGS[arch][dtype_name]
+    launch = make_quantize_32x1(dtype_name, mode, layout, config)
     return cute.compile(
         launch,
-        *fake_arguments(dtype_name, layout, dual),
+        *fake_arguments(dtype_name, layout),
         options=f"--enable-tvm-ffi --gpu-arch {arch} {options}".strip(),
     )
 
 
-def variants(dual: bool = False) -> list[tuple[str, str, ScaleLayout, bool]]:
-    """Every (dtype, mode, scale layout, dual) variant the bindings may ask for; ``dual`` adds the
-    dual kernel's (not registered as SASS targets while it spills and is unused)."""
-    out = [(d, m, layout, False) for d in DTYPES for m in MODES for layout in ScaleLayout]
-    if dual:
-        out += [(d, m, layout, True) for d in DUAL_DTYPES for m in MODES for layout in DUAL_LAYOUTS]
-    return out
+def variants() -> list[tuple[str, str, ScaleLayout]]:
+    """Every (dtype, mode, scale layout) variant the bindings may ask for."""
+    return [(d, m, layout) for d in DTYPES for m in MODES for layout in ScaleLayout]
 
 
 def sass_targets() -> dict:
-    """SASS-inspection targets: ``quantize_32x1_<dtype>_<mode>_<layout>`` and
-    ``quantize_dual_<dtype>_<mode>_<layout>`` -> build(arch)."""
+    """SASS-inspection targets: ``quantize_32x1_<dtype>_<mode>_<layout>`` -> build(arch)."""
     from cute_utils.sass import compile_options
 
-    def target(dtype_name: str, mode: str, layout: ScaleLayout, dual: bool):
+    def target(dtype_name: str, mode: str, layout: ScaleLayout):
         return lambda arch: compile_quantize_32x1(
-            dtype_name, mode, layout, arch, options=compile_options(arch), dual=dual
+            dtype_name, mode, layout, arch, options=compile_options(arch)
         )
 
-    return {
-        f"quantize_{'dual' if dual else '32x1'}_{d}_{m}_{layout.value}": target(d, m, layout, dual)
-        for d, m, layout, dual in variants()
-    }
+    return {f"quantize_32x1_{d}_{m}_{layout.value}": target(d, m, layout) for d, m, layout in variants()}
 
 
 __all__ = [

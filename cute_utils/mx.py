@@ -13,7 +13,7 @@ import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Uint32
 
 BLOCK_SIZE = 32
 _ABS_MASK = 0x7FFFFFFF
@@ -108,3 +108,19 @@ def scale_values(values: cute.Tensor, inv: Float32):
     """``values[i] * inv`` in place (fp32 products, denormals kept) before the E4M3 conversion."""
     for i in cutlass.range_constexpr(cute.size(values)):
         values[i] = values[i] * inv
+
+
+@cute.jit
+def transpose_bytes_4x4(w0: Uint32, w1: Uint32, w2: Uint32, w3: Uint32):
+    """4x4 byte transpose in registers (8 ``prmt``): rows ``w0..w3`` (byte j = column j) in, the four
+    column words out, column j's byte i being row i's byte j. Turns 4 rows of E4M3 bytes into
+    4-byte runs along a column (row-wise quantization stored transposed)."""
+    t0 = Uint32(cute.arch.prmt(w0, w1, 0x5140))  # w0.0 w1.0 w0.1 w1.1
+    t1 = Uint32(cute.arch.prmt(w0, w1, 0x7362))  # w0.2 w1.2 w0.3 w1.3
+    t2 = Uint32(cute.arch.prmt(w2, w3, 0x5140))
+    t3 = Uint32(cute.arch.prmt(w2, w3, 0x7362))
+    c0 = Uint32(cute.arch.prmt(t0, t2, 0x5410))
+    c1 = Uint32(cute.arch.prmt(t0, t2, 0x7632))
+    c2 = Uint32(cute.arch.prmt(t1, t3, 0x5410))
+    c3 = Uint32(cute.arch.prmt(t1, t3, 0x7632))
+    return c0, c1, c2, c3

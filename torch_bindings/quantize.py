@@ -21,16 +21,19 @@ _E8M0 = torch.float8_e8m0fnu
 
 
 def _make_kernel(target: targets.DeviceTarget, key: tuple):
-    """Compiled 1x32 kernel for ``key = (dtype, mode, layout, max_groups)`` on ``target``."""
-    dtype, mode, layout, max_groups = key
+    """Compiled 1x32 kernel for ``key = (dtype, mode, layout, max_groups, dual)`` on ``target``."""
+    dtype, mode, layout, max_groups, dual = key
     dtype_name = str(dtype).removeprefix("torch.")
 
     def build():
         from cute_kernels.quantize import ScaleLayout, compile_quantize
 
-        return compile_quantize(dtype_name, mode, ScaleLayout(layout), target.arch, max_groups=max_groups)
+        return compile_quantize(
+            dtype_name, mode, ScaleLayout(layout), target.arch, max_groups=max_groups, dual=dual
+        )
 
-    return get_kernel(("quantize_1x32", dtype_name, mode, layout, max_groups, target.arch), build)
+    name = "quantize_1x32_dual" if dual else "quantize_1x32"
+    return get_kernel((name, dtype_name, mode, layout, max_groups, target.arch), build)
 
 
 def scales_shape_1x32(x_shape: tuple, num_groups: int | None, blocked: bool) -> tuple:
@@ -62,8 +65,28 @@ def launch_1x32(
 ) -> None:
     """Launch the 1x32 kernel variant ``layout`` (``cute_kernels.quantize.ScaleLayout`` value) on
     pre-allocated outputs; argument contract in ``cute_kernels.quantize.make_quantize``."""
-    kernel = target.kernel((x.dtype, mode, layout, _max_groups(group_end_offsets)), _make_kernel)
-    kernel(x, q, scales, group_end_offsets, padded_start, padded_end, group_param)
+    kernel = target.kernel((x.dtype, mode, layout, _max_groups(group_end_offsets), False), _make_kernel)
+    kernel(x, q, scales, group_end_offsets, padded_start, padded_end, None, None, group_param)
+
+
+def run_dual_2d_ungrouped(
+    x: torch.Tensor, mode: str, blocked: bool, target: targets.DeviceTarget
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One read of x (M, K), M and K multiples of 32: the 1x32 results (q row-major, scales plain or
+    blocked) and the 32x1 results (q with strides (1, M), scales of S^T = (K, M/32) plain or
+    blocked) from the dual variant of the 1x32 kernel (contract checks done by the caller)."""
+    checks.check_kernel_inputs("quantize_mxfp8_2d_dual", None, x)
+    rows, cols = x.shape
+    q_r = x.new_empty((rows, cols), dtype=_E4M3)
+    s_r = x.new_empty(scales_shape_1x32((rows, cols), None, blocked), dtype=_E8M0)
+    q_c = torch.empty_strided((rows, cols), (1, rows), dtype=_E4M3, device=x.device)
+    s_t_shape = blocked_output_shape((cols, rows // _BLOCK), None, "M") if blocked else (cols, rows // _BLOCK)
+    s_c = x.new_empty(s_t_shape, dtype=_E8M0)
+    if rows and cols:
+        layout = "blocked" if blocked else "plain"
+        kernel = target.kernel((x.dtype, mode, layout, _MAX_GROUPS, True), _make_kernel)
+        kernel(x, q_r, s_r, None, None, None, q_c.t(), s_c, 0)
+    return q_r, s_r, q_c, s_c
 
 
 def run_1x32_2d(
@@ -88,8 +111,8 @@ def run_1x32_2d(
     q = x.new_empty((rows, cols), dtype=_E4M3)
     scales = x.new_empty(shape, dtype=_E8M0)
     if shape[0] and cols:
-        kernel = target.kernel((x.dtype, mode, layout, key_groups), _make_kernel)
-        kernel(x, q, scales, group_end_offsets, None, None, 0)
+        kernel = target.kernel((x.dtype, mode, layout, key_groups, False), _make_kernel)
+        kernel(x, q, scales, group_end_offsets, None, None, None, None, 0)
     return q, scales
 
 

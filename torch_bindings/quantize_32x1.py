@@ -26,8 +26,8 @@ _kernels: dict[tuple, object] = {}  # hot-path lookup in front of kernel_cache.g
 on_clear(_kernels.clear)
 
 
-def _kernel(dtype: torch.dtype, mode: str, layout: str, arch: str, dual: bool = False):
-    key = (dtype, mode, layout, arch, dual)
+def _kernel(dtype: torch.dtype, mode: str, layout: str, arch: str):
+    key = (dtype, mode, layout, arch)
     kernel = _kernels.get(key)
     if kernel is None:
         dtype_name = str(dtype).removeprefix("torch.")
@@ -35,10 +35,9 @@ def _kernel(dtype: torch.dtype, mode: str, layout: str, arch: str, dual: bool = 
         def build():
             from cute_kernels.quantize_32x1 import ScaleLayout, compile_quantize_32x1
 
-            return compile_quantize_32x1(dtype_name, mode, ScaleLayout(layout), arch, dual=dual)
+            return compile_quantize_32x1(dtype_name, mode, ScaleLayout(layout), arch)
 
-        name = "quantize_dual" if dual else "quantize_32x1"
-        kernel = _kernels[key] = get_kernel((name, dtype_name, mode, layout, arch), build)
+        kernel = _kernels[key] = get_kernel(("quantize_32x1", dtype_name, mode, layout, arch), build)
     return kernel
 
 
@@ -53,7 +52,7 @@ def scales_shape_32x1(rows: int, cols: int, num_groups: int | None, blocked: boo
 def _launch(x3, qt3, scales3, offsets, dtype, mode: str, layout: str, arch: str) -> None:
     """Run the kernel on (E, M, K) x, (E, K, M) q^T and (E, R, C) scales."""
     kernel = _kernel(dtype, mode, layout, arch)
-    kernel(x3, qt3, scales3, offsets, None, None)
+    kernel(x3, qt3, scales3, offsets)
 
 
 def run_32x1_2d(
@@ -129,10 +128,6 @@ def _quantize_3d_32x1_fake(
 
 
 _OP_DUAL = "quantize_mxfp8_2d_dual"
-#: Run the fused dual kernel (bit-exact on an H200) instead of the two single kernels. Off: on an
-#: H200 it took 2.2x the time of the two single calls (row pass = 4 shuffles and a 2-byte store per
-#: row and lane, and register spills), see bench/bench_quantize_32x1.py.
-FUSED_DUAL = False
 
 
 def run_dual_2d(
@@ -141,27 +136,17 @@ def run_dual_2d(
     """1x32 and 32x1 quantization of x (M, K) (contract checks done by the caller):
     ``(q_1x32, scales_1x32, q_32x1, scales_32x1)``, bit-identical to the two single calls.
 
-    With ``FUSED_DUAL``, bf16 without groups runs the dual kernel (one read of x); otherwise (and
-    with groups: M-groups 1x32 scales, K-groups 32x1 scales, or fp32) the two single kernels run.
+    Without groups, one read of x: the dual variant of the 1x32 kernel. With groups (M-groups 1x32
+    scales, K-groups 32x1 scales) the two single kernels run (x is read twice).
     """
     from . import targets
-    from .quantize import run_1x32_2d as run_1x32
-    from .quantize import scales_shape_1x32
+    from .quantize import run_1x32_2d, run_dual_2d_ungrouped
 
-    rows, cols = x.shape
-    fused = FUSED_DUAL and group_end_offsets is None and x.dtype == torch.bfloat16
-    if not fused or rows == 0 or cols == 0:
-        q_r, s_r = run_1x32(x, group_end_offsets, mode, blocked, targets.target(x.device, arch))
-        q_c, s_c = run_32x1_2d(x, group_end_offsets, mode, blocked, arch)
-        return q_r, s_r, q_c, s_c
-    checks.check_kernel_inputs(_OP_DUAL, None, x)
-    checks.check_divisible("x.shape[1] (K)", cols, _BLOCK, op=_OP_DUAL)
-    q_r = torch.empty((rows, cols), dtype=_E4M3, device=x.device)
-    s_r = torch.empty(scales_shape_1x32((rows, cols), None, blocked), dtype=_E8M0, device=x.device)
-    q_c = torch.empty_strided((rows, cols), (1, rows), dtype=_E4M3, device=x.device)
-    s_c = torch.empty(scales_shape_32x1(rows, cols, None, blocked), dtype=_E8M0, device=x.device)
-    kernel = _kernel(x.dtype, mode, "blocked" if blocked else "plain", arch, dual=True)
-    kernel(x[None], q_c.t()[None], s_c[None], None, q_r[None], s_r[None])
+    target = targets.target(x.device, arch)
+    if group_end_offsets is None:
+        return run_dual_2d_ungrouped(x, mode, blocked, target)
+    q_r, s_r = run_1x32_2d(x, group_end_offsets, mode, blocked, target)
+    q_c, s_c = run_32x1_2d(x, group_end_offsets, mode, blocked, arch)
     return q_r, s_r, q_c, s_c
 
 
@@ -197,9 +182,8 @@ def quantize_mxfp8_2d_dual(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(q_1x32, scales_1x32, q_32x1, scales_32x1)`` of x (M, K), bf16/fp32, M and K multiples of
     32: bit-identical to ``quantize_mxfp8_2d`` with ``block="1x32"`` and ``block="32x1"`` (same
-    offsets: M-groups 1x32 scales, K-groups 32x1 scales with ``kend = end / 32``). For now this
-    runs the two single kernels, so x is read twice: the one-read kernel (``FUSED_DUAL``) is built
-    but slower than the two calls and stays off (issue 6). No host sync."""
+    offsets: M-groups 1x32 scales, K-groups 32x1 scales with ``kend = end / 32``). Without
+    groups x is read once (the dual kernel); with groups the two single kernels run. No host sync."""
     checks.check_quantize_2d_dual(x, group_end_offsets, scaling_mode, blocked_scales)
     arch = _backend.select(_OP_DUAL, backend, x.device)
     if arch is None:
