@@ -16,8 +16,6 @@ from .kernel_cache import get_kernel, on_clear
 
 _PAD = "pad_token_groups"
 _UNPAD = "unpad_token_groups"
-#: Most groups the kernels take (``cute_utils.groups.MAX_GROUPS``: the group scan lives in shared memory).
-MAX_KERNEL_GROUPS = 2048
 _VECTOR_BYTES = (16, 4)  # then one element: must match cute_kernels.pad.vector_widths
 _DTYPE_NAMES = {
     torch.bfloat16: "bfloat16",
@@ -71,14 +69,6 @@ def vector_bytes(element_size: int, *tensors: torch.Tensor) -> int:
     return element_size
 
 
-def _check_group_count(op: str, group_end_offsets: torch.Tensor) -> None:
-    if group_end_offsets.shape[0] > MAX_KERNEL_GROUPS:
-        raise ValueError(
-            f"{op}: the CuTeDSL kernel takes at most {MAX_KERNEL_GROUPS} groups, got "
-            f"{group_end_offsets.shape[0]} (backend='reference' has no limit)"
-        )
-
-
 def padded_shape(x_shape, num_groups, alignment: int) -> tuple:
     """(rows, D) of the padded output; works on SymInts."""
     return (reference.padded_rows(x_shape[0], num_groups, alignment), x_shape[1])
@@ -92,7 +82,7 @@ def padded_shape(x_shape, num_groups, alignment: int) -> tuple:
 def _run_pad(
     x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, arch: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    _check_group_count(_PAD, group_end_offsets)
+    checks.check_kernel_group_count(_PAD, group_end_offsets)
     num_groups = group_end_offsets.shape[0]
     out = x.new_empty(padded_shape(x.shape, num_groups, alignment))
     padded_start = group_end_offsets.new_empty(num_groups)
@@ -156,7 +146,7 @@ def _run_unpad(
     num_tokens: int | None,
     arch: str,
 ) -> torch.Tensor:
-    _check_group_count(_UNPAD, group_end_offsets)
+    checks.check_kernel_group_count(_UNPAD, group_end_offsets)
     if num_tokens is None:  # the one syncing path: the row count lives on the device
         num_tokens = max(int(group_end_offsets[-1]), 0)
     out = padded.new_empty((num_tokens, padded.shape[1]))
