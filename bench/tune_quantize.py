@@ -47,9 +47,46 @@ def _inputs(shape, dtype, grouped: bool, device):
     return sets, x.nbytes + q.nbytes + s.nbytes
 
 
+def _padded_sweep(configs, arch, device) -> list[dict]:
+    """Time the ``padded`` (fused token-group padding, A = 32) variant on seed 000's shapes."""
+    from torch_bindings.pad_quantize import _outputs
+
+    rows = []
+    for config in configs:
+        kernel = compile_quantize("bfloat16", "rceil", ScaleLayout.PADDED, arch, config)
+        for shape, groups in (((16384, 1536), 16), ((16384, 2048), 8), ((16384, 7168), 16)):
+            ends = (torch.arange(1, groups + 1, device=device) * shape[0] // groups - 37).clamp(min=0)
+            ends = ends.to(torch.int32)
+
+            def make(shape=shape, ends=ends):
+                x = torch.randn(shape, dtype=torch.bfloat16, device=device)
+                return (x, *_outputs(x, ends, 32), ends)
+
+            sets = make_rotating_inputs(make)
+            nbytes = sum(t.nbytes for t in sets[0][:3])
+            us = time_cuda(lambda x, q, s, ps, pe, e, k=kernel: k(x, q, s, e, ps, pe, None, None, 32), sets)
+            rows.append(
+                {
+                    "shape": shape,
+                    "grouped": groups,
+                    "batch": config.batch_vectors,
+                    "stages": config.stages,
+                    "target ctas": config.target_ctas,
+                    "max G": config.max_groups,
+                    "warp tiles": config.warp_tiles,
+                    "us": us,
+                    "ratio": copy_baseline_us(nbytes, device) / us,
+                }
+            )
+            progress(f"{rows[-1]}")
+            del sets
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--padded", action="store_true", help="sweep the fused-padding variant instead")
     args = parser.parse_args(argv)
     device = require_cuda("tune_quantize")
     arch, _ = kernel_arch(device)
@@ -66,8 +103,13 @@ def main(argv: list[str] | None = None) -> int:
             (2, 3, 16384, 64, 2),
         ]
     ]
-    rows = []
-    for config in configs:
+    if args.padded:
+        configs = [
+            QuantizeConfig(target_ctas=t, max_groups=64, warp_tiles=w)
+            for t, w in [(32768, 4), (16384, 4), (32768, 1), (16384, 1), (8192, 1), (65536, 4)]
+        ]
+    rows = _padded_sweep(configs, arch, device) if args.padded else []
+    for config in [] if args.padded else configs:
         kernels = {
             grouped: compile_quantize(
                 args.dtype, "rceil", ScaleLayout.M_GROUPS if grouped else ScaleLayout.BLOCKED, arch, config

@@ -18,10 +18,11 @@ CANDIDATES = {
     "pairs_mc4": Quantize32x1Config(),
     "pairs_mc0": Quantize32x1Config(min_ctas_per_sm=0),
     "lane_mc4": Quantize32x1Config(pair_stores=False),
-    "lane_mc0": Quantize32x1Config(pair_stores=False, min_ctas_per_sm=0),
-    "pairs_t16k": Quantize32x1Config(target_ctas=16384),
+    "pairs_t4k": Quantize32x1Config(target_ctas=4096),
+    "pairs_t32k": Quantize32x1Config(target_ctas=32768),
+    "pairs_t64k": Quantize32x1Config(target_ctas=65536),
 }
-SHAPES = ((32768, 2048), (32768, 7168), (131072, 7168))
+SHAPES = ((32768, 2048), (32768, 7168), (131072, 5120), (131072, 7168))
 
 
 def main() -> None:

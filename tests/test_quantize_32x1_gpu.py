@@ -10,7 +10,6 @@ from test_quantize_gpu import _special_blocks
 
 import torch_bindings
 from torch_bindings import reference
-from torch_bindings.quantize_32x1 import quantize_3d_32x1_op, run_32x1_3d
 
 pytestmark = pytest.mark.gpu
 
@@ -171,9 +170,10 @@ SHAPES_3D = [
 
 
 def _check_3d(w: torch.Tensor, mode: str, blocked: bool) -> None:
-    arch = torch_bindings.backend.kernel_arch(w.device)[0]
     with no_sync():
-        q, s = run_32x1_3d(w, mode, blocked, arch)
+        q, s = torch_bindings.quantize_mxfp8_3d(
+            w, block="32x1", scaling_mode=mode, blocked_scales=blocked, backend="cute"
+        )
     q_ref, s_ref = reference.quantize_mxfp8_3d(w, block="32x1", scaling_mode=mode, blocked_scales=blocked)
     assert q.stride() == q_ref.stride()
     assert_same_bytes(q.transpose(1, 2), q_ref.transpose(1, 2), "q")
@@ -207,7 +207,7 @@ def test_3d_graph_and_compile():
 
     @torch.compile(fullgraph=True)
     def quantize(w):
-        return quantize_3d_32x1_op(w, "rceil", True)
+        return torch_bindings.quantize_mxfp8_3d(w, block="32x1")
 
     q, s = quantize(w)
     q_ref, s_ref = reference.quantize_mxfp8_3d(w, block="32x1")
@@ -215,7 +215,7 @@ def test_3d_graph_and_compile():
     assert_same_bytes(s, s_ref, "scales")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        qg, sg = quantize_3d_32x1_op(w, "floor", False)
+        qg, sg = torch_bindings.quantize_mxfp8_3d(w, block="32x1", scaling_mode="floor", blocked_scales=False)
     w.copy_(_random_x((4, 96, 416), torch.bfloat16, gen))
     graph.replay()
     torch.cuda.synchronize()

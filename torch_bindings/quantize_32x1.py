@@ -108,25 +108,6 @@ def _quantize_2d_32x1_fake(
     return q, x.new_empty(scales_shape_32x1(rows, cols, num_groups, blocked_scales), dtype=_E8M0)
 
 
-@torch.library.custom_op("cute_kernels::quantize_mxfp8_3d_32x1", mutates_args=())
-def quantize_3d_32x1_op(
-    w: torch.Tensor, scaling_mode: str, blocked_scales: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Custom op of ``quantize_mxfp8_3d(block="32x1")`` on the kernel path (torch.compile)."""
-    arch = _backend.select(_OP_3D, "cute", w.device)
-    return run_32x1_3d(w, scaling_mode, blocked_scales, arch)
-
-
-@quantize_3d_32x1_op.register_fake
-def _quantize_3d_32x1_fake(
-    w: torch.Tensor, scaling_mode: str, blocked_scales: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    experts, rows, cols = w.shape
-    q = w.new_empty_strided((experts, rows, cols), (rows * cols, 1, rows), dtype=_E4M3)
-    shape = (experts, *scales_shape_32x1(rows, cols, None, blocked_scales))
-    return q, w.new_empty(shape, dtype=_E8M0)
-
-
 _OP_DUAL = "quantize_mxfp8_2d_dual"
 
 

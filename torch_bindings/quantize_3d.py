@@ -68,7 +68,7 @@ def _quantize_3d_fake(
     if block == "1x32":
         q = w.new_empty(w.shape, dtype=torch.float8_e4m3fn)
     else:
-        q = torch.empty_strided(w.shape, (n * k, 1, n), dtype=torch.float8_e4m3fn, device=w.device)
+        q = w.new_empty_strided(w.shape, (n * k, 1, n), dtype=torch.float8_e4m3fn)
     return q, w.new_empty(scales_shape_3d(w.shape, block, blocked_scales), dtype=torch.float8_e8m0fnu)
 
 
