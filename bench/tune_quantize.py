@@ -1,6 +1,7 @@
-"""Sweep ``QuantizeConfig`` choices (vectors per unit, pipeline stages, grid size) for the 1x32
-quantization on the issue's shapes; prints time and ratio to a copy of the same bytes (inputs
-rotated past L2). Used to pick ``cute_kernels.quantize.CONFIGS``.
+"""Sweep ``QuantizeConfig`` choices (vectors per unit, pipeline stages, grid size, warps along K)
+for the 1x32 quantization on the issue's shapes (``--padded``: the fused-padding variant;
+``--dual``: the dual 1x32 + 32x1 variant); prints time and ratio to a copy of the same bytes
+(inputs rotated past L2). Used to pick ``cute_kernels.quantize.CONFIGS`` and ``DUAL_CONFIGS``.
 """
 
 from __future__ import annotations
@@ -65,28 +66,58 @@ def _padded_sweep(configs, arch, device) -> list[dict]:
             sets = make_rotating_inputs(make)
             nbytes = sum(t.nbytes for t in sets[0][:3])
             us = time_cuda(lambda x, q, s, ps, pe, e, k=kernel: k(x, q, s, e, ps, pe, None, None, 32), sets)
-            rows.append(
-                {
-                    "shape": shape,
-                    "grouped": groups,
-                    "batch": config.batch_vectors,
-                    "stages": config.stages,
-                    "target ctas": config.target_ctas,
-                    "max G": config.max_groups,
-                    "warp tiles": config.warp_tiles,
-                    "us": us,
-                    "ratio": copy_baseline_us(nbytes, device) / us,
-                }
-            )
+            rows.append(_row(shape, groups, config, us, copy_baseline_us(nbytes, device) / us))
             progress(f"{rows[-1]}")
             del sets
     return rows
+
+
+def _dual_sweep(configs, arch, device) -> list[dict]:
+    """Time the dual variant (1x32 + 32x1 from one read, blocked scales) on a few shapes."""
+    from torch_bindings.swizzle import blocked_output_shape
+
+    rows = []
+    for config in configs:
+        kernel = compile_quantize("bfloat16", "rceil", ScaleLayout.BLOCKED, arch, config, dual=True)
+        for shape in ((8192, 7168), (32768, 2048), (32768, 7168), (131072, 7168)):
+
+            def make(shape=shape):
+                x = torch.randn(shape, dtype=torch.bfloat16, device=device)
+                q = torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
+                e8m0 = {"dtype": torch.float8_e8m0fnu, "device": device}
+                s = torch.empty(scales_shape_1x32(shape, None, True), **e8m0)
+                qt = torch.empty(shape[::-1], dtype=torch.float8_e4m3fn, device=device)
+                st = torch.empty(blocked_output_shape((shape[1], shape[0] // 32), None, "M"), **e8m0)
+                return x, q, s, qt, st
+
+            sets = make_rotating_inputs(make)
+            nbytes = sum(t.nbytes for t in sets[0])
+            us = time_cuda(lambda x, q, s, qt, st, k=kernel: k(x, q, s, None, None, None, qt, st, 0), sets)
+            rows.append(_row(shape, False, config, us, copy_baseline_us(nbytes, device) / us))
+            progress(f"{rows[-1]}")
+            del sets
+    return rows
+
+
+def _row(shape, grouped, config: QuantizeConfig, us: float, ratio: float) -> dict:
+    return {
+        "shape": shape,
+        "grouped": grouped,
+        "batch": config.batch_vectors,
+        "stages": config.stages,
+        "target ctas": config.target_ctas,
+        "max G": config.max_groups,
+        "warp tiles": config.warp_tiles,
+        "us": us,
+        "ratio": ratio,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--padded", action="store_true", help="sweep the fused-padding variant instead")
+    parser.add_argument("--dual", action="store_true", help="sweep the dual (1x32 + 32x1) variant instead")
     args = parser.parse_args(argv)
     device = require_cuda("tune_quantize")
     arch, _ = kernel_arch(device)
@@ -108,8 +139,15 @@ def main(argv: list[str] | None = None) -> int:
             QuantizeConfig(target_ctas=t, max_groups=64, warp_tiles=w)
             for t, w in [(32768, 4), (16384, 4), (32768, 1), (16384, 1), (8192, 1), (65536, 4)]
         ]
+    if args.dual:
+        configs = [
+            QuantizeConfig(stages=st, warp_tiles=w)
+            for st, w in [(3, 4), (5, 4), (9, 4), (3, 1), (5, 1), (9, 1)]
+        ]
+    swept = args.padded or args.dual
     rows = _padded_sweep(configs, arch, device) if args.padded else []
-    for config in [] if args.padded else configs:
+    rows += _dual_sweep(configs, arch, device) if args.dual else []
+    for config in [] if swept else configs:
         kernels = {
             grouped: compile_quantize(
                 args.dtype, "rceil", ScaleLayout.M_GROUPS if grouped else ScaleLayout.BLOCKED, arch, config
@@ -119,21 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         for shape in SHAPES[:2] if args.quick else SHAPES:
             for grouped, kernel in kernels.items():
                 sets, nbytes = _inputs(shape, dtype, grouped, device)
-                us = time_cuda(lambda x, q, s, e, k=kernel: k(x, q, s, e, None, None, 0), sets)
-                copy = copy_baseline_us(nbytes, device)
-                rows.append(
-                    {
-                        "shape": shape,
-                        "grouped": grouped,
-                        "batch": config.batch_vectors,
-                        "stages": config.stages,
-                        "target ctas": config.target_ctas,
-                        "max G": config.max_groups,
-                        "warp tiles": config.warp_tiles,
-                        "us": us,
-                        "ratio": copy / us,
-                    }
-                )
+                us = time_cuda(lambda x, q, s, e, k=kernel: k(x, q, s, e, None, None, None, None, 0), sets)
+                rows.append(_row(shape, grouped, config, us, copy_baseline_us(nbytes, device) / us))
                 progress(f"{rows[-1]}")
                 del sets
     json_path, _ = output_paths(args, "tune_quantize")

@@ -116,7 +116,7 @@ class QuantizeConfig:
 SMALL_GROUPS = 64
 _DEFAULT = QuantizeConfig()
 CONFIGS = {arch: {"bfloat16": _DEFAULT, "float32": _DEFAULT} for arch in ("sm_90a", "sm_100a")}
-# The dual variant (bench/tune_dual.py, H200): 4 units in flight beside the tile kept for the
+# The dual variant (bench/tune_quantize.py --dual, H200): 4 units in flight beside the tile kept for the
 # column pass, and the 4 warps on the 4 quarters of one tile, so a CTA writes 128 contiguous bytes
 # of each q^T row (0.65 of copy vs 0.49 with warps side by side along K).
 _DUAL = QuantizeConfig(stages=5, warp_tiles=1)
