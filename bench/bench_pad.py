@@ -48,6 +48,9 @@ from typing import Any
 import torch
 
 from bench.common import (
+    BASELINE_COLUMNS,
+    RATE_COLUMNS,
+    RATE_SERIES,
     RowLog,
     add_bench_args,
     copy_suspect_note,
@@ -83,25 +86,13 @@ GOAL_RATIO = 0.9
 GOAL_FUSED_RATIO = 0.85
 GOAL_FUSED_SPEEDUP = 1.8
 
-COLUMNS: list[tuple[str, str]] = [
-    ("op", "op"),
-    ("shape", "shape"),
-    ("G", "G"),
-    ("mb_moved", "MB moved"),
-    ("us", "our us"),
-    ("gbps", "our GB/s"),
-    ("copy_gbps", "copy GB/s"),
-    ("ratio_to_copy", "ratio to copy"),
-    ("fused_speedup", "fused vs pad+quant"),
-    ("baseline_us", "torchao us"),
-    ("speedup", "speedup vs torchao"),
-    ("status", "status"),
-]
-PLOT_SERIES: tuple[tuple[str, str], ...] = (
-    ("gbps", "ours"),
-    ("copy_gbps", "copy (same bytes)"),
-    ("baseline_gbps", "torchao"),
+COLUMNS: list[tuple[str, str]] = (
+    [("op", "op"), ("shape", "shape"), ("G", "G")]
+    + RATE_COLUMNS
+    + [("fused_speedup", "fused vs pad+quant")]
+    + BASELINE_COLUMNS
 )
+PLOT_SERIES: tuple[tuple[str, str], ...] = RATE_SERIES + (("baseline_gbps", "torchao"),)
 
 
 @dataclass(frozen=True)
@@ -456,9 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns 1 if any row FAILed, 2 without a GPU, else 0."""
     parser = make_parser("Benchmark pad / unpad / fused pad-and-quantize against a copy and torchao.")
     parser.add_argument("--ops", nargs="+", choices=OPS, default=None, help="only these ops (default: all)")
-    parser.add_argument(
-        "--modes", nargs="+", choices=MODES, default=["rceil"], help="fused/pad+quant modes"
-    )
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=["rceil"], help="fused/pad+quant modes")
     add_bench_args(parser, op="the padding ops")
     args = parser.parse_args(argv)
     device = cuda_or_none("bench_pad")

@@ -71,6 +71,9 @@ import numpy as np
 import torch
 
 from bench.common import (
+    BASELINE_COLUMNS,
+    RATE_COLUMNS,
+    RATE_SERIES,
     add_bench_args,
     copy_baseline_best,
     copy_suspect_note,
@@ -91,6 +94,7 @@ from bench.common import (
     time_cuda_detailed,
     timing_kwargs,
 )
+from torch_bindings.quantize import scales_shape_1x32
 
 ACT_M: tuple[int, ...] = (8192, 32768, 131072)
 ACT_K: tuple[int, ...] = (2048, 5120, 7168)
@@ -108,33 +112,21 @@ GOAL_BIG_ELEMS = 32768 * 2048
 GOAL_GROUPED_SLOWDOWN = 1.05
 GOAL_COMPILE_SPEEDUP = 4.0
 
-COLUMNS: list[tuple[str, str]] = [
-    ("mode", "mode"),
-    ("shape", "shape"),
-    ("G", "G"),
-    ("mb_moved", "MB moved"),
-    ("us", "our us"),
-    ("gbps", "our GB/s"),
-    ("copy_gbps", "copy GB/s"),
-    ("ratio_to_copy", "ratio to copy"),
-    ("grouped_time_ratio", "grouped/ungrouped"),
-    ("compile_us", "compile(ref) us"),
-    ("compile_speedup", "speedup vs compile"),
-    ("baseline_us", "torchao us"),
-    ("speedup", "speedup vs torchao"),
-    ("status", "status"),
-]
+COLUMNS: list[tuple[str, str]] = (
+    [("mode", "mode"), ("shape", "shape"), ("G", "G")]
+    + RATE_COLUMNS
+    + [
+        ("grouped_time_ratio", "grouped/ungrouped"),
+        ("compile_us", "compile(ref) us"),
+        ("compile_speedup", "speedup vs compile"),
+    ]
+    + BASELINE_COLUMNS
+)
 
-PLOT_SERIES: tuple[tuple[str, str], ...] = (
-    ("gbps", "ours"),
-    ("copy_gbps", "copy (same bytes)"),
+PLOT_SERIES: tuple[tuple[str, str], ...] = RATE_SERIES + (
     ("compile_gbps", "torch.compile(reference)"),
     ("baseline_gbps", "torchao"),
 )
-
-
-def _ceil_to(x: int, m: int) -> int:
-    return m * math.ceil(x / m)
 
 
 @dataclass(frozen=True)
@@ -172,10 +164,7 @@ class QuantCase:
     @property
     def scale_shape(self) -> tuple[int, int]:
         """Blocked (Rp, Cp), or the M-groups layout (M + 128*G, Cp) (SPEC sections 3 and 5)."""
-        cp = _ceil_to(self.k // BLOCK, 4)
-        if self.groups:
-            return (self.m + 128 * self.groups, cp)
-        return (_ceil_to(self.m, 128), cp)
+        return scales_shape_1x32((self.m, self.k), self.groups or None, True)
 
     @property
     def scale_bytes(self) -> int:
@@ -349,7 +338,7 @@ def _ref_grouped(
     g = ref_mod._group_of(rows, ends64)
     out_rows = m + ref_mod.TILE_ROWS * ends.shape[0]
     _, cp = ref_mod.blocked_shape(m, c)
-    placed = s.new_zeros((_ceil_to(out_rows, ref_mod.TILE_ROWS), c))
+    placed = s.new_zeros((ref_mod.blocked_shape(out_rows, c)[0], c))
     placed.index_copy_(0, p[g] + rows - starts[g], s)
     flat = _blocked_u8(ref_mod, placed).reshape(-1)[: out_rows * cp]
     return q, flat.view(out_rows, cp)

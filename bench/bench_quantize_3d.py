@@ -49,6 +49,9 @@ from typing import Any
 import torch
 
 from bench.common import (
+    BASELINE_COLUMNS,
+    RATE_COLUMNS,
+    RATE_SERIES,
     RowLog,
     add_bench_args,
     copy_suspect_note,
@@ -70,6 +73,7 @@ from bench.common import (
     short_error,
     timing_kwargs,
 )
+from torch_bindings.quantize_3d import scales_shape_3d
 
 OP = "quantize_mxfp8_3d"
 EXPERTS: tuple[int, ...] = (1, 8, 32)
@@ -83,28 +87,10 @@ GOAL_RATIO_MANY = 0.90
 GOAL_RATIO_ONE = 0.80
 GOAL_MANY_EXPERTS = 8
 
-COLUMNS: list[tuple[str, str]] = [
-    ("block", "block"),
-    ("mode", "mode"),
-    ("shape", "shape (E, N, K)"),
-    ("mb_moved", "MB moved"),
-    ("us", "our us"),
-    ("gbps", "our GB/s"),
-    ("copy_gbps", "copy GB/s"),
-    ("ratio_to_copy", "ratio to copy"),
-    ("baseline_us", "torchao us"),
-    ("speedup", "speedup vs torchao"),
-    ("status", "status"),
-]
-PLOT_SERIES: tuple[tuple[str, str], ...] = (
-    ("gbps", "ours"),
-    ("copy_gbps", "copy (same bytes)"),
-    ("baseline_gbps", "torchao"),
+COLUMNS: list[tuple[str, str]] = (
+    [("block", "block"), ("mode", "mode"), ("shape", "shape (E, N, K)")] + RATE_COLUMNS + BASELINE_COLUMNS
 )
-
-
-def _ceil_to(x: int, m: int) -> int:
-    return m * math.ceil(x / m)
+PLOT_SERIES: tuple[tuple[str, str], ...] = RATE_SERIES + (("baseline_gbps", "torchao"),)
 
 
 @dataclass(frozen=True)
@@ -125,8 +111,7 @@ class Quant3dCase:
     @property
     def scale_shape(self) -> tuple[int, int, int]:
         """Blocked scales (E, Rp, Cp) of the per-expert S: (N, K/32) for 1x32, (K, N/32) for 32x1."""
-        r, c = (self.n, self.k // BLOCK) if self.block == "1x32" else (self.k, self.n // BLOCK)
-        return (self.experts, _ceil_to(r, 128), _ceil_to(c, 4))
+        return scales_shape_3d((self.experts, self.n, self.k), self.block, True)
 
     @property
     def nbytes_moved(self) -> int:

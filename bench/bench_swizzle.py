@@ -42,6 +42,9 @@ import numpy as np
 import torch
 
 from bench.common import (
+    BASELINE_COLUMNS,
+    RATE_COLUMNS,
+    RATE_SERIES,
     RowLog,
     add_bench_args,
     copy_suspect_note,
@@ -60,6 +63,7 @@ from bench.common import (
     skewed_group_sizes,
     timing_kwargs,
 )
+from torch_bindings.swizzle import blocked_output_shape
 
 # Activations: M tokens x K hidden (scales are (M, K/32)); DeepSeek-/Llama-like hidden sizes.
 ACT_M: tuple[int, ...] = (16384, 65536, 131072)
@@ -80,30 +84,12 @@ LAYOUT_ALIASES: dict[str, str] = {"2d": "2d", "M": "M-groups", "K": "K-groups", 
 GOAL_RATIO = 0.8
 GOAL_MIN_BYTES = 16_000_000
 
-COLUMNS: list[tuple[str, str]] = [
-    ("layout", "layout"),
-    ("shape", "shape"),
-    ("G", "G"),
-    ("mb_moved", "MB moved"),
-    ("us", "our us"),
-    ("gbps", "our GB/s"),
-    ("copy_gbps", "copy GB/s"),
-    ("ratio_to_copy", "ratio to copy"),
-    ("baseline_us", "torchao us"),
-    ("speedup", "speedup vs torchao"),
-    ("status", "status"),
-]
-
-
-PLOT_SERIES: tuple[tuple[str, str], ...] = (
-    ("gbps", "ours"),
-    ("copy_gbps", "copy (same bytes)"),
-    ("baseline_gbps", "torchao triton"),
+COLUMNS: list[tuple[str, str]] = (
+    [("layout", "layout"), ("shape", "shape"), ("G", "G")] + RATE_COLUMNS + BASELINE_COLUMNS
 )
 
 
-def _ceil_to(x: int, m: int) -> int:
-    return m * math.ceil(x / m)
+PLOT_SERIES: tuple[tuple[str, str], ...] = RATE_SERIES + (("baseline_gbps", "torchao triton"),)
 
 
 @dataclass(frozen=True)
@@ -135,15 +121,8 @@ class SwizzleCase:
     @property
     def output_shape(self) -> tuple[int, ...]:
         """Shape of the blocked output, per SPEC section 3/5."""
-        if self.layout == "3d":
-            e, r, c = self.shape
-            return (e, _ceil_to(r, 128), _ceil_to(c, 4))
-        r, c = self.shape
-        if self.layout == "M-groups":
-            return (r + 128 * self.groups, _ceil_to(c, 4))
-        if self.layout == "K-groups":
-            return (_ceil_to(r, 128), c + 4 * self.groups)
-        return (_ceil_to(r, 128), _ceil_to(c, 4))
+        grouped = self.layout in ("M-groups", "K-groups")
+        return blocked_output_shape(self.shape, self.groups if grouped else None, self.layout[0])
 
     @property
     def output_bytes(self) -> int:

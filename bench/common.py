@@ -122,6 +122,24 @@ class CudaUnavailableError(RuntimeError):
 # --------------------------------------------------------------------------------------------
 
 
+#: Table columns every kernel bench shows, as (row key, header): bytes moved, our time and rate, the
+#: copy of the same bytes and the ratio; then the torchao baseline and the row status.
+RATE_COLUMNS: list[tuple[str, str]] = [
+    ("mb_moved", "MB moved"),
+    ("us", "our us"),
+    ("gbps", "our GB/s"),
+    ("copy_gbps", "copy GB/s"),
+    ("ratio_to_copy", "ratio to copy"),
+]
+BASELINE_COLUMNS: list[tuple[str, str]] = [
+    ("baseline_us", "torchao us"),
+    ("speedup", "speedup vs torchao"),
+    ("status", "status"),
+]
+#: Plot series (row key, legend) every kernel bench draws first.
+RATE_SERIES: tuple[tuple[str, str], ...] = (("gbps", "ours"), ("copy_gbps", "copy (same bytes)"))
+
+
 def require_cuda(what: str = "this benchmark") -> torch.device:
     """Return the current CUDA device, or raise :class:`CudaUnavailableError` if there is none.
 
@@ -455,6 +473,35 @@ def copy_bytes_each_way(nbytes: int, attempt: int = 0, step_bytes: int = 112 << 
     return half + attempt * max(int(step_bytes), 0)
 
 
+def _copy_device(device: torch.device | str | int | None) -> torch.device:
+    """The CUDA device (with its index) a copy baseline runs on."""
+    require_cuda("copy_baseline_us")
+    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    if dev.type != "cuda":
+        raise ValueError(f"copy_baseline_us: device must be a CUDA device, got {dev}")
+    return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+def _timed_copy(
+    key: tuple,
+    dev: torch.device,
+    make: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+    copy: Callable[[torch.Tensor, torch.Tensor], Any],
+    bytes_per_set: int,
+    cache: bool,
+    **timing_kw: Any,
+) -> Timing:
+    """``copy(src, dst)`` timed on rotated ``make()`` buffers, cached under ``key``."""
+    if cache and key in _COPY_CACHE:
+        return _COPY_CACHE[key]
+    with torch.cuda.device(dev):
+        sets = make_rotating_inputs(make, bytes_per_set=bytes_per_set)
+        timing = time_cuda_detailed(copy, sets, **timing_kw)
+    del sets
+    if cache:
+        _COPY_CACHE[key] = timing
+    return timing
+
 
 def _copy_exact_detailed(
     nbytes: int,
@@ -467,29 +514,15 @@ def _copy_exact_detailed(
     cache: bool = True,
 ) -> Timing:
     """Time ``dst.copy_(src)`` of uint8 tensors of ``nbytes // 2`` bytes each (see module doc)."""
-    require_cuda("copy_baseline_us")
-    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-    if dev.type != "cuda":
-        raise ValueError(f"copy_baseline_us: device must be a CUDA device, got {dev}")
-    if dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
+    dev = _copy_device(device)
     half = max(int(nbytes) // 2, 1)
-    key = (half, dev.index, warmup, iters, reps, use_graph)
-    if cache and key in _COPY_CACHE:
-        return _COPY_CACHE[key]
 
     def make() -> tuple[torch.Tensor, torch.Tensor]:
         return (_patterned_bytes(half, dev), torch.empty(half, dtype=torch.uint8, device=dev))
 
-    with torch.cuda.device(dev):
-        sets = make_rotating_inputs(make, bytes_per_set=2 * half)
-        timing = time_cuda_detailed(
-            lambda src, dst: dst.copy_(src), sets, warmup=warmup, iters=iters, reps=reps, use_graph=use_graph
-        )
-    del sets
-    if cache:
-        _COPY_CACHE[key] = timing
-    return timing
+    timing_kw = {"warmup": warmup, "iters": iters, "reps": reps, "use_graph": use_graph}
+    key = (half, dev.index, warmup, iters, reps, use_graph)
+    return _timed_copy(key, dev, make, lambda src, dst: dst.copy_(src), 2 * half, cache, **timing_kw)
 
 
 def _copy_kernel_detailed(
@@ -503,30 +536,20 @@ def _copy_kernel_detailed(
 ) -> Timing:
     """Time an SM copy kernel (``torch.bitwise_and(src, -1, out=dst)`` on int32 views) of
     ``nbytes // 2`` bytes each way (rounded up to 4 bytes), cached per size like the memcpy."""
-    require_cuda("copy_baseline_us")
-    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-    if dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
+    dev = _copy_device(device)
     words = max(math.ceil(int(nbytes) // 2 / 4), 1)
-    key = ("kernel", words, dev.index, warmup, iters, reps, use_graph)
-    if key in _COPY_CACHE:
-        return _COPY_CACHE[key]
 
     def make() -> tuple[torch.Tensor, torch.Tensor]:
         src = _patterned_bytes(4 * words, dev).view(torch.int32)
         return (src, torch.empty(words, dtype=torch.int32, device=dev))
 
-    with torch.cuda.device(dev):
-        sets = make_rotating_inputs(make, bytes_per_set=8 * words)
-        timing = time_cuda_detailed(
-            lambda src, dst: torch.bitwise_and(src, -1, out=dst),
-            sets, warmup=warmup, iters=iters, reps=reps, use_graph=use_graph,
-        )  # fmt: skip
-    del sets
+    timing_kw = {"warmup": warmup, "iters": iters, "reps": reps, "use_graph": use_graph}
+    key = ("kernel", words, dev.index, warmup, iters, reps, use_graph)
+    timing = _timed_copy(
+        key, dev, make, lambda src, dst: torch.bitwise_and(src, -1, out=dst), 8 * words, True, **timing_kw
+    )
     f = (int(nbytes) // 2) / (4 * words)
-    timing = replace(timing, us=timing.us * f, samples_us=[v * f for v in timing.samples_us])
-    _COPY_CACHE[key] = timing
-    return timing
+    return replace(timing, us=timing.us * f, samples_us=[v * f for v in timing.samples_us])
 
 
 def copy_baseline_us(
@@ -958,9 +981,7 @@ def resolve_out_dir(out: str | os.PathLike[str] | argparse.Namespace | None) -> 
     return path
 
 
-def output_paths(
-    out: str | os.PathLike[str] | argparse.Namespace | None, stem: str
-) -> tuple[Path, Path]:
+def output_paths(out: str | os.PathLike[str] | argparse.Namespace | None, stem: str) -> tuple[Path, Path]:
     """``(DIR/stem.json, DIR/stem.png)`` for the results folder of :func:`resolve_out_dir`."""
     folder = resolve_out_dir(out)
     return folder / f"{stem}.json", folder / f"{stem}.png"

@@ -62,31 +62,15 @@ def launch_1x32(
     padded_start: torch.Tensor | None = None,
     padded_end: torch.Tensor | None = None,
     group_param: int = 0,
+    qt: torch.Tensor | None = None,
+    scales_t: torch.Tensor | None = None,
 ) -> None:
     """Launch the 1x32 kernel variant ``layout`` (``cute_kernels.quantize.ScaleLayout`` value) on
-    pre-allocated outputs; argument contract in ``cute_kernels.quantize.make_quantize``."""
-    kernel = target.kernel((x.dtype, mode, layout, _max_groups(group_end_offsets), False), _make_kernel)
-    kernel(x, q, scales, group_end_offsets, padded_start, padded_end, None, None, group_param)
-
-
-def run_dual_2d_ungrouped(
-    x: torch.Tensor, mode: str, blocked: bool, target: targets.DeviceTarget
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One read of x (M, K), M and K multiples of 32: the 1x32 results (q row-major, scales plain or
-    blocked) and the 32x1 results (q with strides (1, M), scales of S^T = (K, M/32) plain or
-    blocked) from the dual variant of the 1x32 kernel (contract checks done by the caller)."""
-    checks.check_kernel_inputs("quantize_mxfp8_2d_dual", None, x)
-    rows, cols = x.shape
-    q_r = x.new_empty((rows, cols), dtype=_E4M3)
-    s_r = x.new_empty(scales_shape_1x32((rows, cols), None, blocked), dtype=_E8M0)
-    q_c = torch.empty_strided((rows, cols), (1, rows), dtype=_E4M3, device=x.device)
-    s_t_shape = blocked_output_shape((cols, rows // _BLOCK), None, "M") if blocked else (cols, rows // _BLOCK)
-    s_c = x.new_empty(s_t_shape, dtype=_E8M0)
-    if rows and cols:
-        layout = "blocked" if blocked else "plain"
-        kernel = target.kernel((x.dtype, mode, layout, _MAX_GROUPS, True), _make_kernel)
-        kernel(x, q_r, s_r, None, None, None, q_c.t(), s_c, 0)
-    return q_r, s_r, q_c, s_c
+    pre-allocated outputs; argument contract in ``cute_kernels.quantize.make_quantize``. With
+    ``qt`` (q^T, (K, M)) and ``scales_t``, the dual variant also writes the 32x1 quantization."""
+    dual = qt is not None
+    kernel = target.kernel((x.dtype, mode, layout, _max_groups(group_end_offsets), dual), _make_kernel)
+    kernel(x, q, scales, group_end_offsets, padded_start, padded_end, qt, scales_t, group_param)
 
 
 def run_1x32_2d(
@@ -154,14 +138,15 @@ def quantize_mxfp8_2d(
     (Rp, M/32 + 4 G), written by the 32x1 kernel (``cute_kernels.quantize_32x1``).
     """
     if (
-        block == "1x32"
-        and (backend == "auto" or backend == "cute")
+        (backend == "auto" or backend == "cute")
         and checks.fast_quantize_ok(x, 2, scaling_mode, blocked_scales)
+        and (block == "1x32" or (block == "32x1" and not x.shape[0] % _BLOCK))
         and (group_end_offsets is None or (blocked_scales and checks.fast_offsets_ok(group_end_offsets, x)))
     ):
         target = targets.known(x)
         if target is not None and not torch.compiler.is_compiling():  # eager fast path
-            return run_1x32_2d(x, group_end_offsets, scaling_mode, blocked_scales, target)
+            run = run_1x32_2d if block == "1x32" else run_32x1_2d
+            return run(x, group_end_offsets, scaling_mode, blocked_scales, target)
     checks.check_quantize_2d(x, block, group_end_offsets, scaling_mode, blocked_scales)
     target = targets.select(_OP, backend, x)
     if target is None:
@@ -175,7 +160,7 @@ def quantize_mxfp8_2d(
     if block != "1x32":
         if torch.compiler.is_compiling():
             return quantize_2d_32x1_op(x, group_end_offsets, scaling_mode, blocked_scales)
-        return run_32x1_2d(x, group_end_offsets, scaling_mode, blocked_scales, target.arch)
+        return run_32x1_2d(x, group_end_offsets, scaling_mode, blocked_scales, target)
     if torch.compiler.is_compiling():
         return _quantize_op(x, group_end_offsets, scaling_mode, blocked_scales)
     return run_1x32_2d(x, group_end_offsets, scaling_mode, blocked_scales, target)

@@ -12,6 +12,7 @@ import torch
 
 from . import checks, reference, targets
 from .quantize import launch_1x32
+from .quantize_32x1 import run_32x1_3d
 from .swizzle import blocked_output_shape
 
 _OP = "quantize_mxfp8_3d"
@@ -48,9 +49,7 @@ def _run_kernel(
     checks.check_kernel_inputs(_OP, None, w)
     if block == "1x32":
         return _run_1x32(w, mode, blocked, target)
-    from .quantize_32x1 import run_32x1_3d
-
-    return run_32x1_3d(w, mode, blocked, target.arch)
+    return run_32x1_3d(w, mode, blocked, target)
 
 
 @torch.library.custom_op("cute_kernels::quantize_mxfp8_3d", mutates_args=())
