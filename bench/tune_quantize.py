@@ -108,6 +108,7 @@ def _row(shape, grouped, config: QuantizeConfig, us: float, ratio: float) -> dic
         "target ctas": config.target_ctas,
         "max G": config.max_groups,
         "warp tiles": config.warp_tiles,
+        "chunk major": config.chunk_major,
         "us": us,
         "ratio": ratio,
     }
@@ -136,13 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.padded:
         configs = [
-            QuantizeConfig(target_ctas=t, max_groups=64, warp_tiles=w)
-            for t, w in [(32768, 4), (16384, 4), (32768, 1), (16384, 1), (8192, 1), (65536, 4)]
+            QuantizeConfig(target_ctas=t, max_groups=64, warp_tiles=w, chunk_major=c)
+            for t, w, c in [(32768, 4, False), (32768, 4, True), (16384, 4, True), (65536, 4, True)]
         ]
     if args.dual:
         configs = [
-            QuantizeConfig(stages=st, warp_tiles=w)
-            for st, w in [(3, 4), (5, 4), (9, 4), (3, 1), (5, 1), (9, 1)]
+            QuantizeConfig(stages=st, warp_tiles=w, chunk_major=c)
+            for st, w, c in [(5, 1, False), (5, 1, True), (5, 4, True), (9, 1, False)]
         ]
     swept = args.padded or args.dual
     rows = _padded_sweep(configs, arch, device) if args.padded else []
@@ -164,7 +165,18 @@ def main(argv: list[str] | None = None) -> int:
     json_path, _ = output_paths(args, "tune_quantize")
     report(
         rows,
-        ["shape", "grouped", "batch", "stages", "target ctas", "max G", "warp tiles", "us", "ratio"],
+        [
+            "shape",
+            "grouped",
+            "batch",
+            "stages",
+            "target ctas",
+            "max G",
+            "warp tiles",
+            "chunk major",
+            "us",
+            "ratio",
+        ],
         f"quantize 1x32 config sweep ({args.dtype})",
         json_path=json_path,
         panel_key=None,

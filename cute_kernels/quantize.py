@@ -11,9 +11,15 @@ Scale layouts (a compile-time choice, :class:`ScaleLayout`):
   (padding rows zero) with the M-groups scales of the padded groups, and CTA 0 writes the padded
   offsets (:func:`padded_m_groups_row_block`).
 
-Work decomposition: each output row block (128 scale rows; for the grouped layouts the source rows
-behind it come from the in-kernel group scan) is split into 32-row quarters, one per warp, and
-its 128-column tiles (4 scale columns each) into runs, one per CTA. With ``warp_tiles = 4`` (the
+Work decomposition: each row block of 128 rows is split into 32-row quarters, one per warp, and
+its 128-column tiles (4 scale columns each) into runs, one per CTA; CTAs are numbered run-fastest
+(``chunk_major``), so the blocks past the data come last. Row block b is: source rows
+``[128 b, 128 b + 128)`` for ``plain``/``blocked``/``experts`` (an expert's blocks restart at its
+first row) and for ``m_groups``, whose lanes look up their row's group after the first loads are
+issued and store its scale word at the group's scale row (:func:`m_groups_scale_rows`), and
+also zero the rows of scale block b that no group row fills; for ``padded``, output block b of
+the padded layout, whose source rows come from the 128-row scan (loads start there) and whose
+output rows from the alignment scan that follows. With ``warp_tiles = 4`` (the
 tuned choice) a CTA's 4 warps share one quarter and take adjacent tiles, so each row is read in
 1 KB runs; with 1 they take the 4 quarters of one tile. A lane holds 8 consecutive elements (one
 16-byte load for bf16): 4 lanes form a 32-element block, so the block max is two butterfly shuffles
@@ -22,7 +28,8 @@ away, and a warp covers 2 rows x 128 columns per vector step. Loads go through a
 keeps bytes in flight without registers; completion is the lane's own ``wait_group`` (no barrier).
 E4M3 data leaves as 8-byte stores; each row's 4 scale bytes are gathered into one word that ends in
 lane ``row % 32``, and after a tile each lane stores the one word of the blocked tile its row owns
-(``plain``: its row's bytes). The only CTA barriers are the group scan's.
+(``plain``: its row's bytes). A quarter with no row to write only stores zero scale words. The
+only CTA barriers are the group scans'.
 
 M, K and the group count are symbolic: one compile per (dtype, scaling mode, scale layout, config,
 arch). K must be a multiple of 32 and x 16-byte aligned (the bindings check both).
@@ -41,9 +48,12 @@ from cute_utils.blocked import TILE_COLS, TILE_ROWS, ceil_div
 from cute_utils.groups import (
     MAX_GROUPS,
     m_groups_row_block,
+    m_groups_scale_rows,
     padded_m_groups_row_block,
     prefix_smem_words,
     scan_padded_group_sizes,
+    scan_padded_group_sizes_small,
+    search_steps,
     uniform_groups_row_block,
 )
 from cute_utils.mx import (
@@ -90,14 +100,17 @@ class QuantizeConfig:
     the group scan); ``min_ctas_per_sm``: register cap (0: none); ``max_groups``: most groups the
     M-groups variant takes (its scan arrays live in shared memory, which bounds occupancy);
     ``warp_tiles``: warps of a CTA side by side along K (1: the 4 warps take the 4 quarters of a
-    128-row block on one tile; 4: one quarter, 4 adjacent tiles, so a row is read in 1 KB runs)."""
+    128-row block on one tile; 4: one quarter, 4 adjacent tiles, so a row is read in 1 KB runs);
+    ``chunk_major``: consecutive CTAs take consecutive column runs of one row unit (else
+    consecutive row units of one column run)."""
 
     batch_vectors: int = 2
     stages: int = 3
     target_ctas: int = 32768
-    min_ctas_per_sm: int = 0
+    min_ctas_per_sm: int = 12
     max_groups: int = MAX_GROUPS  # m_groups: shared-memory size of the group scan
     warp_tiles: int = 4
+    chunk_major: bool = True
 
     def __post_init__(self) -> None:
         if self.warp_tiles not in (1, 2, 4):
@@ -109,17 +122,20 @@ class QuantizeConfig:
 
 
 # Picked with bench/tune_quantize.py on an H200 (bench/README.md): 2 vectors per unit and 3 stages
-# (4 KB in flight per warp at 40 registers); warps side by side along K (1 KB runs per row, +2-4%
-# at M K >= 32768 x 7168) and a grid of ~32768 CTAs (many short CTAs: less tail at the last wave).
+# (4 KB in flight per warp); warps side by side along K (1 KB runs per row, +2-4% at
+# M K >= 32768 x 7168); a grid of ~32768 CTAs (many short CTAs: less tail at the last wave),
+# numbered run-fastest (+4-6% at 131072 x 7168, and the grouped layouts' zero blocks run last);
+# a 40-register cap (12 CTAs per SM: 16384 x 1536 fits one wave; the uncapped build took 42).
 # ``SMALL_GROUPS`` is the M-groups variant for G <= 64: its smaller scan arrays leave room for
 # more CTAs per SM (small shapes gain ~10%).
 SMALL_GROUPS = 64
 _DEFAULT = QuantizeConfig()
-CONFIGS = {arch: {"bfloat16": _DEFAULT, "float32": _DEFAULT} for arch in ("sm_90a", "sm_100a")}
+_FP32 = replace(_DEFAULT, min_ctas_per_sm=0)  # its padded variant spills under the 40-register cap
+CONFIGS = {arch: {"bfloat16": _DEFAULT, "float32": _FP32} for arch in ("sm_90a", "sm_100a")}
 # The dual variant (bench/tune_quantize.py --dual, H200): 4 units in flight beside the tile kept for the
 # column pass, and the 4 warps on the 4 quarters of one tile, so a CTA writes 128 contiguous bytes
 # of each q^T row (0.65 of copy vs 0.49 with warps side by side along K).
-_DUAL = QuantizeConfig(stages=5, warp_tiles=1)
+_DUAL = QuantizeConfig(stages=5, warp_tiles=1, min_ctas_per_sm=0, chunk_major=False)
 DUAL_CONFIGS = {arch: {"bfloat16": _DUAL, "float32": _DUAL} for arch in ("sm_90a", "sm_100a")}
 
 
@@ -186,6 +202,29 @@ def _store_plain_scales(scale_bytes: cute.Tensor, row: Int32, tile: Int32, word:
         for c in cutlass.range_constexpr(TILE_COLS):
             if tile * TILE_COLS + c < scale_bytes.shape[1]:
                 scale_bytes[row, tile * TILE_COLS + c] = Uint8((word >> (8 * c)) & 0xFF)
+
+
+@cute.jit
+def _scale_word_place(scale_row: Int32):
+    """``(block, slot)`` of blocked scale row ``scale_row``: row ``128 b + 32 q + l`` is word
+    ``slot = 4 l + q`` of the 512-byte tiles of row block ``b`` (SPEC section 3); block -1 for a
+    negative row (nothing to store)."""
+    within = scale_row % TILE_ROWS
+    block = Int32(-1)
+    if scale_row >= 0:
+        block = scale_row // TILE_ROWS
+    return block, (within % QUARTER_ROWS) * WARPS + within // QUARTER_ROWS
+
+
+@cute.jit
+def _store_scale_word(scale_words: cute.Tensor, place, col_tiles: Int32, tile: Int32, word: Uint32):
+    """Store a row's word (its 4 scale bytes of 128-column tile ``tile``) at ``place`` (from
+    :func:`_scale_word_place`) of a blocked layout with ``col_tiles`` tile columns.
+    ``scale_words``: the blocked scales as flat words; words past the end are skipped."""
+    block, slot = place
+    word_index = (block * col_tiles + tile) * (TILE_ROWS * TILE_COLS // 4) + slot
+    if block >= 0 and word_index < cute.size(scale_words):
+        scale_words[word_index] = word
 
 
 @cute.jit
@@ -296,6 +335,18 @@ def _column_pass(
                     cute.autovec_copy(words[j, None], dst)
 
 
+_MAX_GRID_Y = 65535
+
+
+def _grid(row_units, chunks, chunk_major: bool):
+    """Launch grid of ``row_units`` x ``chunks`` CTAs: ``[row_units, chunks]``, or chunk-major
+    ``[chunks, y, z]`` with row unit ``y + 65535 z`` (grid y is at most 65535; units past
+    ``row_units`` find no rows and store nothing)."""
+    if chunk_major:
+        return [chunks, cutlass.min(row_units, _MAX_GRID_Y), ceil_div(row_units, _MAX_GRID_Y)]
+    return [row_units, chunks, 1]
+
+
 def make_quantize(
     dtype_name: str, mode: str, layout: ScaleLayout, config: QuantizeConfig, dual: bool = False
 ):
@@ -325,6 +376,8 @@ def make_quantize(
     ring_units = batches + ahead if dual else stages
     warp_tiles = config.warp_tiles
     warp_rows = WARPS // warp_tiles  # quarters of a row block per CTA
+    # One round of offset loads (a thread per group) when the variant's group count allows it.
+    scan = scan_padded_group_sizes_small if config.max_groups <= threads else scan_padded_group_sizes
 
     @cute.jit
     def _issue(atom, x_vec, ring, u, units, src_row, src_rows, lane_row, lane_vec, first_tile, cols):
@@ -339,10 +392,12 @@ def make_quantize(
         _issue_unit(atom, x_vec, ring[u % ring_units, None, None, None], src_row + row, rows_left, vec, cols)
 
     @cute.jit
-    def _block_rows(smem, offsets, padded_start, padded_end, group_param, row_block, tid, rows, out_rows):
+    def _block_rows(group_param, row_block, rows):
         """``(src_row, src_rows, dst_row, dst_rows, keep_scales)`` of output row block ``row_block``:
         its first source row of x and how many it reads, its first row of q and how many it writes
-        (rows past ``src_rows`` are zero padding), and whether its scales belong to a group."""
+        (rows past ``src_rows`` are zero padding), and whether its scales belong to a group. For the
+        grouped layouts this is the plain row block (M-groups tiles the data by source rows; the
+        ``padded`` rows come from its scans)."""
         src_row = row_block * TILE_ROWS
         src_rows = cutlass.max(cutlass.min(rows - src_row, TILE_ROWS), Int32(0))
         dst_row, dst_rows = src_row, src_rows
@@ -350,29 +405,56 @@ def make_quantize(
         if cutlass.const_expr(layout is ScaleLayout.EXPERTS):
             src_row, src_rows = uniform_groups_row_block(row_block, group_param)
             dst_row, dst_rows = src_row, src_rows
-        if cutlass.const_expr(layout.scans_groups):
-            words = prefix_smem_words(config.max_groups)
-            prefix = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
-            ends = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
-            warp_totals = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
-            num_groups = offsets.shape[0]
-            scan_padded_group_sizes(
-                offsets, num_groups, rows, TILE_ROWS, prefix, warp_totals, tid, threads, ends
-            )
-            if cutlass.const_expr(padded):
-                aligned = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
-                scan_padded_group_sizes(
-                    offsets, num_groups, rows, group_param, aligned, warp_totals, tid, threads, ends
-                )
-                src_row, src_rows, dst_row, dst_rows, keep_scales = padded_m_groups_row_block(
-                    prefix, aligned, ends, num_groups, row_block, group_param, out_rows
-                )
-                if cute.arch.block_idx()[0] == 0 and cute.arch.block_idx()[1] == 0:
-                    _store_padded_offsets(aligned, num_groups, group_param, padded_start, padded_end, tid)
-            else:
-                src_row, src_rows, keep_scales = m_groups_row_block(prefix, ends, num_groups, row_block, rows)
-                dst_row, dst_rows = src_row, src_rows
         return src_row, src_rows, dst_row, dst_rows, keep_scales
+
+    @cute.jit
+    def _padded_source_rows(smem, offsets, row_block, tid, rows):
+        """``(scan, src_row, src_rows)`` of output row block ``row_block`` of the ``padded`` layout:
+        the 128-row group scan (prefix, ends, scratch in shared memory) and the source rows it needs,
+        so that their loads start before the alignment scan (:func:`_padded_output_rows`)."""
+        words = prefix_smem_words(config.max_groups)
+        prefix = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
+        ends = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
+        warp_totals = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
+        num_groups = offsets.shape[0]
+        scan(offsets, num_groups, rows, TILE_ROWS, prefix, warp_totals, tid, threads, ends)
+        src_row, src_rows, covered = m_groups_row_block(
+            prefix, ends, num_groups, row_block, rows, search_steps(config.max_groups)
+        )
+        if not covered:
+            src_rows = Int32(0)  # the rows past the last group are dropped, not padded
+        return (prefix, ends, warp_totals), src_row, src_rows
+
+    @cute.jit
+    def _padded_output_rows(
+        smem, scanned, offsets, padded_start, padded_end, alignment, row_block, tid, rows, out_rows
+    ):
+        """``(dst_row, dst_rows, keep_scales)`` of output row block ``row_block`` of the ``padded``
+        layout (:func:`padded_m_groups_row_block`) after the alignment scan; CTA 0 also writes the
+        padded offsets."""
+        prefix, ends, warp_totals = scanned
+        num_groups = offsets.shape[0]
+        aligned = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words(config.max_groups)), 16)
+        scan(offsets, num_groups, rows, alignment, aligned, warp_totals, tid, threads, ends)
+        _, _, dst_row, dst_rows, keep_scales = padded_m_groups_row_block(
+            prefix, aligned, ends, num_groups, row_block, alignment, out_rows, search_steps(config.max_groups)
+        )
+        if cute.arch.block_idx()[0] == 0 and cute.arch.block_idx()[1] == 0:
+            _store_padded_offsets(aligned, num_groups, alignment, padded_start, padded_end, tid)
+        return dst_row, dst_rows, keep_scales
+
+    @cute.jit
+    def _m_groups_scale_rows(smem, offsets, row: Int32, tid: Int32, rows: Int32):
+        """``(data_row, zero_row)`` of :func:`m_groups_scale_rows` for this thread's source row ``row``
+        (also its output scale row: the M-groups data is tiled by source rows), after the group
+        scan (every thread of the CTA calls it)."""
+        words = prefix_smem_words(config.max_groups)
+        prefix = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
+        ends = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
+        warp_totals = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
+        num_groups = offsets.shape[0]
+        scan(offsets, num_groups, rows, TILE_ROWS, prefix, warp_totals, tid, threads, ends)
+        return m_groups_scale_rows(prefix, ends, num_groups, row, row, search_steps(config.max_groups))
 
     @cute.jit
     def _store_padded_offsets(aligned, num_groups, alignment, padded_start, padded_end, tid):
@@ -395,6 +477,9 @@ def make_quantize(
     ):
         tid, _, _ = cute.arch.thread_idx()
         row_unit, col_chunk, _ = cute.arch.block_idx()
+        if cutlass.const_expr(config.chunk_major):
+            col_chunk, row_unit, row_unit_hi = cute.arch.block_idx()
+            row_unit = row_unit + row_unit_hi * _MAX_GRID_Y
         lane = tid % 32
         warp = tid // 32
         row_block = row_unit // warp_tiles
@@ -406,9 +491,9 @@ def make_quantize(
         q_vec = _vector_view(q, out_rows, cols)
 
         smem = SmemAllocator()
-        src_row, src_rows, dst_row, dst_rows, keep_scales = _block_rows(
-            smem, offsets, padded_start, padded_end, group_param, row_block, tid, rows, out_rows
-        )
+        src_row, src_rows, dst_row, dst_rows, keep_scales = _block_rows(group_param, row_block, rows)
+        if cutlass.const_expr(padded):
+            scanned, src_row, src_rows = _padded_source_rows(smem, offsets, row_block, tid, rows)
 
         if cutlass.const_expr(layout is ScaleLayout.PLAIN):
             scale_bytes = cute.make_tensor(
@@ -451,8 +536,32 @@ def make_quantize(
         # Per-lane cp.async pipeline: unit u = batch (u % batches) of this warp's tile u // batches, in
         # ring slot u % ring_units; ``ahead`` units are in flight while one converts.
         units = tiles * batches
+        # A quarter with no row of q to write (the zero row blocks of the grouped layouts, the tail
+        # of a group's last block) only zeroes its scale words: no loads, no conversions.
+        zero_tiles = Int32(0)
+        if cutlass.const_expr(layout is ScaleLayout.M_GROUPS):
+            if quarter_row >= dst_rows:
+                zero_tiles = tiles
+                units = Int32(0)
         for u in cutlass.range_constexpr(ahead):
             _issue(atom, x_vec, ring, u, units, src_row, src_rows, lane_row, lane_vec, first_tile, cols)
+        if cutlass.const_expr(padded):  # the output rows, while the first loads are in flight
+            dst_row, dst_rows, keep_scales = _padded_output_rows(
+                smem, scanned, offsets, padded_start, padded_end, group_param, row_block, tid, rows, out_rows
+            )
+            if quarter_row >= dst_rows:
+                zero_tiles = tiles
+                units = Int32(0)
+        # The scale row this lane's row word goes to, and one it zeroes (grouped layouts). The M-groups
+        # data is tiled by source rows, so its group scan runs while the first loads are in flight.
+        scale_place = (row_block, lane * WARPS + quarter)  # _scale_word_place of the lane's row
+        zero_place = scale_place
+        if cutlass.const_expr(layout is ScaleLayout.M_GROUPS):
+            data_row, zero_row = _m_groups_scale_rows(
+                smem, offsets, row_block * TILE_ROWS + quarter_row + lane, tid, rows
+            )
+            scale_place = _scale_word_place(data_row)
+            zero_place = _scale_word_place(zero_row)
         my_word = Uint32(0)
         for u in cutlass.range(units, unroll=1):
             _issue(
@@ -507,10 +616,12 @@ def make_quantize(
                 else:
                     if not keep_scales:
                         my_word = Uint32(0)
-                    word_index = (row_block * col_tiles + tile) * (TILE_ROWS * TILE_COLS // 4)
-                    word_index = word_index + lane * WARPS + quarter
-                    if word_index < cute.size(scale_words):
-                        scale_words[word_index] = my_word
+                    _store_scale_word(scale_words, scale_place, col_tiles, tile, my_word)
+                    if cutlass.const_expr(layout is ScaleLayout.M_GROUPS):
+                        _store_scale_word(scale_words, zero_place, col_tiles, tile, Uint32(0))
+        if cutlass.const_expr(layout.scans_groups):
+            for t in cutlass.range(zero_tiles, unroll=1):
+                _store_scale_word(scale_words, zero_place, col_tiles, first_tile + t * warp_tiles, Uint32(0))
 
     @cute.jit
     def launch(
@@ -533,7 +644,7 @@ def make_quantize(
         quantize_kernel(
             x, q, scales, offsets, padded_start, padded_end, qt, scales_t, group_param, tiles_per_cta
         ).launch(
-            grid=[row_units, chunks, 1],
+            grid=_grid(row_units, chunks, config.chunk_major),
             block=[threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=config.min_ctas_per_sm,

@@ -17,6 +17,13 @@ from cutlass import Int32
 #: Largest group count the kernels accept (prefix and ends arrays live in shared memory).
 MAX_GROUPS = 2048
 _SEARCH_STEPS = 12  # 2**11 == MAX_GROUPS: enough halvings to search MAX_GROUPS + 1 entries
+
+
+def search_steps(max_groups: int = MAX_GROUPS) -> int:
+    """Halvings of a binary search over the ``max_groups + 1`` entries of a scan's arrays."""
+    return max_groups.bit_length()
+
+
 _WARP = 32
 
 
@@ -113,15 +120,17 @@ def scan_padded_group_sizes(
 
 
 @cute.jit
-def find_group(prefix: cute.Tensor, num_groups: Int32, key: Int32) -> Int32:
+def find_group(
+    prefix: cute.Tensor, num_groups: Int32, key: Int32, steps: cutlass.Constexpr = _SEARCH_STEPS
+) -> Int32:
     """Largest ``g`` in ``[0, G)`` with ``prefix[g] <= key`` (0 when none; needs ``G >= 1``).
 
     With the padded prefix of :func:`scan_padded_group_sizes`, ``key`` lies in group ``g`` when
     ``key < prefix[g + 1]``; empty groups are skipped because their prefix equals the next one's.
     """
     pos = Int32(0)
-    for k in cutlass.range_constexpr(_SEARCH_STEPS):
-        candidate = pos + (1 << (_SEARCH_STEPS - 1 - k))
+    for k in cutlass.range_constexpr(steps):
+        candidate = pos + (1 << (steps - 1 - k))
         if candidate < num_groups:
             if prefix[candidate] <= key:
                 pos = candidate
@@ -130,7 +139,12 @@ def find_group(prefix: cute.Tensor, num_groups: Int32, key: Int32) -> Int32:
 
 @cute.jit
 def m_groups_row_block(
-    prefix: cute.Tensor, ends: cute.Tensor, num_groups: Int32, row_block: Int32, rows: Int32
+    prefix: cute.Tensor,
+    ends: cute.Tensor,
+    num_groups: Int32,
+    row_block: Int32,
+    rows: Int32,
+    steps: cutlass.Constexpr = _SEARCH_STEPS,
 ):
     """Source rows behind output row block ``row_block`` of an M-groups blocked scale layout.
 
@@ -143,7 +157,7 @@ def m_groups_row_block(
     """
     covered_blocks = prefix[num_groups]
     covered = row_block < covered_blocks
-    g = find_group(prefix, num_groups, row_block)
+    g = find_group(prefix, num_groups, row_block, steps)
     start, end = smem_group_bounds(ends, g)
     first = start + (row_block - prefix[g]) * 128
     limit = end
@@ -203,6 +217,7 @@ def padded_m_groups_row_block(
     row_block: Int32,
     alignment: Int32,
     out_rows: Int32,
+    steps: cutlass.Constexpr = _SEARCH_STEPS,
 ):
     """Rows behind output row block ``row_block`` of the M-groups scale layout of *padded* groups
     (token-group padding fused into a 1x32 quantization, SPEC section 4).
@@ -217,11 +232,12 @@ def padded_m_groups_row_block(
     row and how many source rows it reads (0..128), its first output row and how many output rows
     it writes (``dst_valid >= src_valid``; output rows past ``src_valid`` are padding, zero). Blocks
     past ``prefix[G]`` are not covered (zero scales) and write the zero rows after the last
-    padded group, up to ``out_rows``; they read nothing.
+    padded group, up to ``out_rows``; they read nothing. ``steps``: as in
+    :func:`m_groups_scale_rows`.
     """
     covered_blocks = prefix[num_groups]
     covered = row_block < covered_blocks
-    g = find_group(prefix, num_groups, row_block)
+    g = find_group(prefix, num_groups, row_block, steps)
     start, end = smem_group_bounds(ends, g)
     local = (row_block - prefix[g]) * 128
     src_first = start + local
@@ -249,15 +265,52 @@ def uniform_groups_row_block(row_block: Int32, group_rows: Int32):
 
 
 @cute.jit
-def find_group_of_position(ends: cute.Tensor, num_groups: Int32, position: Int32) -> Int32:
+def find_group_of_position(
+    ends: cute.Tensor, num_groups: Int32, position: Int32, steps: cutlass.Constexpr = _SEARCH_STEPS
+) -> Int32:
     """Number of groups whose clamped end (``ends`` from :func:`scan_padded_group_sizes`) is
     ``<= position``: for valid (non-decreasing) offsets, the group that owns ``position`` when it is
     below ``ends[G - 1]`` (empty groups are skipped), ``G`` when it is past every group. Garbage
     offsets give some index in ``[0, G]``; callers check ``smem_group_bounds`` before using it."""
     pos = Int32(0)
-    for k in cutlass.range_constexpr(_SEARCH_STEPS):
-        step = 1 << (_SEARCH_STEPS - 1 - k)
+    for k in cutlass.range_constexpr(steps):
+        step = 1 << (steps - 1 - k)
         if pos + step <= num_groups:
             if ends[pos + step - 1] <= position:
                 pos = pos + step
     return pos
+
+
+@cute.jit
+def m_groups_scale_rows(
+    prefix: cute.Tensor,
+    ends: cute.Tensor,
+    num_groups: Int32,
+    row: Int32,
+    out_row: Int32,
+    steps: cutlass.Constexpr = _SEARCH_STEPS,
+):
+    """The two scale rows of an M-groups blocked layout a thread fills when the data is tiled by source
+    rows: ``(data_row, zero_row)``.
+
+    Needs the 128-row padded prefix and the clamped ends of :func:`scan_padded_group_sizes`.
+    ``data_row``: where source row ``row``'s scales go, ``128 prefix[g] + row - start_g`` for its
+    group ``g``; -1 when the row is in no group (past the last end, or garbage offsets). ``zero_row``:
+    ``out_row`` when no group row's scales land on that scale row (a group's last block past its size,
+    or a block past ``prefix[G]``): it must be written as zero; else -1. Over all source rows and all
+    scale rows, every scale row is written exactly once (valid offsets). ``steps``: binary-search
+    halvings, :func:`search_steps` of the group count the arrays were sized for."""
+    data_row = Int32(-1)
+    g = find_group_of_position(ends, num_groups, row, steps)
+    if g < num_groups:
+        start, end = smem_group_bounds(ends, g)
+        if row >= start and row < end:
+            data_row = prefix[g] * 128 + row - start
+    block = out_row // 128
+    zero_row = out_row
+    if block < prefix[num_groups]:
+        h = find_group(prefix, num_groups, block, steps)
+        start, end = smem_group_bounds(ends, h)
+        if out_row - prefix[h] * 128 < end - start:
+            zero_row = Int32(-1)
+    return data_row, zero_row
