@@ -11,17 +11,23 @@ two single calls.
 
 Run (GPU machine, project root on PYTHONPATH)::
 
-    python -m bench.bench_quantize_32x1 [--quick] [--no-dual]
+    python -m bench.bench_quantize_32x1 [--quick] [--no-dual] [--out DIR]
 """
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 import torch_bindings
-from bench.common import copy_baseline_best, gbps, make_rotating_inputs, time_cuda
+from bench.common import (
+    copy_baseline_best,
+    gbps,
+    make_parser,
+    make_rotating_inputs,
+    output_paths,
+    report,
+    time_cuda,
+)
 
 ROWS = (8192, 32768, 131072)
 COLS = (2048, 5120, 7168)
@@ -84,11 +90,10 @@ def bench_shape(rows: int, cols: int, groups: int | None, dual: bool) -> dict:
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one shape per M")
+def main(argv: list[str] | None = None) -> None:
+    parser = make_parser(__doc__.splitlines()[0])  # --quick: one shape per M
     parser.add_argument("--no-dual", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     cols_list = (7168,) if args.quick else COLS
     rows_out = []
     for rows in ROWS:
@@ -97,11 +102,10 @@ def main() -> None:
                 rows_out.append(bench_shape(rows, cols, groups, not args.no_dual and groups is None))
     print(f"device: {torch.cuda.get_device_name()}")
     keys = list(dict.fromkeys(k for r in rows_out for k in r))
-    print("| " + " | ".join(keys) + " |")
-    print("|" + "---|" * len(keys))
-    for r in rows_out:
-        cells = [f"{r[k]:.3g}" if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys]
-        print("| " + " | ".join(cells) + " |")
+    json_path, _ = output_paths(args.out, "quantize_32x1")
+    report(
+        rows_out, keys, "quantize_mxfp8_2d 32x1 and dual (bf16, rceil)", json_path=json_path, panel_key=None
+    )
 
 
 if __name__ == "__main__":

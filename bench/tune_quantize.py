@@ -55,7 +55,8 @@ def _padded_sweep(configs, arch, device) -> list[dict]:
     rows = []
     for config in configs:
         kernel = compile_quantize("bfloat16", "rceil", ScaleLayout.PADDED, arch, config)
-        for shape, groups in (((16384, 1536), 16), ((16384, 2048), 8), ((16384, 7168), 16)):
+        shapes = (((16384, 1536), 16), ((16384, 2048), 8), ((16384, 2048), 16), ((16384, 7168), 16))
+        for shape, groups in shapes:
             ends = (torch.arange(1, groups + 1, device=device) * shape[0] // groups - 37).clamp(min=0)
             ends = ends.to(torch.int32)
 
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.padded:
         configs = [
             QuantizeConfig(target_ctas=t, max_groups=64, warp_tiles=w, chunk_major=c)
-            for t, w, c in [(32768, 4, False), (32768, 4, True), (16384, 4, True), (65536, 4, True)]
+            for t, w, c in [(32768, 4, True), (4096, 4, True), (2048, 4, True), (1024, 4, True)]
         ]
     if args.dual:
         configs = [

@@ -408,16 +408,24 @@ def make_quantize(
         return src_row, src_rows, dst_row, dst_rows, keep_scales
 
     @cute.jit
-    def _padded_source_rows(smem, offsets, row_block, tid, rows):
-        """``(scan, src_row, src_rows)`` of output row block ``row_block`` of the ``padded`` layout:
-        the 128-row group scan (prefix, ends, scratch in shared memory) and the source rows it needs,
-        so that their loads start before the alignment scan (:func:`_padded_output_rows`)."""
+    def _row_block_scan(smem, offsets, tid, rows):
+        """``(prefix, ends, warp_totals)``: the group scan in units of 128 rows (all threads; ends
+        with a CTA barrier) into shared arrays sized for ``config.max_groups``; ``warp_totals`` is
+        its scratch, reusable by a later scan."""
         words = prefix_smem_words(config.max_groups)
         prefix = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
         ends = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
         warp_totals = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
+        scan(offsets, offsets.shape[0], rows, TILE_ROWS, prefix, warp_totals, tid, threads, ends)
+        return prefix, ends, warp_totals
+
+    @cute.jit
+    def _padded_source_rows(smem, offsets, row_block, tid, rows):
+        """``(scan, src_row, src_rows)`` of output row block ``row_block`` of the ``padded`` layout:
+        the 128-row group scan (prefix, ends, scratch in shared memory) and the source rows it needs,
+        so that their loads start before the alignment scan (:func:`_padded_output_rows`)."""
+        prefix, ends, warp_totals = _row_block_scan(smem, offsets, tid, rows)
         num_groups = offsets.shape[0]
-        scan(offsets, num_groups, rows, TILE_ROWS, prefix, warp_totals, tid, threads, ends)
         src_row, src_rows, covered = m_groups_row_block(
             prefix, ends, num_groups, row_block, rows, search_steps(config.max_groups)
         )
@@ -448,12 +456,8 @@ def make_quantize(
         """``(data_row, zero_row)`` of :func:`m_groups_scale_rows` for this thread's source row ``row``
         (also its output scale row: the M-groups data is tiled by source rows), after the group
         scan (every thread of the CTA calls it)."""
-        words = prefix_smem_words(config.max_groups)
-        prefix = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
-        ends = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
-        warp_totals = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
+        prefix, ends, _ = _row_block_scan(smem, offsets, tid, rows)
         num_groups = offsets.shape[0]
-        scan(offsets, num_groups, rows, TILE_ROWS, prefix, warp_totals, tid, threads, ends)
         return m_groups_scale_rows(prefix, ends, num_groups, row, row, search_steps(config.max_groups))
 
     @cute.jit

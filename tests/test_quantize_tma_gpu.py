@@ -3,12 +3,12 @@ reference for plain and blocked scales, both modes, bf16 and fp32, ragged M and 
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from conftest import assert_same_bytes
+from test_quantize_gpu import _random_x, _special_blocks
 
+from cute_utils.blocked import ceil_div
 from torch_bindings import reference
 
 pytestmark = pytest.mark.gpu
@@ -37,15 +37,8 @@ def _kernel(dtype: torch.dtype, mode: str, blocked: bool, config=None):
 def _outputs(x: torch.Tensor, blocked: bool) -> tuple[torch.Tensor, torch.Tensor]:
     rows, cols = x.shape
     q = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=x.device)
-    shape = (math.ceil(rows / 128) * 128, math.ceil(cols / 128) * 4) if blocked else (rows, cols // 32)
+    shape = (ceil_div(rows, 128) * 128, ceil_div(cols, 128) * 4) if blocked else (rows, cols // 32)
     return q, torch.empty(shape, dtype=torch.float8_e8m0fnu, device=x.device)
-
-
-def _random_x(shape, dtype, gen: torch.Generator) -> torch.Tensor:
-    """Normal data with a per-row magnitude from 1e-30 to 1e30 (fp32 rows reach subnormals too)."""
-    x = torch.randn(shape, generator=gen, dtype=torch.float32)
-    exponents = torch.empty(shape[0], 1).uniform_(-30, 30, generator=gen)
-    return (x * torch.pow(10.0, exponents)).to(dtype).cuda()
 
 
 def _check(x: torch.Tensor, mode: str, blocked: bool, poison, config=None) -> None:
@@ -70,28 +63,10 @@ def test_bit_exact(dtype, shape, mode, blocked, poison_cuda_allocator):
 
 
 def _special_rows(dtype: torch.dtype) -> torch.Tensor:
-    """SPEC section 2's cases (zeros, 2^-126, Inf/NaN, 448, bf16 max, 480, subnormals), one per
-    32-element row, tiled to 160 rows x 224 columns (ragged in both directions)."""
-    inf, nan = math.inf, math.nan
-    tiny = 2.0**-133 if dtype == torch.bfloat16 else 2.0**-149
-    bf16_max = float(torch.finfo(torch.bfloat16).max)
-    rows = [
-        [0.0] * 32,
-        [-0.0] * 32,
-        [2.0**-126] * 32,
-        [1.0] * 31 + [inf],
-        [1.0] * 31 + [-inf],
-        [1.0] * 31 + [nan],
-        [448.0] + [1.0] * 31,
-        [bf16_max] + [1.0] * 31,
-        [480.0] + [-1.0] * 31,
-        [tiny] * 32,
-        [2.0**-127] * 32,
-        [float(2**k) for k in range(-16, 16)],
-        [464.0, 0.5] * 16,
-    ]
-    x = torch.tensor(rows, dtype=torch.float32).to(dtype)
-    return x.repeat(13, 7)[:160].contiguous().cuda()
+    """SPEC section 2's cases, one per 32-element row, tiled to 160 rows x 224 columns (ragged in
+    both directions)."""
+    rows = _special_blocks(dtype)
+    return rows.repeat(ceil_div(160, rows.shape[0]), 7)[:160].contiguous().cuda()
 
 
 @pytest.mark.parametrize("blocked", [True, False])
