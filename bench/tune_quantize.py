@@ -28,7 +28,9 @@ SHAPES = [(8192, 2048), (8192, 7168), (32768, 2048), (32768, 7168), (131072, 716
 GROUPS = 8
 
 
-def _inputs(shape, dtype, grouped: bool, device):
+def quantize_inputs(shape, dtype, grouped: bool, device):
+    """Rotating (x, q, blocked scales, ends or None) argument sets of the 1x32 kernel for one shape
+    (``grouped``: M-groups scales, GROUPS unaligned groups) and the bytes moved per call."""
     rows, cols = shape
     ends = None
     if grouped:
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         for shape in SHAPES[:2] if args.quick else SHAPES:
             for grouped, kernel in kernels.items():
-                sets, nbytes = _inputs(shape, dtype, grouped, device)
+                sets, nbytes = quantize_inputs(shape, dtype, grouped, device)
                 us = time_cuda(lambda x, q, s, e, k=kernel: k(x, q, s, e, None, None, None, None, 0), sets)
                 rows.append(_row(shape, grouped, config, us, copy_baseline_us(nbytes, device) / us))
                 progress(f"{rows[-1]}")

@@ -16,7 +16,6 @@ import torch
 from bench.common import (
     copy_baseline_us,
     make_parser,
-    make_rotating_inputs,
     output_paths,
     progress,
     report,
@@ -24,6 +23,7 @@ from bench.common import (
     time_cuda,
     timing_kwargs,
 )
+from bench.tune_quantize import quantize_inputs
 from cute_kernels.quantize import ScaleLayout, compile_quantize
 from cute_kernels.quantize_tma import TmaQuantizeConfig, compile_quantize_tma
 from torch_bindings.backend import kernel_arch
@@ -48,20 +48,6 @@ CONFIGS = [
     ]
 ]
 QUICK_CONFIGS = CONFIGS[:2] + CONFIGS[3:4] + CONFIGS[5:6]
-
-
-def _inputs(shape, device):
-    """Rotating (x, q, scales) sets of one shape (bf16 x, blocked scales) and the bytes moved."""
-
-    def make():
-        x = torch.randn(shape, dtype=torch.bfloat16, device=device)
-        q = torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
-        s = torch.empty(scales_shape_1x32(shape, None, True), dtype=torch.float8_e8m0fnu, device=device)
-        return x, q, s
-
-    sets = make_rotating_inputs(make)
-    x, q, s = sets[0]
-    return sets, x.nbytes + q.nbytes + s.nbytes
 
 
 def _same_bytes(reference_kernel, kernel, x) -> bool:
@@ -111,16 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     kernels = [(c, compile_quantize_tma("bfloat16", args.mode, "blocked", arch, c)) for c in configs]
     rows = []
     for shape in QUICK_SHAPES if args.quick else SHAPES:
-        sets, nbytes = _inputs(shape, device)
+        sets, nbytes = quantize_inputs(shape, torch.bfloat16, False, device)  # (x, q, scales, None) sets
         copy_us = copy_baseline_us(nbytes, device)
         base_us = time_cuda(
-            lambda x, q, s, k=baseline: k(x, q, s, None, None, None, None, None, 0), sets, **timing
+            lambda x, q, s, e, k=baseline: k(x, q, s, e, None, None, None, None, 0), sets, **timing
         )
         rows.append(_row(shape, "cp.async", None, base_us, copy_us, base_us, "-"))
         progress(f"{rows[-1]}")
         for config, kernel in kernels:
             same = _same_bytes(baseline, kernel, sets[0][0])
-            us = time_cuda(lambda x, q, s, k=kernel: k(x, q, s), sets, **timing)
+            us = time_cuda(lambda x, q, s, _, k=kernel: k(x, q, s), sets, **timing)
             rows.append(_row(shape, "tma", config, us, copy_us, base_us, same))
             progress(f"{rows[-1]}")
         del sets

@@ -447,7 +447,8 @@ def make_quantize(
         _, _, dst_row, dst_rows, keep_scales = padded_m_groups_row_block(
             prefix, aligned, ends, num_groups, row_block, alignment, out_rows, search_steps(config.max_groups)
         )
-        if cute.arch.block_idx()[0] == 0 and cute.arch.block_idx()[1] == 0:
+        bx, by, bz = cute.arch.block_idx()
+        if bx == 0 and by == 0 and bz == 0:  # CTA 0 (grid z > 1 beyond 65535 row units)
             _store_padded_offsets(aligned, num_groups, alignment, padded_start, padded_end, tid)
         return dst_row, dst_rows, keep_scales
 
