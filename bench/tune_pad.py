@@ -1,6 +1,7 @@
-"""Sweep ``PadConfig`` choices (threads, vectors per lane, resident CTAs per SM) for ``pad`` and ``unpad``
-on seed 000's shapes (bf16, A = 32, skewed unaligned groups); prints time and ratio to a copy of the
-same bytes (read + written). Used to pick ``cute_kernels.pad.CONFIGS``.
+"""Sweep ``PadConfig`` choices (threads, vectors per lane, row chunks per warp, register cap) for
+``pad`` and ``unpad`` on seed 000's shapes (bf16, A = 32, skewed unaligned groups); prints time, ratio
+to a copy of the same bytes (read + written) and whether the output matches the reference. Used to
+pick ``cute_kernels.pad.CONFIGS``. ``--full``: the whole threads x vectors x items grid.
 """
 
 from __future__ import annotations
@@ -22,16 +23,24 @@ from bench.common import (
     time_cuda,
 )
 from cute_kernels.pad import PadConfig, PadOp, compile_pad
-from torch_bindings.backend import kernel_arch, num_sms
+from torch_bindings import reference
+from torch_bindings.backend import kernel_arch
 from torch_bindings.pad import padded_shape
 
 ALIGNMENT = 32
 SHAPES = [(16384, 1536, 8), (16384, 7168, 8), (16384, 2048, 16), (131072, 7168, 8)]
 QUICK_SHAPES = SHAPES[:2]
-CONFIGS = [
-    PadConfig(threads=t, vectors_per_lane=v, ctas_per_sm=c)
-    for t, v, c in itertools.product((128, 256, 512), (2, 4, 8), (2, 4, 8))
-    if t * c <= 2048
+FULL = [
+    PadConfig(threads=t, vectors_per_lane=v, ctas_per_sm=2048 // t, items_per_warp=i)
+    for t, v, i in itertools.product((128, 256, 512), (2, 4, 8), (1, 2, 4))
+]
+SWEEP = [
+    PadConfig(),
+    PadConfig(items_per_warp=1),
+    PadConfig(items_per_warp=4),
+    PadConfig(vectors_per_lane=8, items_per_warp=1),
+    PadConfig(threads=256, ctas_per_sm=4, items_per_warp=1),
+    PadConfig(threads=256, ctas_per_sm=4),
 ]
 
 
@@ -59,21 +68,36 @@ def _inputs(op: PadOp, tokens: int, dim: int, groups: int, device: torch.device)
     return (make_pad, x_bytes + out_bytes) if op is PadOp.PAD else (make_unpad, 2 * x_bytes)
 
 
+def _matches_reference(op: PadOp, args: tuple) -> bool:
+    """Whether the kernel's output in ``args`` (after it ran on them) equals the reference, bytewise."""
+    if op is PadOp.PAD:
+        x, out, ends, *_ = args
+        expected = reference.pad_token_groups(x, ends, alignment=ALIGNMENT)[0]
+    else:
+        src, out, ends, padded_start = args
+        expected = reference.unpad_token_groups(src, ends, padded_start, num_tokens=out.shape[0])
+    return torch.equal(out.view(torch.uint8), expected.view(torch.uint8))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = make_parser(__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="sweep the threads x vectors x CTAs/SM grid")
+    args = parser.parse_args(argv)
     device = require_cuda("tune_pad")
     arch, _ = kernel_arch(device)
-    sms = num_sms(device.index)
     rows = []
+    kernels = {}
     for op, (tokens, dim, groups) in itertools.product(PadOp, QUICK_SHAPES if args.quick else SHAPES):
         make, nbytes = _inputs(op, tokens, dim, groups, device)
         sets = make_rotating_inputs(make, bytes_per_set=nbytes)
         copy = copy_baseline_us(nbytes, device)
-        for config in CONFIGS:
-            kernel = compile_pad(op, "bfloat16", 16, arch, config)
+        for config in FULL if args.full else SWEEP:
+            kernel = kernels.get((op, config))
+            if kernel is None:
+                kernel = kernels[op, config] = compile_pad(op, "bfloat16", 16, arch, config)
             extra = (ALIGNMENT,) if op is PadOp.PAD else ()
-            limit = config.max_ctas(sms)
-            us = time_cuda(lambda *a, k=kernel, e=extra, n=limit: k(*a, *e, n), sets)
+            us = time_cuda(lambda *a, k=kernel, e=extra: k(*a, *e), sets)
+            exact = _matches_reference(op, sets[0])
             rows.append(
                 {
                     "op": op.value,
@@ -82,15 +106,17 @@ def main(argv: list[str] | None = None) -> int:
                     "threads": config.threads,
                     "vectors": config.vectors_per_lane,
                     "ctas/SM": config.ctas_per_sm,
+                    "items/warp": config.items_per_warp,
                     "us": us,
                     "ratio": copy / us,
+                    "exact": exact,
                 }
             )
             progress(f"{rows[-1]}")
         del sets
         torch.cuda.empty_cache()
     json_path, _ = output_paths(args.out, "tune_pad")
-    columns = ["op", "shape", "G", "threads", "vectors", "ctas/SM", "us", "ratio"]
+    columns = ["op", "shape", "G", "threads", "vectors", "ctas/SM", "items/warp", "us", "ratio", "exact"]
     report(rows, columns, "pad config sweep", json_path=json_path, panel_key=None)
     return 0
 

@@ -29,14 +29,25 @@ from torch_bindings.swizzle import blocked_output_shape
 # (shape, groups): 16-120 MB of scales, aligned (word loads) and unaligned (funnel-shifted) rows.
 SHAPES = {
     "plain": [((65536, 160), 0), ((131072, 224), 0), ((524288, 224), 0), ((131001, 226), 0)],
-    "m_groups": [((65536, 160), 8), ((131072, 64), 8), ((131072, 224), 64), ((131072, 226), 8)],
-    "k_groups": [((2048, 4096), 8), ((7168, 4096), 8), ((2048, 16384), 8)],
+    "m_groups": [
+        ((65536, 160), 8),
+        ((131072, 64), 8),
+        ((131072, 160), 8),
+        ((131072, 224), 64),
+        ((131072, 226), 8),
+        ((524288, 224), 8),
+    ],
+    "k_groups": [((5120, 4096), 8), ((7168, 4096), 8), ((2048, 16384), 8), ((7168, 16384), 8)],
 }
 #: Also timed on one input set (all of it L2-resident): shows fixed costs that DRAM latency hides.
-IN_L2 = {"plain": [(65536, 160)], "m_groups": [(65536, 160)], "k_groups": [(2048, 4096)]}
+IN_L2 = {"plain": [(65536, 160)], "m_groups": [(65536, 160)], "k_groups": [(5120, 4096)]}
+#: (config, grid scale): the scale multiplies the SM count the persistent grid is sized for, so
+#: above 1 the CTAs run in waves and each walks fewer row blocks.
 CONFIGS = [
-    SwizzleConfig(threads=256, window_cols=64, ctas_per_sm=4),
-    SwizzleConfig(threads=256, window_cols=128, ctas_per_sm=4),
+    (SwizzleConfig(threads=256, window_cols=64, ctas_per_sm=4), 1),
+    (SwizzleConfig(threads=256, window_cols=128, ctas_per_sm=4), 1),
+    (SwizzleConfig(threads=256, window_cols=64, ctas_per_sm=4), 4),
+    (SwizzleConfig(threads=256, window_cols=128, ctas_per_sm=4), 4),
 ]
 
 
@@ -75,14 +86,16 @@ def main(argv: list[str] | None = None) -> int:
             nbytes = torch.Size(shape).numel() + torch.Size(out_shape).numel()
             rotated = make_rotating_inputs(make, bytes_per_set=nbytes)
             copy = copy_baseline_us(nbytes, device)
-            for config, in_l2 in itertools.product(configs, (False, True)):
-                if in_l2 and (shape not in IN_L2[layout_name] or config.window_cols != 64):
+            for (config, scale), in_l2 in itertools.product(configs, (False, True)):
+                if in_l2 and (shape not in IN_L2[layout_name] or (config, scale) != CONFIGS[0]):
                     continue
                 sets = rotated[:1] if in_l2 else rotated
-                key = (layout, word_loads, config)
+                key = (layout, word_loads, config, scale)
                 if key not in kernels:
                     try:
-                        kernels[key] = compile_swizzle(layout, arch, 2, word_loads, config, num_sms=sms)
+                        kernels[key] = compile_swizzle(
+                            layout, arch, 2, word_loads, config, num_sms=sms * scale
+                        )
                     except Exception as exc:  # noqa: BLE001 - a config that does not compile is skipped
                         progress(f"{layout_name} {config}: {type(exc).__name__}: {exc}")
                         kernels[key] = None
@@ -99,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                         "threads": config.threads,
                         "window": config.window_cols,
                         "ctas/SM": config.ctas_per_sm,
+                        "grid": scale,
                         "in L2": in_l2,
                         "us": us,
                         "ratio": copy / us,
@@ -118,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             "threads",
             "window",
             "ctas/SM",
+            "grid",
             "in L2",
             "us",
             "ratio",

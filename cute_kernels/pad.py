@@ -8,18 +8,20 @@ all three outputs. ``unpad``: padded (P, D) -> out (N, D); output row r of group
 ``[end[g-1], end[g])``) comes from padded row ``padded_start[g] + r - end[g-1]``; rows past the last
 group are zero. N is the caller's static row count (``num_tokens``): no sync.
 
-Work decomposition (both kernels): a persistent grid of at most ``max_ctas`` CTAs (SMs x
-``ctas_per_sm``). Each CTA first scans the group sizes into shared memory
-(:func:`cute_utils.groups.scan_padded_group_sizes`, unit A for pad, 1 for unpad), then moves a
-contiguous run of *row chunks*, its warps taking them round-robin: item ``i`` is output row
-``i // chunks``, vectors ``[32 U c, 32 U (c + 1))`` of it with ``c = i % chunks``
-(``U = vectors_per_lane``). A vector is 16 bytes when the row size, row strides and data pointers
-allow it, else 4 bytes or one element (a compile-time choice). Consecutive rows of one group map to
-consecutive source rows, so a warp keeps the *segment* of its last row (output rows ``[lo, hi)``,
-source row ``r + delta`` for ``r`` in ``[valid_lo, valid_hi)``, zero elsewhere) and searches the
-shared-memory prefix again only when a row leaves it. Each lane loads its ``U`` vectors (zeros for
-rows without a source), then stores them: every output byte is written exactly once, zero rows
-included. Row addresses are 64-bit (row strides are 64-bit symbols).
+Work decomposition (both kernels): a *row chunk* is ``32 U`` vectors of one output row
+(``U = vectors_per_lane``); item ``i`` is output row ``i // chunks``, vectors ``[32 U c, 32 U (c + 1))``
+with ``c = i % chunks``. The grid is not persistent: each CTA moves a contiguous run of
+``items_per_warp`` items per warp, its warps taking them round-robin, and the hardware schedules the
+CTAs in waves (on an H200 this beat a persistent grid of SMs x 4 CTAs by 4-7%: fewer warps idle in
+the last wave). Each CTA first scans the group sizes into shared memory
+(:func:`cute_utils.groups.scan_padded_group_sizes`, unit A for pad, 1 for unpad). A vector is 16
+bytes when the row size, row strides and data pointers allow it, else 4 bytes or one element (a
+compile-time choice). Consecutive rows of one group map to consecutive source rows, so a warp keeps
+the *segment* of its last row (output rows ``[lo, hi)``, source row ``r + delta`` for ``r`` in
+``[valid_lo, valid_hi)``, zero elsewhere) and searches the shared-memory prefix again only when a
+row leaves it. Each lane loads its ``U`` vectors (zeros for rows without a source), then stores
+them: every output byte is written exactly once, zero rows included. Row addresses are 64-bit (row
+strides are 64-bit symbols).
 
 Offsets are never trusted: ends are clamped to ``[0, rows]`` (see ``cute_utils.groups``), every
 read and write is bounded by the tensors' row counts, unpad clamps ``padded_start`` and zero-fills
@@ -45,6 +47,7 @@ from cute_utils.groups import (
     find_group,
     prefix_smem_words,
     scan_padded_group_sizes,
+    scan_padded_group_sizes_small,
     smem_group_bounds,
 )
 
@@ -63,18 +66,22 @@ class PadOp(str, Enum):
 @dataclass(frozen=True)
 class PadConfig:
     """Launch shape: ``threads`` per CTA, ``vectors_per_lane`` loads in flight per lane and row chunk,
-    and ``ctas_per_sm`` (the persistent grid's size per SM, also the register cap
-    ``65536 / (ctas_per_sm * threads)`` per thread)."""
+    ``items_per_warp`` row chunks per warp (the grid's size), and ``ctas_per_sm`` resident CTAs the
+    register cap keeps room for (``65536 / (ctas_per_sm * threads)`` registers per thread)."""
 
-    threads: int = 256
+    threads: int = 128
     vectors_per_lane: int = 4
-    ctas_per_sm: int = 4
+    ctas_per_sm: int = 8
+    items_per_warp: int = 2
 
     def __post_init__(self) -> None:
         if self.threads % _WARP or not 0 < self.threads <= 1024:
             raise ValueError(f"threads={self.threads} must be a multiple of 32 in [32, 1024]")
-        if self.vectors_per_lane < 1:
-            raise ValueError(f"vectors_per_lane={self.vectors_per_lane} must be >= 1")
+        if self.vectors_per_lane < 1 or self.items_per_warp < 1:
+            raise ValueError(
+                f"vectors_per_lane={self.vectors_per_lane} and items_per_warp={self.items_per_warp} "
+                "must be >= 1"
+            )
         if self.ctas_per_sm < 1 or self.ctas_per_sm * self.threads > 2048:
             raise ValueError(f"ctas_per_sm={self.ctas_per_sm} x {self.threads} threads do not fit on an SM")
 
@@ -83,14 +90,9 @@ class PadConfig:
         """Vectors of one row a warp moves per item."""
         return _WARP * self.vectors_per_lane
 
-    def max_ctas(self, sm_count: int) -> int:
-        """CTAs of the persistent grid on a GPU with ``sm_count`` SMs."""
-        return sm_count * self.ctas_per_sm
 
-
-# 4 CTAs x 256 threads x 4 16-byte loads per lane = 64 KiB in flight per SM. Measured on an H200
-# (bench_pad): 3.45-3.96 TB/s for bf16 rows of 1536-7168 elements, 1.30-1.43x torch's copy_ of
-# the same bytes; no tuning sweep was needed.
+# Picked with bench/tune_pad.py on an H200 (bench/README.md, session 5): 0.94-0.99 of copy on
+# seed 000's shapes, against 0.89-0.93 for the persistent grid of 4 x 256-thread CTAs per SM.
 _DEFAULT = PadConfig()
 CONFIGS = {arch: {"pad": _DEFAULT, "unpad": _DEFAULT} for arch in ("sm_90a", "sm_100a")}
 
@@ -121,33 +123,35 @@ def _vector_view(t: cute.Tensor, vector_bytes: int) -> cute.Tensor:
     return cute.make_tensor(cute.recast_ptr(t.iterator, dtype=word), layout)
 
 
-@cute.jit
-def _move_row_chunk(src, dst, src_row, dst_row, first, valid, lane, per_lane: cutlass.Constexpr):
-    """Copy vectors ``first + 32 u + lane`` (u < ``per_lane``) of ``src`` row ``src_row`` to ``dst``
-    row ``dst_row``, or zeros when not ``valid``. All loads are issued before the first store; vectors
-    past the row end are skipped."""
+def _chunk_fragment(dst, per_lane: int):
+    """Registers of one lane's row chunk: ``per_lane`` vectors of ``dst``'s words."""
     count = dst.shape[2]
-    row_vectors = dst.shape[1]
-    frag = cute.make_rmem_tensor(cute.make_layout((count, per_lane), stride=(1, count)), dst.element_type)
+    return cute.make_rmem_tensor(cute.make_layout((count, per_lane), stride=(1, count)), dst.element_type)
+
+
+@cute.jit
+def _load_row_chunk(src, frag, src_row, first, valid, lane, per_lane: cutlass.Constexpr):
+    """Load vectors ``first + 32 u + lane`` (u < ``per_lane``) of ``src`` row ``src_row`` into
+    ``frag``, zeros when not ``valid`` or past the row end."""
+    count = src.shape[2]
+    row_vectors = src.shape[1]
     for u in cutlass.range_constexpr(per_lane):
         for q in cutlass.range_constexpr(count):
-            frag[q, u] = dst.element_type(0)
+            frag[q, u] = frag.element_type(0)
         col = first + u * _WARP + lane
         if valid and col < row_vectors:
             cute.autovec_copy(src[src_row, col, None], frag[None, u])
+
+
+@cute.jit
+def _store_row_chunk(frag, dst, dst_row, first, lane, per_lane: cutlass.Constexpr):
+    """Store ``frag`` (see :func:`_load_row_chunk`) to vectors ``first + 32 u + lane`` of ``dst`` row
+    ``dst_row``; vectors past the row end are skipped."""
+    row_vectors = dst.shape[1]
     for u in cutlass.range_constexpr(per_lane):
         col = first + u * _WARP + lane
         if col < row_vectors:
             cute.autovec_copy(frag[None, u], dst[dst_row, col, None])
-
-
-@cute.jit
-def _cta_items(total, cta, ctas):
-    """``[first, last)``: the contiguous run of the ``total`` row-chunk items CTA ``cta`` of ``ctas``
-    moves (contiguous, so a warp's rows advance slowly and its cached segment stays valid)."""
-    per_cta = ceil_div(total, ctas)
-    first = cta * per_cta
-    return first, cutlass.min(first + per_cta, total)
 
 
 @cute.jit
@@ -197,9 +201,9 @@ def _unpad_segment(prefix, num_groups, padded_start, rows_in, rows_out, row):
 def make_pad(op: PadOp, config: PadConfig, vector_bytes: int = VECTOR_BYTES):
     """Build the ``@cute.jit`` host launcher for ``op``.
 
-    ``pad``: ``launch(x, out, offsets, padded_start, padded_end, alignment, max_ctas, stream)`` with
+    ``pad``: ``launch(x, out, offsets, padded_start, padded_end, alignment, stream)`` with
     x (M, D), out (P, D) of one dtype, row-major; offsets, padded_start, padded_end Int32 (G,).
-    ``unpad``: ``launch(padded, out, offsets, padded_start, max_ctas, stream)`` with padded (P, D),
+    ``unpad``: ``launch(padded, out, offsets, padded_start, stream)`` with padded (P, D),
     out (N, D). ``vector_bytes`` (16, 4 or the element size) must divide the row size in bytes and
     both data pointers' alignment.
     """
@@ -207,6 +211,7 @@ def make_pad(op: PadOp, config: PadConfig, vector_bytes: int = VECTOR_BYTES):
     warps = threads // _WARP
     per_lane = config.vectors_per_lane
     row_chunk = config.row_chunk
+    cta_items = warps * config.items_per_warp
 
     @cute.jit
     def _scan(offsets, total, unit, tid):
@@ -217,7 +222,12 @@ def make_pad(op: PadOp, config: PadConfig, vector_bytes: int = VECTOR_BYTES):
         ends = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words()), 16)
         warp_totals = smem.allocate_tensor(Int32, cute.make_layout(warps), 16)
         num_groups = offsets.shape[0]
-        scan_padded_group_sizes(offsets, num_groups, total, unit, prefix, warp_totals, tid, threads, ends)
+        if num_groups <= threads:
+            scan_padded_group_sizes_small(
+                offsets, num_groups, total, unit, prefix, warp_totals, tid, threads, ends
+            )
+        else:
+            scan_padded_group_sizes(offsets, num_groups, total, unit, prefix, warp_totals, tid, threads, ends)
         return prefix, ends
 
     @cute.jit
@@ -225,13 +235,15 @@ def make_pad(op: PadOp, config: PadConfig, vector_bytes: int = VECTOR_BYTES):
         """This CTA's row chunks of ``dst``; ``segment_of(row)`` gives a row's segment (see
         :func:`_pad_segment`), looked up again only when a warp's row leaves its cached one."""
         cta, _, _ = cute.arch.block_idx()
-        ctas, _, _ = cute.arch.grid_dim()
         src_v = _vector_view(src, vector_bytes)
         dst_v = _vector_view(dst, vector_bytes)
         chunks = ceil_div(dst_v.shape[1], row_chunk)
         warp = cute.arch.make_warp_uniform(tid // _WARP)
         lane = tid % _WARP
-        first_item, last_item = _cta_items(dst.shape[0] * chunks, cta, ctas)
+        # A contiguous run per CTA: a warp's rows advance slowly and its cached segment stays valid.
+        first_item = cta * cta_items
+        last_item = cutlass.min(first_item + cta_items, dst.shape[0] * chunks)
+        frag = _chunk_fragment(dst_v, per_lane)
         lo, hi, valid_lo, valid_hi, delta = Int32(0), Int32(0), Int32(0), Int32(0), Int32(0)
         for item in cutlass.range(first_item + warp, last_item, warps):
             row = item // chunks
@@ -239,7 +251,8 @@ def make_pad(op: PadOp, config: PadConfig, vector_bytes: int = VECTOR_BYTES):
                 lo, hi, valid_lo, valid_hi, delta = segment_of(row)
             valid = row >= valid_lo and row < valid_hi
             first = (item - row * chunks) * row_chunk
-            _move_row_chunk(src_v, dst_v, row + delta, row, first, valid, lane, per_lane)
+            _load_row_chunk(src_v, frag, row + delta, first, valid, lane, per_lane)
+            _store_row_chunk(frag, dst_v, row, first, lane, per_lane)
 
     @cute.kernel
     def pad_kernel(x: cute.Tensor, out: cute.Tensor, offsets, padded_start, padded_end, alignment: Int32):
@@ -252,9 +265,7 @@ def make_pad(op: PadOp, config: PadConfig, vector_bytes: int = VECTOR_BYTES):
             for g in cutlass.range(tid, num_groups, threads):
                 padded_start[g] = prefix[g] * alignment
                 padded_end[g] = prefix[g + 1] * alignment
-        _move_rows(
-            x, out, tid, lambda row: _pad_segment(prefix, ends, num_groups, alignment, rows_out, row)
-        )
+        _move_rows(x, out, tid, lambda row: _pad_segment(prefix, ends, num_groups, alignment, rows_out, row))
 
     @cute.kernel
     def unpad_kernel(padded: cute.Tensor, out: cute.Tensor, offsets, padded_start):
@@ -270,11 +281,11 @@ def make_pad(op: PadOp, config: PadConfig, vector_bytes: int = VECTOR_BYTES):
             lambda row: _unpad_segment(prefix, num_groups, padded_start, rows_in, rows_out, row),
         )
 
-    def _grid(rows_out, row_bytes, max_ctas):
-        """CTAs: enough for one row chunk per warp, at most ``max_ctas``, at least 1 (CTA 0 of pad
-        writes the padded offsets even when there is no data)."""
+    def _grid(rows_out, row_bytes):
+        """CTAs: enough for ``items_per_warp`` row chunks per warp, at least 1 (CTA 0 of pad writes
+        the padded offsets even when there is no data)."""
         chunks = ceil_div(ceil_div(row_bytes, vector_bytes), row_chunk)
-        return cutlass.max(cutlass.min(ceil_div(rows_out * chunks, warps), max_ctas), 1)
+        return cutlass.max(ceil_div(rows_out * chunks, cta_items), 1)
 
     launch_options = {
         "block": [threads, 1, 1],
@@ -292,21 +303,20 @@ def make_pad(op: PadOp, config: PadConfig, vector_bytes: int = VECTOR_BYTES):
             padded_start,
             padded_end,
             alignment: Int32,
-            max_ctas: Int32,
             stream,
         ):
             row_bytes = out.shape[1] * (out.element_type.width // 8)
             pad_kernel(x, out, offsets, padded_start, padded_end, alignment).launch(
-                grid=[_grid(out.shape[0], row_bytes, max_ctas), 1, 1], stream=stream, **launch_options
+                grid=[_grid(out.shape[0], row_bytes), 1, 1], stream=stream, **launch_options
             )
 
         return launch_pad
 
     @cute.jit
-    def launch_unpad(padded: cute.Tensor, out: cute.Tensor, offsets, padded_start, max_ctas: Int32, stream):
+    def launch_unpad(padded: cute.Tensor, out: cute.Tensor, offsets, padded_start, stream):
         row_bytes = out.shape[1] * (out.element_type.width // 8)
         unpad_kernel(padded, out, offsets, padded_start).launch(
-            grid=[_grid(out.shape[0], row_bytes, max_ctas), 1, 1], stream=stream, **launch_options
+            grid=[_grid(out.shape[0], row_bytes), 1, 1], stream=stream, **launch_options
         )
 
     return launch_unpad
@@ -331,8 +341,8 @@ def fake_arguments(op: PadOp, dtype_name: str, vector_bytes: int = VECTOR_BYTES)
 
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     if op is PadOp.PAD:
-        return data(), data(), offsets(), offsets(), offsets(), Int32(32), Int32(1), stream
-    return data(), data(), offsets(), offsets(), Int32(1), stream
+        return data(), data(), offsets(), offsets(), offsets(), Int32(32), stream
+    return data(), data(), offsets(), offsets(), stream
 
 
 def compile_pad(

@@ -9,17 +9,18 @@ Scale layouts (a compile-time choice, :class:`ScaleLayout`):
 - ``experts``: 3D weights (E, N, K) seen as (E N, K), per-expert blocked scales (E, Rp, Cp).
 - ``padded``: token-group padding fused in: x's groups are written to their padded rows of q
   (padding rows zero) with the M-groups scales of the padded groups, and CTA 0 writes the padded
-  offsets (:func:`padded_m_groups_row_block`).
+  offsets (:func:`padded_group_rows`).
 
 Work decomposition: each row block of 128 rows is split into 32-row quarters, one per warp, and
 its 128-column tiles (4 scale columns each) into runs, one per CTA; CTAs are numbered run-fastest
 (``chunk_major``), so the blocks past the data come last. Row block b is: source rows
 ``[128 b, 128 b + 128)`` for ``plain``/``blocked``/``experts`` (an expert's blocks restart at its
-first row) and for ``m_groups``, whose lanes look up their row's group after the first loads are
-issued and store its scale word at the group's scale row (:func:`m_groups_scale_rows`), and
-also zero the rows of scale block b that no group row fills; for ``padded``, output block b of
-the padded layout, whose source rows come from the 128-row scan (loads start there) and whose
-output rows from the alignment scan that follows. With ``warp_tiles = 4`` (the
+first row) and for the grouped layouts ``m_groups`` and ``padded``, whose lanes look up their
+row's group after the first loads are issued and store its scale word at the group's scale row
+(:func:`m_groups_scale_rows`; padding to an alignment that divides 128 keeps every group's 128-row
+blocks, so the padded groups' scales sit where the unpadded ones do), and also zero the rows of
+scale block b that no group row fills; ``padded`` also shifts each row of q to its padded row (a
+warp shuffle per 2-row step) and zeroes the padding rows of q block b. With ``warp_tiles = 4`` (the
 tuned choice) a CTA's 4 warps share one quarter and take adjacent tiles, so each row is read in
 1 KB runs; with 1 they take the 4 quarters of one tile. A lane holds 8 consecutive elements (one
 16-byte load for bf16): 4 lanes form a 32-element block, so the block max is two butterfly shuffles
@@ -47,9 +48,8 @@ from cutlass.memory import SmemAllocator
 from cute_utils.blocked import TILE_COLS, TILE_ROWS, ceil_div
 from cute_utils.groups import (
     MAX_GROUPS,
-    m_groups_row_block,
     m_groups_scale_rows,
-    padded_m_groups_row_block,
+    padded_group_rows,
     prefix_smem_words,
     scan_padded_group_sizes,
     scan_padded_group_sizes_small,
@@ -66,6 +66,7 @@ from cute_utils.mx import (
     scale_values,
     transpose_bytes_4x4,
 )
+from cute_utils.occupancy import DEFAULT_NUM_SMS, resident_ctas
 
 VECTOR = 8  # elements per lane and vector step
 LANES_PER_BLOCK = BLOCK_SIZE // VECTOR  # 4
@@ -102,7 +103,11 @@ class QuantizeConfig:
     ``warp_tiles``: warps of a CTA side by side along K (1: the 4 warps take the 4 quarters of a
     128-row block on one tile; 4: one quarter, 4 adjacent tiles, so a row is read in 1 KB runs);
     ``chunk_major``: consecutive CTAs take consecutive column runs of one row unit (else
-    consecutive row units of one column run)."""
+    consecutive row units of one column run); ``fit_waves`` (the grouped layouts only): when the
+    grid would take between one and two waves of resident CTAs, CTAs take twice the column tiles
+    if that splits the columns evenly (one wave and a bit leaves most SMs idle at the end: 16384 x
+    2048 M-groups and padded 0.85 -> 0.89 of copy on an H200; an uneven split, 1536 columns, lost
+    15%)."""
 
     batch_vectors: int = 2
     stages: int = 3
@@ -111,6 +116,7 @@ class QuantizeConfig:
     max_groups: int = MAX_GROUPS  # m_groups: shared-memory size of the group scan
     warp_tiles: int = 4
     chunk_major: bool = True
+    fit_waves: bool = True
 
     def __post_init__(self) -> None:
         if self.warp_tiles not in (1, 2, 4):
@@ -228,18 +234,12 @@ def _store_scale_word(scale_words: cute.Tensor, place, col_tiles: Int32, tile: I
 
 
 @cute.jit
-def _quantize_vector(
-    values, q_vec, row, vec, store, live, mode: cutlass.Constexpr, zero_fill: cutlass.Constexpr
-):
+def _quantize_vector(values, q_vec, row, vec, store, mode: cutlass.Constexpr):
     """E4M3-quantize one lane's 8 elements as a quarter of a 32-element block (the 4 lanes of a block
     agree on the scale through shuffles), store them to ``q_vec[row, vec, :]`` when ``store``, and
-    return the block's scale byte (0 when not ``store``: the 4 lanes of a block agree on that too).
-    With ``zero_fill``, a vector that is not ``live`` (a padding row) quantizes zeros instead."""
+    return the block's scale byte (0 when not ``store``: the 4 lanes of a block agree on that too)."""
     xf = cute.make_rmem_tensor(cute.make_layout(VECTOR), Float32)
     xf.store(values.load().to(Float32))
-    if cutlass.const_expr(zero_fill):
-        if not live:
-            xf.fill(0.0)
     amax = lane_group_max(max_abs_bits(xf), LANES_PER_BLOCK)
     s = e8m0_scale(amax, mode)
     if not store:
@@ -347,8 +347,20 @@ def _grid(row_units, chunks, chunk_major: bool):
     return [row_units, chunks, 1]
 
 
+def _smem_bytes(dtype_name: str, layout: ScaleLayout, config: QuantizeConfig, ring_units: int) -> int:
+    """Shared memory of one CTA: the warps' cp.async rings and the group scans' arrays."""
+    ring = WARPS * ring_units * config.batch_vectors * 32 * VECTOR * DTYPES[dtype_name].width // 8
+    arrays = {ScaleLayout.M_GROUPS: 2, ScaleLayout.PADDED: 3}.get(layout, 0)
+    return ring + arrays * 4 * prefix_smem_words(config.max_groups) + 16 * WARPS
+
+
 def make_quantize(
-    dtype_name: str, mode: str, layout: ScaleLayout, config: QuantizeConfig, dual: bool = False
+    dtype_name: str,
+    mode: str,
+    layout: ScaleLayout,
+    config: QuantizeConfig,
+    dual: bool = False,
+    num_sms: int = DEFAULT_NUM_SMS["sm_90a"],
 ):
     """Build the ``@cute.jit`` launcher ``launch(x, q, scales, offsets, padded_start, padded_end,
     group_param, stream)``.
@@ -360,7 +372,7 @@ def make_quantize(
     ``offsets``: Int32 (G,) row end offsets for ``m_groups`` and ``padded``, else ``None``.
     ``padded_start`` / ``padded_end``: Int32 (G,) outputs for ``padded`` (written by CTA 0), else
     ``None``. ``group_param``: Int32, rows per expert (N) for ``experts``, the alignment for
-    ``padded``, ignored otherwise.
+    ``padded``, ignored otherwise. ``num_sms`` sizes the waves for ``config.fit_waves``.
     """
     if mode not in ("floor", "rceil"):
         raise ValueError(f"mode must be 'floor' or 'rceil', got {mode!r}")
@@ -376,6 +388,10 @@ def make_quantize(
     ring_units = batches + ahead if dual else stages
     warp_tiles = config.warp_tiles
     warp_rows = WARPS // warp_tiles  # quarters of a row block per CTA
+    fit_waves = config.fit_waves and layout.scans_groups and not dual
+    wave_ctas = num_sms * resident_ctas(
+        config.min_ctas_per_sm, _smem_bytes(dtype_name, layout, config, ring_units)
+    )
     # One round of offset loads (a thread per group) when the variant's group count allows it.
     scan = scan_padded_group_sizes_small if config.max_groups <= threads else scan_padded_group_sizes
 
@@ -393,19 +409,14 @@ def make_quantize(
 
     @cute.jit
     def _block_rows(group_param, row_block, rows):
-        """``(src_row, src_rows, dst_row, dst_rows, keep_scales)`` of output row block ``row_block``:
-        its first source row of x and how many it reads, its first row of q and how many it writes
-        (rows past ``src_rows`` are zero padding), and whether its scales belong to a group. For the
-        grouped layouts this is the plain row block (M-groups tiles the data by source rows; the
-        ``padded`` rows come from its scans)."""
+        """``(src_row, src_rows, dst_row, dst_rows)`` of row block ``row_block``: its first source
+        row of x and how many it reads, its first row of q and how many it writes. For the grouped
+        layouts this is the plain row block (they tile the data by source rows)."""
         src_row = row_block * TILE_ROWS
         src_rows = cutlass.max(cutlass.min(rows - src_row, TILE_ROWS), Int32(0))
-        dst_row, dst_rows = src_row, src_rows
-        keep_scales = True
         if cutlass.const_expr(layout is ScaleLayout.EXPERTS):
             src_row, src_rows = uniform_groups_row_block(row_block, group_param)
-            dst_row, dst_rows = src_row, src_rows
-        return src_row, src_rows, dst_row, dst_rows, keep_scales
+        return src_row, src_rows, src_row, src_rows
 
     @cute.jit
     def _row_block_scan(smem, offsets, tid, rows):
@@ -420,46 +431,44 @@ def make_quantize(
         return prefix, ends, warp_totals
 
     @cute.jit
-    def _padded_source_rows(smem, offsets, row_block, tid, rows):
-        """``(scan, src_row, src_rows)`` of output row block ``row_block`` of the ``padded`` layout:
-        the 128-row group scan (prefix, ends, scratch in shared memory) and the source rows it needs,
-        so that their loads start before the alignment scan (:func:`_padded_output_rows`)."""
+    def _group_rows(smem, offsets, row: Int32, tid: Int32, rows: Int32, alignment, out_rows, ps, pe):
+        """The rows this thread's row ``row`` maps to in the grouped layouts, which tile the data by
+        source rows: ``(data_row, zero_row, q_row, q_zero)``.
+
+        ``data_row`` / ``zero_row``: :func:`m_groups_scale_rows` of source row ``row`` (also this
+        thread's scale row). ``padded`` only (else ``(row, False)``): ``q_row``, the padded row of
+        q that source row ``row`` goes to (-1: in no group, dropped), and ``q_zero``, whether row
+        ``row`` of q is a padding row (:func:`padded_group_rows`); CTA 0 also writes the padded
+        offsets. Runs the group scans (every thread of the CTA calls it)."""
         prefix, ends, warp_totals = _row_block_scan(smem, offsets, tid, rows)
         num_groups = offsets.shape[0]
-        src_row, src_rows, covered = m_groups_row_block(
-            prefix, ends, num_groups, row_block, rows, search_steps(config.max_groups)
-        )
-        if not covered:
-            src_rows = Int32(0)  # the rows past the last group are dropped, not padded
-        return (prefix, ends, warp_totals), src_row, src_rows
+        steps = search_steps(config.max_groups)
+        data_row, zero_row = m_groups_scale_rows(prefix, ends, num_groups, row, row, steps)
+        q_row, q_zero = row, False
+        if cutlass.const_expr(padded):
+            aligned = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words(config.max_groups)), 16)
+            scan(offsets, num_groups, rows, alignment, aligned, warp_totals, tid, threads, ends)
+            q_row, q_zero = padded_group_rows(aligned, ends, num_groups, row, alignment, out_rows, steps)
+            bx, by, bz = cute.arch.block_idx()
+            if bx == 0 and by == 0 and bz == 0:  # CTA 0 (grid z > 1 beyond 65535 row units)
+                _store_padded_offsets(aligned, num_groups, alignment, ps, pe, tid)
+        return data_row, zero_row, q_row, q_zero
 
     @cute.jit
-    def _padded_output_rows(
-        smem, scanned, offsets, padded_start, padded_end, alignment, row_block, tid, rows, out_rows
-    ):
-        """``(dst_row, dst_rows, keep_scales)`` of output row block ``row_block`` of the ``padded``
-        layout (:func:`padded_m_groups_row_block`) after the alignment scan; CTA 0 also writes the
-        padded offsets."""
-        prefix, ends, warp_totals = scanned
-        num_groups = offsets.shape[0]
-        aligned = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words(config.max_groups)), 16)
-        scan(offsets, num_groups, rows, alignment, aligned, warp_totals, tid, threads, ends)
-        _, _, dst_row, dst_rows, keep_scales = padded_m_groups_row_block(
-            prefix, aligned, ends, num_groups, row_block, alignment, out_rows, search_steps(config.max_groups)
-        )
-        bx, by, bz = cute.arch.block_idx()
-        if bx == 0 and by == 0 and bz == 0:  # CTA 0 (grid z > 1 beyond 65535 row units)
-            _store_padded_offsets(aligned, num_groups, alignment, padded_start, padded_end, tid)
-        return dst_row, dst_rows, keep_scales
-
-    @cute.jit
-    def _m_groups_scale_rows(smem, offsets, row: Int32, tid: Int32, rows: Int32):
-        """``(data_row, zero_row)`` of :func:`m_groups_scale_rows` for this thread's source row ``row``
-        (also its output scale row: the M-groups data is tiled by source rows), after the group
-        scan (every thread of the CTA calls it)."""
-        prefix, ends, _ = _row_block_scan(smem, offsets, tid, rows)
-        num_groups = offsets.shape[0]
-        return m_groups_scale_rows(prefix, ends, num_groups, row, row, search_steps(config.max_groups))
+    def _zero_padding_rows(q_vec, q_zero, q_first_row, first_tile, tiles, lane_vec, lane, cols):
+        """Zero this warp's columns of the rows of its quarter (from q row ``q_first_row``; lane l
+        holds ``q_zero`` of row l) that are padding rows of q (``padded``: no group's data lands
+        there)."""
+        zero_mask = cute.arch.vote_ballot_sync(q_zero)
+        if zero_mask != 0:
+            zeros = cute.make_rmem_tensor(cute.make_layout(VECTOR), Float8E4M3FN)
+            zeros.fill(0.0)
+            for t in cutlass.range(tiles, unroll=1):
+                vec = (first_tile + t * warp_tiles) * LANES_PER_ROW + lane_vec
+                for step in cutlass.range_constexpr(STEPS):
+                    r = lane // LANES_PER_ROW + step * ROWS_PER_STEP
+                    if (zero_mask >> r) & 1 and vec * VECTOR < cols:
+                        cute.autovec_copy(zeros, q_vec[q_first_row + r, vec, None])
 
     @cute.jit
     def _store_padded_offsets(aligned, num_groups, alignment, padded_start, padded_end, tid):
@@ -496,9 +505,7 @@ def make_quantize(
         q_vec = _vector_view(q, out_rows, cols)
 
         smem = SmemAllocator()
-        src_row, src_rows, dst_row, dst_rows, keep_scales = _block_rows(group_param, row_block, rows)
-        if cutlass.const_expr(padded):
-            scanned, src_row, src_rows = _padded_source_rows(smem, offsets, row_block, tid, rows)
+        src_row, src_rows, dst_row, dst_rows = _block_rows(group_param, row_block, rows)
 
         if cutlass.const_expr(layout is ScaleLayout.PLAIN):
             scale_bytes = cute.make_tensor(
@@ -541,29 +548,24 @@ def make_quantize(
         # Per-lane cp.async pipeline: unit u = batch (u % batches) of this warp's tile u // batches, in
         # ring slot u % ring_units; ``ahead`` units are in flight while one converts.
         units = tiles * batches
-        # A quarter with no row of q to write (the zero row blocks of the grouped layouts, the tail
-        # of a group's last block) only zeroes its scale words: no loads, no conversions.
+        # A quarter with no source row (the zero row blocks of the grouped layouts) only zeroes its
+        # scale words (and, ``padded``, its padding rows of q): no loads, no conversions.
         zero_tiles = Int32(0)
-        if cutlass.const_expr(layout is ScaleLayout.M_GROUPS):
-            if quarter_row >= dst_rows:
+        if cutlass.const_expr(layout.scans_groups):
+            if quarter_row >= src_rows:
                 zero_tiles = tiles
                 units = Int32(0)
         for u in cutlass.range_constexpr(ahead):
             _issue(atom, x_vec, ring, u, units, src_row, src_rows, lane_row, lane_vec, first_tile, cols)
-        if cutlass.const_expr(padded):  # the output rows, while the first loads are in flight
-            dst_row, dst_rows, keep_scales = _padded_output_rows(
-                smem, scanned, offsets, padded_start, padded_end, group_param, row_block, tid, rows, out_rows
-            )
-            if quarter_row >= dst_rows:
-                zero_tiles = tiles
-                units = Int32(0)
-        # The scale row this lane's row word goes to, and one it zeroes (grouped layouts). The M-groups
-        # data is tiled by source rows, so its group scan runs while the first loads are in flight.
+        # The scale row this lane's row word goes to, and one it zeroes (grouped layouts: the data is
+        # tiled by source rows, so the group scans run while the first loads are in flight).
         scale_place = (row_block, lane * WARPS + quarter)  # _scale_word_place of the lane's row
         zero_place = scale_place
-        if cutlass.const_expr(layout is ScaleLayout.M_GROUPS):
-            data_row, zero_row = _m_groups_scale_rows(
-                smem, offsets, row_block * TILE_ROWS + quarter_row + lane, tid, rows
+        q_row, q_zero = Int32(0), False
+        if cutlass.const_expr(layout.scans_groups):
+            own_row = row_block * TILE_ROWS + quarter_row + lane
+            data_row, zero_row, q_row, q_zero = _group_rows(
+                smem, offsets, own_row, tid, rows, group_param, out_rows, padded_start, padded_end
             )
             scale_place = _scale_word_place(data_row)
             zero_place = _scale_word_place(zero_row)
@@ -580,16 +582,12 @@ def make_quantize(
                 step = b * batch + i
                 r = lane_row + step * ROWS_PER_STEP
                 in_cols = vec * VECTOR < cols
-                s = _quantize_vector(
-                    ring[u % ring_units, i, lane, None],
-                    q_vec,
-                    dst_row + r,
-                    vec,
-                    r < dst_rows and in_cols,
-                    r < src_rows,
-                    mode,
-                    padded,
-                )
+                out_row = dst_row + r
+                store = r < dst_rows and in_cols
+                if cutlass.const_expr(padded):  # the padded row of source row r (-1: dropped)
+                    out_row = cute.arch.shuffle_sync(q_row, r - quarter_row)
+                    store = out_row >= 0 and in_cols
+                s = _quantize_vector(ring[u % ring_units, i, lane, None], q_vec, out_row, vec, store, mode)
                 # Route the row's scale word to lane (row % 32) of the quarter.
                 word = cute.arch.shuffle_sync(
                     _row_scale_word(s, lane), (lane % ROWS_PER_STEP) * LANES_PER_ROW
@@ -619,14 +617,15 @@ def make_quantize(
                     row = quarter_row + lane
                     _store_plain_scales(scale_bytes, src_row + row, tile, my_word, row < src_rows)
                 else:
-                    if not keep_scales:
-                        my_word = Uint32(0)
                     _store_scale_word(scale_words, scale_place, col_tiles, tile, my_word)
-                    if cutlass.const_expr(layout is ScaleLayout.M_GROUPS):
+                    if cutlass.const_expr(layout.scans_groups):
                         _store_scale_word(scale_words, zero_place, col_tiles, tile, Uint32(0))
         if cutlass.const_expr(layout.scans_groups):
             for t in cutlass.range(zero_tiles, unroll=1):
                 _store_scale_word(scale_words, zero_place, col_tiles, first_tile + t * warp_tiles, Uint32(0))
+        if cutlass.const_expr(padded):
+            q_first_row = row_block * TILE_ROWS + quarter_row
+            _zero_padding_rows(q_vec, q_zero, q_first_row, first_tile, tiles, lane_vec, lane, cols)
 
     @cute.jit
     def launch(
@@ -645,6 +644,10 @@ def make_quantize(
         col_tiles = ceil_div(x.shape[1], TILE_K)
         chunks = cutlass.min(col_tiles, cutlass.max(config.target_ctas // row_units, 1))
         tiles_per_cta = ceil_div(ceil_div(col_tiles, chunks), warp_tiles) * warp_tiles  # whole warp rounds
+        if cutlass.const_expr(fit_waves):
+            ctas = row_units * ceil_div(col_tiles, tiles_per_cta)
+            if ctas > wave_ctas and ctas < 2 * wave_ctas and col_tiles % (2 * tiles_per_cta) == 0:
+                tiles_per_cta = tiles_per_cta * 2
         chunks = ceil_div(col_tiles, tiles_per_cta)
         quantize_kernel(
             x, q, scales, offsets, padded_start, padded_end, qt, scales_t, group_param, tiles_per_cta
@@ -703,12 +706,14 @@ def compile_quantize(
     options: str = "",
     max_groups: int = MAX_GROUPS,
     dual: bool = False,
+    num_sms: int | None = None,
 ):
     """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream); without a
     ``config``, the tuned one for the dtype with ``max_groups`` (``SMALL_GROUPS`` or ``MAX_GROUPS``).
-    ``dual``: also write the 32x1 quantization of x (q^T and its scales) from the same read."""
+    ``dual``: also write the 32x1 quantization of x (q^T and its scales) from the same read.
+    ``num_sms``: the device's SM count (default: the arch's usual one)."""
     config = config or replace((DUAL_CONFIGS if dual else CONFIGS)[arch][dtype_name], max_groups=max_groups)
-    launch = make_quantize(dtype_name, mode, layout, config, dual)
+    launch = make_quantize(dtype_name, mode, layout, config, dual, num_sms or DEFAULT_NUM_SMS[arch])
     return cute.compile(
         launch,
         *fake_arguments(dtype_name, layout, dual),

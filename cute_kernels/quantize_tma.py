@@ -303,9 +303,7 @@ def make_quantize_tma(dtype_name: str, mode: str, layout: ScaleLayout, config: T
                         out_row,
                         out_vec,
                         store,
-                        True,
                         mode,
-                        False,
                     )
                 # Route the row's scale word to lane (row % 32) of the quarter.
                 word = cute.arch.shuffle_sync(

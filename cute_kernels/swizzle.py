@@ -63,16 +63,13 @@ from cute_utils.groups import (
     scan_padded_group_sizes_small,
     smem_group_bounds,
 )
+from cute_utils.occupancy import DEFAULT_NUM_SMS
 
 
 class SwizzleLayout(str, Enum):
     PLAIN = "plain"
     M_GROUPS = "m_groups"
     K_GROUPS = "k_groups"
-
-
-#: SM counts assumed when the caller does not say (the binding passes the device's own count).
-DEFAULT_NUM_SMS = {"sm_90a": 132, "sm_100a": 148}
 
 
 @dataclass(frozen=True)
@@ -101,12 +98,28 @@ class SwizzleConfig:
 
 # Picked with bench/tune_swizzle.py on an H200 (bench/README.md, 2026-11-21 second section): a
 # 128-column window is faster for C >= 160 but slower at C = 64 and at 524288 x 224, and it spills
-# registers in the 3-D and unaligned M-groups variants; 2 CTAs per SM, and 128-thread CTAs (8 per
-# SM) but for plain 131072 x 224, were slower.
+# registers in the 3-D variants; 2 CTAs per SM, and 128-thread CTAs (8 per SM) but for plain
+# 131072 x 224, were slower. Session 5: the grouped layouts take the 128-column window when the
+# scales have more than 64 columns and at most ``WIDE_MAX_BYTES`` (M-groups +3-5%, K-groups +1-4%
+# up to ~34 MB; at 117 MB it is 7% slower; no spills: 54-64 registers).
 _DEFAULT = SwizzleConfig()
+_WIDE = SwizzleConfig(window_cols=128)
 CONFIGS = {
-    arch: {"plain": _DEFAULT, "m_groups": _DEFAULT, "k_groups": _DEFAULT} for arch in ("sm_90a", "sm_100a")
+    arch: {
+        "plain": _DEFAULT,
+        "m_groups": _DEFAULT,
+        "k_groups": _DEFAULT,
+        "m_groups_wide": _WIDE,
+        "k_groups_wide": _WIDE,
+    }
+    for arch in ("sm_90a", "sm_100a")
 }
+WIDE_MAX_BYTES = 64 << 20
+
+
+def wide_window(layout: SwizzleLayout, rows: int, cols: int) -> bool:
+    """Whether ``layout`` on (``rows``, ``cols``) scales uses its ``<layout>_wide`` config."""
+    return layout is not SwizzleLayout.PLAIN and cols > 64 and rows * cols <= WIDE_MAX_BYTES
 
 
 @cute.jit
@@ -491,10 +504,12 @@ def compile_swizzle(
     config: SwizzleConfig | None = None,
     options: str = "",
     num_sms: int | None = None,
+    wide: bool = False,
 ):
     """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream); ``num_sms``
-    (default: the arch's usual count) sizes the persistent grid."""
-    config = config or CONFIGS[arch][layout.value]
+    (default: the arch's usual count) sizes the persistent grid; ``wide`` picks the layout's
+    ``_wide`` config (see :func:`wide_window`) when no ``config`` is given."""
+    config = config or CONFIGS[arch][layout.value + ("_wide" if wide else "")]
     launch = make_swizzle(layout, config, rank, word_loads, num_sms or DEFAULT_NUM_SMS[arch])
     return cute.compile(
         launch,
@@ -503,16 +518,19 @@ def compile_swizzle(
     )
 
 
-def variants() -> list[tuple[SwizzleLayout, int, bool]]:
-    """Every (layout, rank, word_loads) variant the bindings may ask for."""
+def variants() -> list[tuple[SwizzleLayout, int, bool, bool]]:
+    """Every (layout, rank, word_loads, wide) variant the bindings may ask for."""
     return [
-        (SwizzleLayout.PLAIN, 2, False),
-        (SwizzleLayout.PLAIN, 2, True),
-        (SwizzleLayout.PLAIN, 3, False),
-        (SwizzleLayout.PLAIN, 3, True),
-        (SwizzleLayout.M_GROUPS, 2, False),
-        (SwizzleLayout.M_GROUPS, 2, True),
-        (SwizzleLayout.K_GROUPS, 2, False),
+        (SwizzleLayout.PLAIN, 2, False, False),
+        (SwizzleLayout.PLAIN, 2, True, False),
+        (SwizzleLayout.PLAIN, 3, False, False),
+        (SwizzleLayout.PLAIN, 3, True, False),
+        (SwizzleLayout.M_GROUPS, 2, False, False),
+        (SwizzleLayout.M_GROUPS, 2, True, False),
+        (SwizzleLayout.M_GROUPS, 2, False, True),
+        (SwizzleLayout.M_GROUPS, 2, True, True),
+        (SwizzleLayout.K_GROUPS, 2, False, False),
+        (SwizzleLayout.K_GROUPS, 2, False, True),
     ]
 
 
@@ -520,12 +538,16 @@ def sass_targets() -> dict:
     """SASS-inspection targets of this module: ``swizzle_<layout>_<rank>d[_words]`` -> build(arch)."""
     from cute_utils.sass import compile_options
 
-    def target(layout: SwizzleLayout, rank: int, word_loads: bool):
-        return lambda arch: compile_swizzle(layout, arch, rank, word_loads, options=compile_options(arch))
+    def target(layout: SwizzleLayout, rank: int, word_loads: bool, wide: bool):
+        return lambda arch: compile_swizzle(
+            layout, arch, rank, word_loads, options=compile_options(arch), wide=wide
+        )
 
     return {
-        f"swizzle_{layout.value}_{rank}d{'_words' if word_loads else ''}": target(layout, rank, word_loads)
-        for layout, rank, word_loads in variants()
+        f"swizzle_{layout.value}_{rank}d{'_words' if word_loads else ''}{'_wide' if wide else ''}": target(
+            layout, rank, word_loads, wide
+        )
+        for layout, rank, word_loads, wide in variants()
     }
 
 
@@ -539,4 +561,5 @@ __all__ = [
     "make_swizzle",
     "sass_targets",
     "variants",
+    "wide_window",
 ]

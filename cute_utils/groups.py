@@ -209,47 +209,35 @@ def scan_padded_group_sizes_small(
 
 
 @cute.jit
-def padded_m_groups_row_block(
-    prefix: cute.Tensor,
+def padded_group_rows(
     aligned_prefix: cute.Tensor,
     ends: cute.Tensor,
     num_groups: Int32,
-    row_block: Int32,
+    row: Int32,
     alignment: Int32,
     out_rows: Int32,
     steps: cutlass.Constexpr = _SEARCH_STEPS,
 ):
-    """Rows behind output row block ``row_block`` of the M-groups scale layout of *padded* groups
-    (token-group padding fused into a 1x32 quantization, SPEC section 4).
+    """Token-group padding tiled by source rows (SPEC section 4): ``(q_row, q_zero)`` for ``row``.
 
-    Needs two scans of :func:`scan_padded_group_sizes` over the same offsets: ``prefix`` in units of
-    128 rows and ``aligned_prefix`` in units of ``alignment`` rows (group g's padded rows start at
-    ``alignment * aligned_prefix[g]``), plus the clamped ``ends``. A group keeps its 128-row block
-    count when padded to an alignment dividing 128, so block ``j`` of group ``g`` holds source rows
-    ``start_g + 128 j ...`` written to padded rows ``padded_start_g + 128 j ...``.
-
-    Returns ``(src_first, src_valid, dst_first, dst_valid, covered)``: the block's first source
-    row and how many source rows it reads (0..128), its first output row and how many output rows
-    it writes (``dst_valid >= src_valid``; output rows past ``src_valid`` are padding, zero). Blocks
-    past ``prefix[G]`` are not covered (zero scales) and write the zero rows after the last
-    padded group, up to ``out_rows``; they read nothing. ``steps``: as in
-    :func:`m_groups_scale_rows`.
-    """
-    covered_blocks = prefix[num_groups]
-    covered = row_block < covered_blocks
-    g = find_group(prefix, num_groups, row_block, steps)
-    start, end = smem_group_bounds(ends, g)
-    local = (row_block - prefix[g]) * 128
-    src_first = start + local
-    src_valid = cutlass.max(cutlass.min(end - src_first, 128), Int32(0))
-    dst_first = aligned_prefix[g] * alignment + local
-    dst_limit = aligned_prefix[g + 1] * alignment
-    if not covered:
-        src_valid = Int32(0)
-        dst_first = aligned_prefix[num_groups] * alignment + (row_block - covered_blocks) * 128
-        dst_limit = out_rows
-    dst_valid = cutlass.max(cutlass.min(dst_limit - dst_first, 128), Int32(0))
-    return src_first, src_valid, dst_first, dst_valid, covered
+    Needs the prefix of :func:`scan_padded_group_sizes` in units of ``alignment`` rows (group g's
+    padded rows start at ``alignment * aligned_prefix[g]``) and the clamped ``ends``. ``q_row``: the
+    padded row that source row ``row`` goes to, -1 when it is in no group (past the last end: dropped).
+    ``q_zero``: whether padded row ``row`` (below ``out_rows``) holds no group's data (a group's
+    alignment padding or the rows after the last padded group): it must be written as zero. Over all
+    rows, every padded row is written exactly once (valid offsets)."""
+    q_row = Int32(-1)
+    g = find_group_of_position(ends, num_groups, row, steps)
+    if g < num_groups:
+        start, end = smem_group_bounds(ends, g)
+        if row >= start and row < end:
+            q_row = aligned_prefix[g] * alignment + row - start
+    h = find_group(aligned_prefix, num_groups, row // alignment, steps)
+    start, end = smem_group_bounds(ends, h)
+    q_zero = row < out_rows
+    if row < aligned_prefix[num_groups] * alignment and row - aligned_prefix[h] * alignment < end - start:
+        q_zero = False
+    return q_row, q_zero
 
 
 @cute.jit

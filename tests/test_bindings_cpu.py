@@ -90,3 +90,15 @@ def test_disk_cache_round_trip(tmp_path, monkeypatch):
     # The loaded TVM-FFI function carries the compiled signature: a wrong call is a clear error.
     with pytest.raises(TypeError, match="Expects 3 parameters"):
         loaded(torch.zeros(1, 1, 1, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize(
+    "rows,cols", [(131072, 64), (131072, 160), (7168, 4096), (262144, 256), (524288, 224)]
+)
+def test_swizzle_wide_window_rule_matches_kernel_module(rows, cols):
+    from cute_kernels.swizzle import SwizzleLayout, wide_window
+    from torch_bindings.swizzle import wide_window as binding_rule
+
+    for layout in (SwizzleLayout.M_GROUPS, SwizzleLayout.K_GROUPS):
+        assert binding_rule(rows, cols) == wide_window(layout, rows, cols)
+    assert not wide_window(SwizzleLayout.PLAIN, rows, cols)

@@ -25,7 +25,6 @@ _DTYPE_NAMES = {
 }
 
 _kernels: dict[tuple, object] = {}  # hot-path lookup in front of kernel_cache.get_kernel
-_max_ctas: dict[tuple, int] = {}
 on_clear(_kernels.clear)
 
 
@@ -42,19 +41,6 @@ def _kernel(op: str, dtype: torch.dtype, width: int, arch: str):
 
         kernel = _kernels[key] = get_kernel((f"{op}_token_groups", name, width, arch), build)
     return kernel
-
-
-def _grid_limit(device: torch.device, op: str, arch: str) -> int:
-    """CTAs of the persistent grid on ``device`` (the config's CTAs per SM times the SM count)."""
-    key = (device.index, op, arch)
-    limit = _max_ctas.get(key)
-    if limit is None:
-        from cute_kernels.pad import CONFIGS
-
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        sm_count = torch.cuda.get_device_properties(index).multi_processor_count
-        limit = _max_ctas[key] = CONFIGS[arch][op].max_ctas(sm_count)
-    return limit
 
 
 def vector_bytes(element_size: int, *tensors: torch.Tensor) -> int:
@@ -90,7 +76,7 @@ def _run_pad(
     width = vector_bytes(x.element_size(), x)  # out: fresh from the caching allocator, 512-byte aligned
     kernel = _kernel("pad", x.dtype, width, arch)
     # Always launched: CTA 0 writes padded_start / padded_end even when there is no data.
-    kernel(x, out, group_end_offsets, padded_start, padded_end, alignment, _grid_limit(x.device, "pad", arch))
+    kernel(x, out, group_end_offsets, padded_start, padded_end, alignment)
     return out, padded_start, padded_end
 
 
@@ -153,7 +139,7 @@ def _run_unpad(
     if out.numel():
         width = vector_bytes(padded.element_size(), padded)  # out: fresh, 512-byte aligned
         kernel = _kernel("unpad", padded.dtype, width, arch)
-        kernel(padded, out, group_end_offsets, padded_start, _grid_limit(padded.device, "unpad", arch))
+        kernel(padded, out, group_end_offsets, padded_start)
     return out
 
 

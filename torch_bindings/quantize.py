@@ -29,11 +29,17 @@ def _make_kernel(target: targets.DeviceTarget, key: tuple):
         from cute_kernels.quantize import ScaleLayout, compile_quantize
 
         return compile_quantize(
-            dtype_name, mode, ScaleLayout(layout), target.arch, max_groups=max_groups, dual=dual
+            dtype_name,
+            mode,
+            ScaleLayout(layout),
+            target.arch,
+            max_groups=max_groups,
+            dual=dual,
+            num_sms=target.num_sms,
         )
 
     name = "quantize_1x32_dual" if dual else "quantize_1x32"
-    return get_kernel((name, dtype_name, mode, layout, max_groups, target.arch), build)
+    return get_kernel((name, dtype_name, mode, layout, max_groups, target.arch, target.num_sms), build)
 
 
 def scales_shape_1x32(x_shape: tuple, num_groups: int | None, blocked: bool) -> tuple:

@@ -1,0 +1,20 @@
+"""Launch-shape arithmetic shared by the kernels: SM counts and resident CTAs per SM.
+
+No DSL types here: these are host-side (compile-time) integers.
+"""
+
+#: SM counts assumed when the caller does not give the device's own (H100/H200, B200).
+DEFAULT_NUM_SMS = {"sm_90a": 132, "sm_100a": 148}
+#: Shared memory per SM that CTAs can take (Hopper and Blackwell: 228 KiB), and what the driver
+#: reserves per resident CTA.
+SMEM_PER_SM = 228 * 1024
+SMEM_RESERVED_PER_CTA = 1024
+MAX_CTAS_PER_SM = 32
+
+
+def resident_ctas(register_cap_ctas: int, smem_bytes: int) -> int:
+    """CTAs of one kernel resident per SM: at most ``register_cap_ctas`` (the ``min_blocks_per_mp``
+    register cap; 0: unknown, taken as 8), at most what ``smem_bytes`` per CTA leaves room for."""
+    by_registers = register_cap_ctas or 8
+    by_smem = SMEM_PER_SM // (smem_bytes + SMEM_RESERVED_PER_CTA)
+    return max(1, min(by_registers, by_smem, MAX_CTAS_PER_SM))
