@@ -14,7 +14,7 @@ with ``c = i % chunks``. The grid is not persistent: each CTA moves a contiguous
 ``items_per_warp`` items per warp, its warps taking them round-robin, and the hardware schedules the
 CTAs in waves (on an H200 this beat a persistent grid of SMs x 4 CTAs by 4-7%: fewer warps idle in
 the last wave). Each CTA first scans the group sizes into shared memory
-(:func:`cute_utils.groups.scan_padded_group_sizes`, unit A for pad, 1 for unpad). A vector is 16
+(:func:`cute_utils.groups.scan_group_sizes`, unit A for pad, 1 for unpad). A vector is 16
 bytes when the row size, row strides and data pointers allow it, else 4 bytes or one element (a
 compile-time choice). Consecutive rows of one group map to consecutive source rows, so a warp keeps
 the *segment* of its last row (output rows ``[lo, hi)``, source row ``r + delta`` for ``r`` in
@@ -46,8 +46,7 @@ from cute_utils.groups import (
     MAX_GROUPS,
     find_group,
     prefix_smem_words,
-    scan_padded_group_sizes,
-    scan_padded_group_sizes_small,
+    scan_group_sizes,
     smem_group_bounds,
 )
 
@@ -222,12 +221,7 @@ def make_pad(op: PadOp, config: PadConfig, vector_bytes: int = VECTOR_BYTES):
         ends = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words()), 16)
         warp_totals = smem.allocate_tensor(Int32, cute.make_layout(warps), 16)
         num_groups = offsets.shape[0]
-        if num_groups <= threads:
-            scan_padded_group_sizes_small(
-                offsets, num_groups, total, unit, prefix, warp_totals, tid, threads, ends
-            )
-        else:
-            scan_padded_group_sizes(offsets, num_groups, total, unit, prefix, warp_totals, tid, threads, ends)
+        scan_group_sizes(offsets, num_groups, total, unit, prefix, warp_totals, tid, threads, ends)
         return prefix, ends
 
     @cute.jit

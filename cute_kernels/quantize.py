@@ -409,14 +409,15 @@ def make_quantize(
 
     @cute.jit
     def _block_rows(group_param, row_block, rows):
-        """``(src_row, src_rows, dst_row, dst_rows)`` of row block ``row_block``: its first source
-        row of x and how many it reads, its first row of q and how many it writes. For the grouped
-        layouts this is the plain row block (they tile the data by source rows)."""
+        """``(src_row, src_rows)`` of row block ``row_block``: its first row of x and how many it
+        reads, which are also the rows of q it writes (but for ``padded``, whose rows of q are
+        shifted per row). For the grouped layouts this is the plain row block (they tile the data
+        by source rows)."""
         src_row = row_block * TILE_ROWS
         src_rows = cutlass.max(cutlass.min(rows - src_row, TILE_ROWS), Int32(0))
         if cutlass.const_expr(layout is ScaleLayout.EXPERTS):
             src_row, src_rows = uniform_groups_row_block(row_block, group_param)
-        return src_row, src_rows, src_row, src_rows
+        return src_row, src_rows
 
     @cute.jit
     def _row_block_scan(smem, offsets, tid, rows):
@@ -505,7 +506,7 @@ def make_quantize(
         q_vec = _vector_view(q, out_rows, cols)
 
         smem = SmemAllocator()
-        src_row, src_rows, dst_row, dst_rows = _block_rows(group_param, row_block, rows)
+        src_row, src_rows = _block_rows(group_param, row_block, rows)
 
         if cutlass.const_expr(layout is ScaleLayout.PLAIN):
             scale_bytes = cute.make_tensor(
@@ -582,8 +583,8 @@ def make_quantize(
                 step = b * batch + i
                 r = lane_row + step * ROWS_PER_STEP
                 in_cols = vec * VECTOR < cols
-                out_row = dst_row + r
-                store = r < dst_rows and in_cols
+                out_row = src_row + r
+                store = r < src_rows and in_cols
                 if cutlass.const_expr(padded):  # the padded row of source row r (-1: dropped)
                     out_row = cute.arch.shuffle_sync(q_row, r - quarter_row)
                     store = out_row >= 0 and in_cols

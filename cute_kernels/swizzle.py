@@ -59,8 +59,7 @@ from cute_utils.groups import (
     find_group,
     m_groups_row_block,
     prefix_smem_words,
-    scan_padded_group_sizes,
-    scan_padded_group_sizes_small,
+    scan_group_sizes,
     smem_group_bounds,
 )
 from cute_utils.occupancy import DEFAULT_NUM_SMS
@@ -288,14 +287,7 @@ def make_swizzle(
             warp_totals = smem.allocate_tensor(Int32, cute.make_layout(warps), 16)
             total = rows if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS) else cols
             unit = TILE_ROWS if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS) else TILE_COLS
-            if num_groups <= threads:
-                scan_padded_group_sizes_small(
-                    offsets, num_groups, total, unit, prefix, warp_totals, tid, threads, ends
-                )
-            else:
-                scan_padded_group_sizes(
-                    offsets, num_groups, total, unit, prefix, warp_totals, tid, threads, ends
-                )
+            scan_group_sizes(offsets, num_groups, total, unit, prefix, warp_totals, tid, threads, ends)
             if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS):
                 total_blocks = ceil_div(rows + TILE_ROWS * num_groups, TILE_ROWS)
             else:

@@ -120,6 +120,29 @@ def scan_padded_group_sizes(
 
 
 @cute.jit
+def scan_group_sizes(
+    offsets: cute.Tensor,
+    num_groups: Int32,
+    total: Int32,
+    unit,
+    prefix: cute.Tensor,
+    warp_totals: cute.Tensor,
+    tid: Int32,
+    num_threads: cutlass.Constexpr,
+    ends: cute.Tensor,
+):
+    """:func:`scan_padded_group_sizes` (same arguments and results) for any group count, taking the
+    straight-line :func:`scan_padded_group_sizes_small` when ``num_groups <= num_threads`` (a
+    run-time choice: both are compiled in)."""
+    if num_groups <= num_threads:
+        scan_padded_group_sizes_small(
+            offsets, num_groups, total, unit, prefix, warp_totals, tid, num_threads, ends
+        )
+    else:
+        scan_padded_group_sizes(offsets, num_groups, total, unit, prefix, warp_totals, tid, num_threads, ends)
+
+
+@cute.jit
 def find_group(
     prefix: cute.Tensor, num_groups: Int32, key: Int32, steps: cutlass.Constexpr = _SEARCH_STEPS
 ) -> Int32:
