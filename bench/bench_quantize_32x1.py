@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     for rows in ROWS:
         for cols in cols_list:
             for groups in (None, 8):
-                rows_out.append(bench_shape(rows, cols, groups, not args.no_dual and groups is None))
+                rows_out.append(bench_shape(rows, cols, groups, not args.no_dual))
     print(f"device: {torch.cuda.get_device_name()}")
     keys = list(dict.fromkeys(k for r in rows_out for k in r))
     json_path, _ = output_paths(args.out, "quantize_32x1")

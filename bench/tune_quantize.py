@@ -68,35 +68,8 @@ def _padded_sweep(configs, arch, device) -> list[dict]:
 
             sets = make_rotating_inputs(make)
             nbytes = sum(t.nbytes for t in sets[0][:3])
-            us = time_cuda(lambda x, q, s, ps, pe, e, k=kernel: k(x, q, s, e, ps, pe, None, None, 32), sets)
+            us = time_cuda(lambda x, q, s, ps, pe, e, k=kernel: k(x, q, s, e, ps, pe, 32), sets)
             rows.append(_row(shape, groups, config, us, copy_baseline_us(nbytes, device) / us))
-            progress(f"{rows[-1]}")
-            del sets
-    return rows
-
-
-def _dual_sweep(configs, arch, device) -> list[dict]:
-    """Time the dual variant (1x32 + 32x1 from one read, blocked scales) on a few shapes."""
-    from torch_bindings.swizzle import blocked_output_shape
-
-    rows = []
-    for config in configs:
-        kernel = compile_quantize("bfloat16", "rceil", ScaleLayout.BLOCKED, arch, config, dual=True)
-        for shape in ((8192, 7168), (32768, 2048), (32768, 7168), (131072, 7168)):
-
-            def make(shape=shape):
-                x = torch.randn(shape, dtype=torch.bfloat16, device=device)
-                q = torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
-                e8m0 = {"dtype": torch.float8_e8m0fnu, "device": device}
-                s = torch.empty(scales_shape_1x32(shape, None, True), **e8m0)
-                qt = torch.empty(shape[::-1], dtype=torch.float8_e4m3fn, device=device)
-                st = torch.empty(blocked_output_shape((shape[1], shape[0] // 32), None, "M"), **e8m0)
-                return x, q, s, qt, st
-
-            sets = make_rotating_inputs(make)
-            nbytes = sum(t.nbytes for t in sets[0])
-            us = time_cuda(lambda x, q, s, qt, st, k=kernel: k(x, q, s, None, None, None, qt, st, 0), sets)
-            rows.append(_row(shape, False, config, us, copy_baseline_us(nbytes, device) / us))
             progress(f"{rows[-1]}")
             del sets
     return rows
@@ -121,7 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--padded", action="store_true", help="sweep the fused-padding variant instead")
-    parser.add_argument("--dual", action="store_true", help="sweep the dual (1x32 + 32x1) variant instead")
     args = parser.parse_args(argv)
     device = require_cuda("tune_quantize")
     arch, _ = kernel_arch(device)
@@ -143,15 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             QuantizeConfig(target_ctas=t, max_groups=64, warp_tiles=w, chunk_major=c)
             for t, w, c in [(32768, 4, True), (4096, 4, True), (2048, 4, True), (1024, 4, True)]
         ]
-    if args.dual:
-        configs = [
-            QuantizeConfig(stages=st, warp_tiles=w, chunk_major=c)
-            for st, w, c in [(5, 1, False), (5, 1, True), (5, 4, True), (9, 1, False)]
-        ]
-    swept = args.padded or args.dual
     rows = _padded_sweep(configs, arch, device) if args.padded else []
-    rows += _dual_sweep(configs, arch, device) if args.dual else []
-    for config in [] if swept else configs:
+    for config in [] if args.padded else configs:
         kernels = {
             grouped: compile_quantize(
                 args.dtype, "rceil", ScaleLayout.M_GROUPS if grouped else ScaleLayout.BLOCKED, arch, config
@@ -161,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         for shape in SHAPES[:2] if args.quick else SHAPES:
             for grouped, kernel in kernels.items():
                 sets, nbytes = quantize_inputs(shape, dtype, grouped, device)
-                us = time_cuda(lambda x, q, s, e, k=kernel: k(x, q, s, e, None, None, None, None, 0), sets)
+                us = time_cuda(lambda x, q, s, e, k=kernel: k(x, q, s, e, None, None, 0), sets)
                 rows.append(_row(shape, grouped, config, us, copy_baseline_us(nbytes, device) / us))
                 progress(f"{rows[-1]}")
                 del sets

@@ -62,7 +62,7 @@ def _same_bytes(reference_kernel, kernel, x) -> bool:
         if tma:
             kernel(x, q, s)
         else:
-            reference_kernel(x, q, s, None, None, None, None, None, 0)
+            reference_kernel(x, q, s, None, None, None, 0)
         outs.append((q.view(torch.uint8), s.view(torch.uint8)))
     return all(torch.equal(a, b) for a, b in zip(outs[0], outs[1], strict=True))
 
@@ -99,9 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     for shape in QUICK_SHAPES if args.quick else SHAPES:
         sets, nbytes = quantize_inputs(shape, torch.bfloat16, False, device)  # (x, q, scales, None) sets
         copy_us = copy_baseline_us(nbytes, device)
-        base_us = time_cuda(
-            lambda x, q, s, e, k=baseline: k(x, q, s, e, None, None, None, None, 0), sets, **timing
-        )
+        base_us = time_cuda(lambda x, q, s, e, k=baseline: k(x, q, s, e, None, None, 0), sets, **timing)
         rows.append(_row(shape, "cp.async", None, base_us, copy_us, base_us, "-"))
         progress(f"{rows[-1]}")
         for config, kernel in kernels:

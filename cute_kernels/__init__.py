@@ -9,7 +9,7 @@ import importlib
 from collections.abc import Callable
 
 #: Kernel modules that register SASS targets (each defines ``sass_targets() -> dict``).
-KERNEL_MODULES = ("swizzle", "quantize", "pad", "quantize_32x1", "quantize_tma")
+KERNEL_MODULES = ("swizzle", "quantize", "pad", "quantize_32x1", "quantize_tma", "quantize_dual")
 
 
 def sass_targets() -> dict[str, Callable[[str], object]]:

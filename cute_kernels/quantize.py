@@ -58,15 +58,13 @@ from cute_utils.groups import (
 )
 from cute_utils.mx import (
     BLOCK_SIZE,
-    abs_bits,
     e8m0_scale,
     inverse_scale,
     lane_group_max,
     max_abs_bits,
     scale_values,
-    transpose_bytes_4x4,
 )
-from cute_utils.occupancy import DEFAULT_NUM_SMS, resident_ctas
+from cute_utils.occupancy import DEFAULT_NUM_SMS, MAX_GRID_Y, chunk_major_grid, resident_ctas
 
 VECTOR = 8  # elements per lane and vector step
 LANES_PER_BLOCK = BLOCK_SIZE // VECTOR  # 4
@@ -138,11 +136,6 @@ SMALL_GROUPS = 64
 _DEFAULT = QuantizeConfig()
 _FP32 = replace(_DEFAULT, min_ctas_per_sm=0)  # its padded variant spills under the 40-register cap
 CONFIGS = {arch: {"bfloat16": _DEFAULT, "float32": _FP32} for arch in ("sm_90a", "sm_100a")}
-# The dual variant (bench/tune_quantize.py --dual, H200): 4 units in flight beside the tile kept for the
-# column pass, and the 4 warps on the 4 quarters of one tile, so a CTA writes 128 contiguous bytes
-# of each q^T row (0.65 of copy vs 0.49 with warps side by side along K).
-_DUAL = QuantizeConfig(stages=5, warp_tiles=1, min_ctas_per_sm=0, chunk_major=False)
-DUAL_CONFIGS = {arch: {"bfloat16": _DUAL, "float32": _DUAL} for arch in ("sm_90a", "sm_100a")}
 
 
 def _vector_view(tensor: cute.Tensor, rows, cols, dtype=None) -> cute.Tensor:
@@ -252,98 +245,11 @@ def _quantize_vector(values, q_vec, row, vec, store, mode: cutlass.Constexpr):
     return s
 
 
-@cute.jit
-def _column_pass(
-    cols_view: cute.Tensor,
-    slots,
-    qt_words: cute.Tensor,
-    scale_bytes_t: cute.Tensor,
-    scale_cols_t: Int32,
-    tile: Int32,
-    block32: Int32,
-    live: Int32,
-    cols: Int32,
-    mode: cutlass.Constexpr,
-    batch: cutlass.Constexpr,
-    blocked: cutlass.Constexpr,
-):
-    """32x1 quantization of one warp's 32-row x 128-column tile already in its shared ring (the
-    dual kernel's second pass over the tile that the 1x32 pass just converted).
-
-    ``cols_view``: the warp's ring as (slot, batch, row parity, 16 vectors, 2 halves, 4 elements);
-    ``slots[b]``: ring slot of the tile's unit b. Lane ``l`` owns columns ``4 l .. 4 l + 3`` of the
-    tile (k = 128 tile + 4 l + j): one pass takes each column's 32-row max, a second quantizes, and
-    4x4 byte transposes turn rows into 16-byte runs of q^T rows (``qt_words``: (K, M/4) words).
-    ``scale_bytes_t``: the 32x1 scales as flat bytes, S^T = (K, M/32) plain or its blocked layout
-    with ``scale_cols_t`` (Cp) columns.
-    ``block32``: the 32-row block index along M (the column of S^T = (K, M/32)); ``live``: whether
-    the block holds data (else its scales are written as 0 and no data is stored).
-    """
-    lane = cute.arch.thread_idx()[0] % 32
-    vector, half = lane // 2, lane % 2
-    k0 = tile * TILE_K + lane * 4
-    amax = cute.make_rmem_tensor(cute.make_layout(4), Int32)
-    amax.fill(0)
-    for r in cutlass.range_constexpr(BLOCK_SIZE):
-        step = r // ROWS_PER_STEP
-        values = cols_view[slots[step // batch], step % batch, r % 2, vector, half, None].load().to(Float32)
-        for j in cutlass.range_constexpr(4):
-            amax[j] = cutlass.max(amax[j], abs_bits(values[j]))
-    # Re-read the tile below rather than keep its 128 values in registers across the two passes.
-    cute.arch.sync_warp()
-    inv = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-    for j in cutlass.range_constexpr(4):
-        s = e8m0_scale(amax[j], mode)
-        k = k0 + j
-        if not live or k >= cols:
-            s = Int32(0)
-        inv[j] = inverse_scale(s)
-        if cutlass.const_expr(blocked):
-            offset = ((k // TILE_K) * (scale_cols_t // TILE_COLS) + block32 // TILE_COLS) * 512
-            offset = offset + (k % 32) * 16 + ((k % TILE_K) // 32) * 4 + block32 % TILE_COLS
-            scale_bytes_t[offset] = Uint8(s)
-        else:
-            if k < cols and live:
-                scale_bytes_t[k * scale_cols_t + block32] = Uint8(s)
-    for h in cutlass.range_constexpr(2):
-        words = cute.make_rmem_tensor(cute.make_layout((4, 4), stride=(4, 1)), Uint32)
-        for g in cutlass.range_constexpr(4):
-            rows = []
-            for rr in cutlass.range_constexpr(4):
-                r = h * 16 + g * 4 + rr
-                step = r // ROWS_PER_STEP
-                xf = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-                xf.store(
-                    cols_view[slots[step // batch], step % batch, r % 2, vector, half, None]
-                    .load()
-                    .to(Float32)
-                )
-                for j in cutlass.range_constexpr(4):
-                    xf[j] = xf[j] * inv[j]
-                q4 = cute.make_rmem_tensor(cute.make_layout(4), Float8E4M3FN)
-                q4.store(xf.load().to(Float8E4M3FN))
-                rows.append(cute.recast_tensor(q4, Uint32)[0])
-            c0, c1, c2, c3 = transpose_bytes_4x4(rows[0], rows[1], rows[2], rows[3])
-            words[0, g] = c0
-            words[1, g] = c1
-            words[2, g] = c2
-            words[3, g] = c3
-        if live:
-            for j in cutlass.range_constexpr(4):
-                if k0 + j < cols:
-                    dst = cute.local_tile(qt_words[k0 + j, None], (4,), (block32 * 2 + h,))
-                    cute.autovec_copy(words[j, None], dst)
-
-
-_MAX_GRID_Y = 65535
-
-
 def _grid(row_units, chunks, chunk_major: bool):
     """Launch grid of ``row_units`` x ``chunks`` CTAs: ``[row_units, chunks]``, or chunk-major
-    ``[chunks, y, z]`` with row unit ``y + 65535 z`` (grid y is at most 65535; units past
-    ``row_units`` find no rows and store nothing)."""
+    (:func:`chunk_major_grid`)."""
     if chunk_major:
-        return [chunks, cutlass.min(row_units, _MAX_GRID_Y), ceil_div(row_units, _MAX_GRID_Y)]
+        return chunk_major_grid(row_units, chunks)
     return [row_units, chunks, 1]
 
 
@@ -359,7 +265,6 @@ def make_quantize(
     mode: str,
     layout: ScaleLayout,
     config: QuantizeConfig,
-    dual: bool = False,
     num_sms: int = DEFAULT_NUM_SMS["sm_90a"],
 ):
     """Build the ``@cute.jit`` launcher ``launch(x, q, scales, offsets, padded_start, padded_end,
@@ -381,14 +286,11 @@ def make_quantize(
     stages = config.stages
     threads = 32 * WARPS
     padded = layout is ScaleLayout.PADDED
-    if dual and layout not in (ScaleLayout.PLAIN, ScaleLayout.BLOCKED):
-        raise ValueError(f"the dual kernel takes plain or blocked scales, not {layout.value}")
     ahead = stages - 1  # units in flight while one converts
-    # The dual kernel keeps a warp's whole tile (``batches`` units) in the ring for its column pass.
-    ring_units = batches + ahead if dual else stages
+    ring_units = stages
     warp_tiles = config.warp_tiles
     warp_rows = WARPS // warp_tiles  # quarters of a row block per CTA
-    fit_waves = config.fit_waves and layout.scans_groups and not dual
+    fit_waves = config.fit_waves and layout.scans_groups
     wave_ctas = num_sms * resident_ctas(
         config.min_ctas_per_sm, _smem_bytes(dtype_name, layout, config, ring_units)
     )
@@ -485,8 +387,6 @@ def make_quantize(
         offsets,
         padded_start,
         padded_end,
-        qt,
-        scales_t,
         group_param: Int32,
         tiles_per_cta: Int32,
     ):
@@ -494,7 +394,7 @@ def make_quantize(
         row_unit, col_chunk, _ = cute.arch.block_idx()
         if cutlass.const_expr(config.chunk_major):
             col_chunk, row_unit, row_unit_hi = cute.arch.block_idx()
-            row_unit = row_unit + row_unit_hi * _MAX_GRID_Y
+            row_unit = row_unit + row_unit_hi * MAX_GRID_Y
         lane = tid % 32
         warp = tid // 32
         row_block = row_unit // warp_tiles
@@ -530,22 +430,6 @@ def make_quantize(
         x_vec = _vector_view(x, rows, cols)
         ring, atom = _staging_ring(smem, x, batch, ring_units)
         tiles = cutlass.max(ceil_div(last_tile - first_tile, warp_tiles), 0)
-        if cutlass.const_expr(dual):
-            cols_view = cute.make_tensor(
-                ring.iterator,
-                cute.make_layout(
-                    (ring_units, batch, 2, LANES_PER_ROW, 2, 4),
-                    stride=(batch * 32 * VECTOR, 32 * VECTOR, LANES_PER_ROW * VECTOR, VECTOR, 4, 1),
-                ),
-            )
-            qt_words = cute.make_tensor(
-                cute.recast_ptr(qt.iterator, dtype=Uint32),
-                cute.make_layout((cols, rows // 4), stride=(rows // 4, 1)),
-            )
-            scale_bytes_t = cute.make_tensor(
-                cute.recast_ptr(scales_t.iterator, dtype=Uint8), cute.make_layout(cute.size(scales_t))
-            )
-            scale_cols_t = scales_t.shape[1]
         # Per-lane cp.async pipeline: unit u = batch (u % batches) of this warp's tile u // batches, in
         # ring slot u % ring_units; ``ahead`` units are in flight while one converts.
         units = tiles * batches
@@ -596,24 +480,6 @@ def make_quantize(
                 if lane // ROWS_PER_STEP == step:
                     my_word = word
             if b == batches - 1:
-                if cutlass.const_expr(dual):
-                    cute.arch.sync_warp()  # the tile's slots, filled by every lane, are complete
-                    slots = [(u - (batches - 1) + bb) % ring_units for bb in range(batches)]
-                    _column_pass(
-                        cols_view,
-                        slots,
-                        qt_words,
-                        scale_bytes_t,
-                        scale_cols_t,
-                        tile,
-                        row_block * WARPS + quarter,
-                        quarter_row < src_rows,
-                        cols,
-                        mode,
-                        batch,
-                        layout is ScaleLayout.BLOCKED,
-                    )
-                    cute.arch.sync_warp()  # before the next issues overwrite the tile's slots
                 if cutlass.const_expr(layout is ScaleLayout.PLAIN):
                     row = quarter_row + lane
                     _store_plain_scales(scale_bytes, src_row + row, tile, my_word, row < src_rows)
@@ -636,8 +502,6 @@ def make_quantize(
         offsets,
         padded_start,
         padded_end,
-        qt,
-        scales_t,
         group_param: Int32,
         stream,
     ):
@@ -650,9 +514,7 @@ def make_quantize(
             if ctas > wave_ctas and ctas < 2 * wave_ctas and col_tiles % (2 * tiles_per_cta) == 0:
                 tiles_per_cta = tiles_per_cta * 2
         chunks = ceil_div(col_tiles, tiles_per_cta)
-        quantize_kernel(
-            x, q, scales, offsets, padded_start, padded_end, qt, scales_t, group_param, tiles_per_cta
-        ).launch(
+        quantize_kernel(x, q, scales, offsets, padded_start, padded_end, group_param, tiles_per_cta).launch(
             grid=_grid(row_units, chunks, config.chunk_major),
             block=[threads, 1, 1],
             stream=stream,
@@ -663,10 +525,10 @@ def make_quantize(
     return launch
 
 
-def fake_arguments(dtype_name: str, layout: ScaleLayout, dual: bool = False):
+def fake_arguments(dtype_name: str, layout: ScaleLayout):
     """Fake tensors for ``launch`` (M, K, G and the q / scale row counts symbolic; K a multiple of
-    32, and M too for ``dual``), the group parameter and the env stream."""
-    rows = cute.sym_int(divisibility=BLOCK_SIZE) if dual else cute.sym_int()
+    32), the group parameter and the env stream."""
+    rows = cute.sym_int()
     cols = cute.sym_int(divisibility=BLOCK_SIZE)
     x = cute.runtime.make_fake_compact_tensor(
         DTYPES[dtype_name], (rows, cols), stride_order=(1, 0), assumed_align=16
@@ -686,16 +548,8 @@ def fake_arguments(dtype_name: str, layout: ScaleLayout, dual: bool = False):
         if layout is ScaleLayout.PADDED:
             padded_start = cute.runtime.make_fake_compact_tensor(Int32, (groups,), assumed_align=4)
             padded_end = cute.runtime.make_fake_compact_tensor(Int32, (groups,), assumed_align=4)
-    qt = scales_t = None
-    if dual:
-        qt = cute.runtime.make_fake_compact_tensor(
-            Float8E4M3FN, (cols, rows), stride_order=(1, 0), assumed_align=16
-        )
-        scales_t = cute.runtime.make_fake_compact_tensor(
-            Float8E8M0FNU, (cute.sym_int(), cute.sym_int()), stride_order=(1, 0), assumed_align=4
-        )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return x, q, scales, offsets, padded_start, padded_end, qt, scales_t, Int32(0), stream
+    return x, q, scales, offsets, padded_start, padded_end, Int32(0), stream
 
 
 def compile_quantize(
@@ -706,49 +560,42 @@ def compile_quantize(
     config: QuantizeConfig | None = None,
     options: str = "",
     max_groups: int = MAX_GROUPS,
-    dual: bool = False,
     num_sms: int | None = None,
 ):
     """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream); without a
     ``config``, the tuned one for the dtype with ``max_groups`` (``SMALL_GROUPS`` or ``MAX_GROUPS``).
-    ``dual``: also write the 32x1 quantization of x (q^T and its scales) from the same read.
     ``num_sms``: the device's SM count (default: the arch's usual one)."""
-    config = config or replace((DUAL_CONFIGS if dual else CONFIGS)[arch][dtype_name], max_groups=max_groups)
-    launch = make_quantize(dtype_name, mode, layout, config, dual, num_sms or DEFAULT_NUM_SMS[arch])
+    config = config or replace(CONFIGS[arch][dtype_name], max_groups=max_groups)
+    launch = make_quantize(dtype_name, mode, layout, config, num_sms or DEFAULT_NUM_SMS[arch])
     return cute.compile(
         launch,
-        *fake_arguments(dtype_name, layout, dual),
+        *fake_arguments(dtype_name, layout),
         options=f"--enable-tvm-ffi --gpu-arch {arch} {options}".strip(),
     )
 
 
-DUAL_LAYOUTS = (ScaleLayout.PLAIN, ScaleLayout.BLOCKED)
-
-
-def variants() -> list[tuple[str, str, ScaleLayout, int, bool]]:
-    """Every (dtype, mode, scale layout, max groups, dual) variant the bindings may ask for."""
+def variants() -> list[tuple[str, str, ScaleLayout, int]]:
+    """Every (dtype, mode, scale layout, max groups) variant the bindings may ask for."""
     out = []
     for d in DTYPES:
         for m in ("floor", "rceil"):
             for layout in ScaleLayout:
                 for g in (SMALL_GROUPS, MAX_GROUPS) if layout.scans_groups else (MAX_GROUPS,):
-                    out.append((d, m, layout, g, False))
-                if layout in DUAL_LAYOUTS:
-                    out.append((d, m, layout, MAX_GROUPS, True))
+                    out.append((d, m, layout, g))
     return out
 
 
 def sass_targets() -> dict:
-    """SASS-inspection targets: ``quantize_1x32[_dual]_<dtype>_<mode>_<layout>[_g<G>]`` -> build(arch)."""
+    """SASS-inspection targets: ``quantize_1x32_<dtype>_<mode>_<layout>[_g<G>]`` -> build(arch)."""
     from cute_utils.sass import compile_options
 
-    def target(dtype_name: str, mode: str, layout: ScaleLayout, groups: int, dual: bool):
+    def target(dtype_name: str, mode: str, layout: ScaleLayout, groups: int):
         return lambda arch: compile_quantize(
-            dtype_name, mode, layout, arch, options=compile_options(arch), max_groups=groups, dual=dual
+            dtype_name, mode, layout, arch, options=compile_options(arch), max_groups=groups
         )
 
-    def name(d: str, m: str, layout: ScaleLayout, g: int, dual: bool) -> str:
+    def name(d: str, m: str, layout: ScaleLayout, g: int) -> str:
         suffix = f"_g{g}" if layout.scans_groups else ""
-        return f"quantize_1x32{'_dual' if dual else ''}_{d}_{m}_{layout.value}{suffix}"
+        return f"quantize_1x32_{d}_{m}_{layout.value}{suffix}"
 
     return {name(*v): target(*v) for v in variants()}

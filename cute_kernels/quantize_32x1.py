@@ -38,14 +38,15 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float8E4M3FN, Float8E8M0FNU, Float32, Int32, Uint8, Uint32
 from cutlass.memory import SmemAllocator
 
-from cute_utils.blocked import TILE_BYTES, TILE_COLS, TILE_ROWS, ceil_div
-from cute_utils.groups import (
-    MAX_GROUPS,
-    find_group_of_position,
-    prefix_smem_words,
-    scan_padded_group_sizes,
-    smem_group_bounds,
+from cute_utils.blocked import (
+    TILE_BYTES,
+    TILE_COLS,
+    TILE_ROWS,
+    blocked_row_offset,
+    ceil_div,
+    zero_fill_chunks,
 )
+from cute_utils.groups import MAX_GROUPS, k_group_block, prefix_smem_words, scan_padded_group_sizes
 from cute_utils.mx import BLOCK_SIZE, abs_bits, e8m0_scale, inverse_scale
 
 THREADS = 128
@@ -190,50 +191,6 @@ def store_sector_pairs(words: cute.Tensor, dst: cute.Tensor, e: Int32, k0: Int32
         if valid:
             cute.autovec_copy(first, dst[e, k0 - 2 * odd + j, block, odd, None])
             cute.autovec_copy(second, dst[e, k0 + 2 - 2 * odd + j, block, odd, None])
-
-
-@cute.jit
-def k_group_block(prefix: cute.Tensor, ends: cute.Tensor, num_groups: Int32, row0: Int32, scale_rows: Int32):
-    """Where row block ``rows [row0, row0 + 32)`` lands in a K-groups layout with ``scale_rows`` (Rp)
-    rows, from the 128-row padded prefix and clamped ends of the group scan.
-
-    Returns ``(covered, base, row_block_bytes, pad)``: ``covered`` (Int32 0/1) when a group owns the
-    block; byte ``base + (k // 128) * row_block_bytes + (k % 32) * 16 + ((k % 128) // 32) * 4`` is
-    S[k, block]; ``pad`` (0..3) zero bytes follow it in its word when it is its group's last column.
-    """
-    g = find_group_of_position(ends, num_groups, row0)
-    gi = cutlass.max(cutlass.min(g, num_groups - 1), Int32(0))
-    start, end = smem_group_bounds(ends, gi)
-    covered = Int32(0)
-    if g < num_groups:
-        if start <= row0:
-            if row0 < end:
-                covered = Int32(1)
-    col = cutlass.max(row0 - start, Int32(0)) // BLOCK_SIZE
-    base = scale_rows * TILE_COLS * prefix[gi] + (col // TILE_COLS) * TILE_BYTES + col % TILE_COLS
-    row_block_bytes = (prefix[gi + 1] - prefix[gi]) * TILE_BYTES
-    pad = Int32(0)
-    if row0 + BLOCK_SIZE >= end:
-        pad = TILE_COLS - 1 - col % TILE_COLS
-    return covered, base, row_block_bytes, pad
-
-
-@cute.jit
-def blocked_row_offset(k: Int32) -> Int32:
-    """Byte offset of scale row ``k`` inside its 512-byte blocked tile and 128-row block."""
-    return (k % 32) * 16 + ((k % TILE_ROWS) // 32) * 4
-
-
-@cute.jit
-def zero_fill_chunks(words: cute.Tensor, first_byte: Int32, end_byte: Int32, index: Int32, stride: Int32):
-    """Zero the 16-byte chunks of bytes ``[first_byte, end_byte)`` (both multiples of 16) of the flat
-    Uint32 tensor ``words``, chunk ``index``, ``index + stride``, ... (a grid-stride loop)."""
-    zero = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-    zero.fill(0)
-    chunks = cute.make_tensor(words.iterator, cute.make_layout((cute.size(words) // 4, 4), stride=(4, 1)))
-    first = first_byte // 16
-    for chunk in cutlass.range(first + index, end_byte // 16, stride, unroll=1):
-        cute.autovec_copy(zero, chunks[chunk, None])
 
 
 def make_quantize_32x1(dtype_name: str, mode: str, layout: ScaleLayout, config: Quantize32x1Config):

@@ -111,3 +111,29 @@ def store_chunk(
         for q in cutlass.range_constexpr(TILE_COLS):
             if chunk * TILE_COLS + q < cute.size(dst_words):
                 dst_words[chunk * TILE_COLS + q] = frag[q]
+
+
+@cute.jit
+def blocked_offset(row: Int32, col: Int32, tile_cols: Int32) -> Int32:
+    """Byte offset of scale ``(row, col)`` in a blocked layout with ``tile_cols`` (Cp / 4) tile
+    columns: its 512-byte tile, then ``(row % 32) * 16 + ((row % 128) // 32) * 4 + col % 4``."""
+    tile = (row // TILE_ROWS) * tile_cols + col // TILE_COLS
+    return tile * TILE_BYTES + (row % 32) * 16 + ((row % TILE_ROWS) // 32) * TILE_COLS + col % TILE_COLS
+
+
+@cute.jit
+def blocked_row_offset(k: Int32) -> Int32:
+    """Byte offset of scale row ``k`` inside its 512-byte blocked tile and 128-row block."""
+    return (k % 32) * 16 + ((k % TILE_ROWS) // 32) * 4
+
+
+@cute.jit
+def zero_fill_chunks(words: cute.Tensor, first_byte: Int32, end_byte: Int32, index: Int32, stride: Int32):
+    """Zero the 16-byte chunks of bytes ``[first_byte, end_byte)`` (both multiples of 16) of the flat
+    Uint32 tensor ``words``, chunk ``index``, ``index + stride``, ... (a grid-stride loop)."""
+    zero = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+    zero.fill(0)
+    chunks = cute.make_tensor(words.iterator, cute.make_layout((cute.size(words) // 4, 4), stride=(4, 1)))
+    first = first_byte // 16
+    for chunk in cutlass.range(first + index, end_byte // 16, stride, unroll=1):
+        cute.autovec_copy(zero, chunks[chunk, None])

@@ -325,3 +325,29 @@ def m_groups_scale_rows(
         if out_row - prefix[h] * 128 < end - start:
             zero_row = Int32(-1)
     return data_row, zero_row
+
+
+@cute.jit
+def k_group_block(prefix: cute.Tensor, ends: cute.Tensor, num_groups: Int32, row0: Int32, scale_rows: Int32):
+    """Where row block ``rows [row0, row0 + 32)`` lands in a K-groups layout with ``scale_rows`` (Rp)
+    rows, from the 128-row padded prefix and clamped ends of the group scan.
+
+    Returns ``(covered, base, row_block_bytes, pad)``: ``covered`` (Int32 0/1) when a group owns the
+    block; byte ``base + (k // 128) * row_block_bytes + (k % 32) * 16 + ((k % 128) // 32) * 4`` is
+    S[k, block]; ``pad`` (0..3) zero bytes follow it in its word when it is its group's last column.
+    """
+    g = find_group_of_position(ends, num_groups, row0)
+    gi = cutlass.max(cutlass.min(g, num_groups - 1), Int32(0))
+    start, end = smem_group_bounds(ends, gi)
+    covered = Int32(0)
+    if g < num_groups:
+        if start <= row0:
+            if row0 < end:
+                covered = Int32(1)
+    col = cutlass.max(row0 - start, Int32(0)) // 32
+    base = scale_rows * 4 * prefix[gi] + (col // 4) * 512 + col % 4
+    row_block_bytes = (prefix[gi + 1] - prefix[gi]) * 512
+    pad = Int32(0)
+    if row0 + 32 >= end:
+        pad = 4 - 1 - col % 4
+    return covered, base, row_block_bytes, pad

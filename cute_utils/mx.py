@@ -14,6 +14,8 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 BLOCK_SIZE = 32
 _ABS_MASK = 0x7FFFFFFF
@@ -110,17 +112,55 @@ def scale_values(values: cute.Tensor, inv: Float32):
         values[i] = values[i] * inv
 
 
-@cute.jit
-def transpose_bytes_4x4(w0: Uint32, w1: Uint32, w2: Uint32, w3: Uint32):
-    """4x4 byte transpose in registers (8 ``prmt``): rows ``w0..w3`` (byte j = column j) in, the four
-    column words out, column j's byte i being row i's byte j. Turns 4 rows of E4M3 bytes into
-    4-byte runs along a column (row-wise quantization stored transposed)."""
-    t0 = Uint32(cute.arch.prmt(w0, w1, 0x5140))  # w0.0 w1.0 w0.1 w1.1
-    t1 = Uint32(cute.arch.prmt(w0, w1, 0x7362))  # w0.2 w1.2 w0.3 w1.3
-    t2 = Uint32(cute.arch.prmt(w2, w3, 0x5140))
-    t3 = Uint32(cute.arch.prmt(w2, w3, 0x7362))
-    c0 = Uint32(cute.arch.prmt(t0, t2, 0x5410))
-    c1 = Uint32(cute.arch.prmt(t0, t2, 0x7632))
-    c2 = Uint32(cute.arch.prmt(t1, t3, 0x5410))
-    c3 = Uint32(cute.arch.prmt(t1, t3, 0x7632))
-    return c0, c1, c2, c3
+@dsl_user_op
+def e4m3x4(a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None) -> Uint32:
+    """E4M3 bytes of ``a, b, c, d`` (byte 0 = a) in one word: two saturating round-to-nearest-even
+    ``cvt.rn.satfinite.e4m3x2.f32`` (NaN -> 0x7F), the conversion of SPEC section 2."""
+    operands = [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c, d)]
+    word = llvm.inline_asm(
+        T.i32(),
+        operands,
+        "{ .reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n"
+        "mov.b32 $0, {lo, hi}; }",
+        "=r,f,f,f,f",
+        loc=loc,
+        ip=ip,
+    )
+    return Uint32(word)
+
+
+@dsl_user_op
+def max_u16x2(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
+    """Lane-wise unsigned max of the two 16-bit halves of ``a`` and ``b`` (``max.u16x2``, sm_90+).
+    On bf16 magnitudes (sign bits cleared) it is a NaN-propagating float max, as :func:`abs_bits`."""
+    word = llvm.inline_asm(
+        T.i32(),
+        [Uint32(a).ir_value(loc=loc, ip=ip), Uint32(b).ir_value(loc=loc, ip=ip)],
+        "max.u16x2 $0, $1, $2;",
+        "=r,r,r",
+        loc=loc,
+        ip=ip,
+    )
+    return Uint32(word)
+
+
+@dsl_user_op
+def e4m3x2_into(word: Uint32, high: bool, a: Float32, b: Float32, *, loc=None, ip=None) -> Uint32:
+    """``word`` with its low (``high``: high) 16 bits replaced by the E4M3 bytes of ``a`` (the lower
+    byte) and ``b`` (one ``cvt.rn.satfinite.e4m3x2.f32``, as :func:`e4m3x4`)."""
+    half = "hi" if high else "lo"
+    operands = [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b)] + [Uint32(word).ir_value(loc=loc, ip=ip)]
+    result = llvm.inline_asm(
+        T.i32(),
+        operands,
+        "{ .reg .b16 lo, hi;\n"
+        "mov.b32 {lo, hi}, $3;\n"
+        f"cvt.rn.satfinite.e4m3x2.f32 {half}, $2, $1;\n"
+        "mov.b32 $0, {lo, hi}; }",
+        "=r,f,f,r",
+        loc=loc,
+        ip=ip,
+    )
+    return Uint32(result)

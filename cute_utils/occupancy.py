@@ -1,7 +1,9 @@
 """Launch-shape arithmetic shared by the kernels: SM counts and resident CTAs per SM.
 
-No DSL types here: these are host-side (compile-time) integers.
+Host-side (compile-time) integers, but for the launch grid of :func:`chunk_major_grid`.
 """
+
+import cutlass
 
 #: SM counts assumed when the caller does not give the device's own (H100/H200, B200).
 DEFAULT_NUM_SMS = {"sm_90a": 132, "sm_100a": 148}
@@ -18,3 +20,14 @@ def resident_ctas(register_cap_ctas: int, smem_bytes: int) -> int:
     by_registers = register_cap_ctas or 8
     by_smem = SMEM_PER_SM // (smem_bytes + SMEM_RESERVED_PER_CTA)
     return max(1, min(by_registers, by_smem, MAX_CTAS_PER_SM))
+
+
+#: Largest grid y (and z) dimension.
+MAX_GRID_Y = 65535
+
+
+def chunk_major_grid(row_units, chunks) -> list:
+    """Launch grid ``[chunks, y, z]`` (DSL integers) for ``row_units`` x ``chunks`` CTAs numbered
+    chunk-fastest, row unit ``y + MAX_GRID_Y * z`` (grid y is at most 65535; units past
+    ``row_units`` find no rows)."""
+    return [chunks, cutlass.min(row_units, MAX_GRID_Y), (row_units + MAX_GRID_Y - 1) // MAX_GRID_Y]

@@ -266,6 +266,29 @@ def test_dual_special_groups_and_fp32(mode):
     _check_dual(_random_x((1024, 416), torch.float32, gen), scaling_mode=mode)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "shape,groups",
+    [((32, 32), 1), ((1024, 1408), 4), ((8192, 2048), 8), ((8192, 2048), 64), ((16640, 7168), 256)],
+)
+def test_dual_groups(shape, groups, mode, poison_cuda_allocator):
+    """One dual launch with row groups (sizes multiples of 32, empty ones, a tail past the last
+    end): M-groups 1x32 scales and K-groups 32x1 scales, every byte of both written."""
+    gen = torch.Generator().manual_seed(shape[0] + groups)
+    x = _random_x(shape, torch.bfloat16, gen)
+    ends = cuda_offsets(random_group_ends(shape[0], groups, gen, multiple=32))
+    poison_cuda_allocator()
+    _check_dual(x, group_end_offsets=ends, scaling_mode=mode)
+
+
+def test_dual_groups_fp32_and_no_rows():
+    gen = torch.Generator().manual_seed(11)
+    x = _random_x((2048, 416), torch.float32, gen)
+    _check_dual(x, group_end_offsets=cuda_offsets(random_group_ends(2048, 8, gen, multiple=32)))
+    empty = torch.empty((0, 256), dtype=torch.bfloat16, device="cuda")
+    _check_dual(empty, group_end_offsets=cuda_offsets([0, 0, 0]))
+
+
 def test_dual_torch_compile_and_graph():
     gen = torch.Generator().manual_seed(7)
 

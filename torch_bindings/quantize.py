@@ -21,8 +21,8 @@ _E8M0 = torch.float8_e8m0fnu
 
 
 def _make_kernel(target: targets.DeviceTarget, key: tuple):
-    """Compiled 1x32 kernel for ``key = (dtype, mode, layout, max_groups, dual)`` on ``target``."""
-    dtype, mode, layout, max_groups, dual = key
+    """Compiled 1x32 kernel for ``key = (dtype, mode, layout, max_groups)`` on ``target``."""
+    dtype, mode, layout, max_groups = key
     dtype_name = str(dtype).removeprefix("torch.")
 
     def build():
@@ -34,12 +34,12 @@ def _make_kernel(target: targets.DeviceTarget, key: tuple):
             ScaleLayout(layout),
             target.arch,
             max_groups=max_groups,
-            dual=dual,
             num_sms=target.num_sms,
         )
 
-    name = "quantize_1x32_dual" if dual else "quantize_1x32"
-    return get_kernel((name, dtype_name, mode, layout, max_groups, target.arch, target.num_sms), build)
+    return get_kernel(
+        ("quantize_1x32", dtype_name, mode, layout, max_groups, target.arch, target.num_sms), build
+    )
 
 
 def scales_shape_1x32(x_shape: tuple, num_groups: int | None, blocked: bool) -> tuple:
@@ -68,15 +68,11 @@ def launch_1x32(
     padded_start: torch.Tensor | None = None,
     padded_end: torch.Tensor | None = None,
     group_param: int = 0,
-    qt: torch.Tensor | None = None,
-    scales_t: torch.Tensor | None = None,
 ) -> None:
     """Launch the 1x32 kernel variant ``layout`` (``cute_kernels.quantize.ScaleLayout`` value) on
-    pre-allocated outputs; argument contract in ``cute_kernels.quantize.make_quantize``. With
-    ``qt`` (q^T, (K, M)) and ``scales_t``, the dual variant also writes the 32x1 quantization."""
-    dual = qt is not None
-    kernel = target.kernel((x.dtype, mode, layout, _max_groups(group_end_offsets), dual), _make_kernel)
-    kernel(x, q, scales, group_end_offsets, padded_start, padded_end, qt, scales_t, group_param)
+    pre-allocated outputs; argument contract in ``cute_kernels.quantize.make_quantize``."""
+    kernel = target.kernel((x.dtype, mode, layout, _max_groups(group_end_offsets)), _make_kernel)
+    kernel(x, q, scales, group_end_offsets, padded_start, padded_end, group_param)
 
 
 def run_1x32_2d(
@@ -101,8 +97,8 @@ def run_1x32_2d(
     q = x.new_empty((rows, cols), dtype=_E4M3)
     scales = x.new_empty(shape, dtype=_E8M0)
     if shape[0] and cols:
-        kernel = target.kernel((x.dtype, mode, layout, key_groups, False), _make_kernel)
-        kernel(x, q, scales, group_end_offsets, None, None, None, None, 0)
+        kernel = target.kernel((x.dtype, mode, layout, key_groups), _make_kernel)
+        kernel(x, q, scales, group_end_offsets, None, None, 0)
     return q, scales
 
 

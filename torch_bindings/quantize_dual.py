@@ -1,8 +1,7 @@
 """``quantize_mxfp8_2d_dual``: the 1x32 and 32x1 quantizations of x from one read.
 
-Without groups, the dual variant of the 1x32 kernel (``cute_kernels.quantize``, ``dual=True``)
-writes both results in one pass. With groups (M-groups 1x32 scales, K-groups 32x1 scales) the two
-single kernels run, so x is read twice.
+One launch of the dual kernel (``cute_kernels.quantize_dual``) writes both results, with or without
+row groups (M-groups 1x32 scales, K-groups 32x1 scales).
 """
 
 from __future__ import annotations
@@ -10,27 +9,26 @@ from __future__ import annotations
 import torch
 
 from . import checks, reference, targets
-from .quantize import launch_1x32, run_1x32_2d, scales_shape_1x32
-from .quantize_32x1 import quantize_2d_32x1_fake, run_32x1_2d, scales_shape_32x1
+from .kernel_cache import get_kernel
+from .quantize import scales_shape_1x32
+from .quantize_32x1 import quantize_2d_32x1_fake, scales_shape_32x1
 
 _OP = "quantize_mxfp8_2d_dual"
 _E4M3 = torch.float8_e4m3fn
 _E8M0 = torch.float8_e8m0fnu
 
 
-def _run_ungrouped(
-    x: torch.Tensor, mode: str, blocked: bool, target: targets.DeviceTarget
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    checks.check_kernel_inputs(_OP, None, x)
-    rows, cols = x.shape
-    q_r = x.new_empty((rows, cols), dtype=_E4M3)
-    s_r = x.new_empty(scales_shape_1x32((rows, cols), None, blocked), dtype=_E8M0)
-    q_c = x.new_empty_strided((rows, cols), (1, rows), dtype=_E4M3)
-    s_c = x.new_empty(scales_shape_32x1(rows, cols, None, blocked), dtype=_E8M0)
-    if rows and cols:
-        layout = "blocked" if blocked else "plain"
-        launch_1x32(target, layout, x, q_r, s_r, mode, qt=q_c.t(), scales_t=s_c)
-    return q_r, s_r, q_c, s_c
+def _make_kernel(target: targets.DeviceTarget, key: tuple):
+    """Compiled dual kernel for ``key = ("dual", dtype, mode, layout)`` on ``target``."""
+    _, dtype, mode, layout = key
+    dtype_name = str(dtype).removeprefix("torch.")
+
+    def build():
+        from cute_kernels.quantize_dual import ScaleLayout, compile_quantize_dual
+
+        return compile_quantize_dual(dtype_name, mode, ScaleLayout(layout), target.arch)
+
+    return get_kernel(("quantize_dual", dtype_name, mode, layout, target.arch), build)
 
 
 def run_dual_2d(
@@ -41,11 +39,23 @@ def run_dual_2d(
     target: targets.DeviceTarget,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(q_1x32, scales_1x32, q_32x1, scales_32x1)`` of x (M, K), M and K multiples of 32
-    (contract checks done by the caller), bit-identical to the two single calls."""
-    if group_end_offsets is None:
-        return _run_ungrouped(x, mode, blocked, target)
-    q_r, s_r = run_1x32_2d(x, group_end_offsets, mode, blocked, target)
-    q_c, s_c = run_32x1_2d(x, group_end_offsets, mode, blocked, target)
+    (contract checks done by the caller), bit-identical to the two single calls: one launch of
+    the dual kernel (layout ``groups`` with offsets, else ``blocked`` or ``plain``)."""
+    checks.check_kernel_inputs(_OP, group_end_offsets, x)
+    rows, cols = x.shape
+    num_groups = None if group_end_offsets is None else group_end_offsets.shape[0]
+    blocked = blocked or num_groups is not None
+    q_r = x.new_empty((rows, cols), dtype=_E4M3)
+    q_c = x.new_empty_strided((rows, cols), (1, rows), dtype=_E4M3)
+    shape_r = scales_shape_1x32((rows, cols), num_groups, blocked)
+    shape_c = scales_shape_32x1(rows, cols, num_groups, blocked)
+    if rows == 0 or cols == 0:  # nothing to quantize: only padding bytes (zeros)
+        return q_r, x.new_zeros(shape_r, dtype=_E8M0), q_c, x.new_zeros(shape_c, dtype=_E8M0)
+    s_r = x.new_empty(shape_r, dtype=_E8M0)
+    s_c = x.new_empty(shape_c, dtype=_E8M0)
+    layout = "groups" if num_groups is not None else ("blocked" if blocked else "plain")
+    kernel = target.kernel(("dual", x.dtype, mode, layout), _make_kernel)
+    kernel(x, q_r, s_r, q_c.t(), s_c, group_end_offsets)
     return q_r, s_r, q_c, s_c
 
 
@@ -76,8 +86,8 @@ def quantize_mxfp8_2d_dual(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(q_1x32, scales_1x32, q_32x1, scales_32x1)`` of x (M, K), bf16/fp32, M and K multiples of
     32: bit-identical to ``quantize_mxfp8_2d`` with ``block="1x32"`` and ``block="32x1"`` (same
-    offsets: M-groups 1x32 scales, K-groups 32x1 scales with ``kend = end / 32``). Without groups x
-    is read once (the dual kernel); with groups the two single kernels run. No host sync."""
+    offsets: M-groups 1x32 scales, K-groups 32x1 scales with ``kend = end / 32``), x read once by
+    one kernel. No host sync."""
     checks.check_quantize_2d_dual(x, group_end_offsets, scaling_mode, blocked_scales)
     target = targets.select(_OP, backend, x)
     if target is None:

@@ -1,0 +1,99 @@
+"""Tune the dual quantization kernel's config (``cute_kernels.quantize_dual.DualConfig``).
+
+Compiles each candidate config, times it on bf16 shapes (blocked rceil scales) next to a copy of the
+same bytes and the two single calls (``quantize_mxfp8_2d`` 1x32 then 32x1), checks every output
+against the single calls' bytes, and prints one line per (config, shape).
+
+    python -m bench.tune_quantize_dual [--quick] [--groups G]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import torch_bindings
+from bench.common import copy_baseline_best, make_rotating_inputs, progress, time_cuda
+from cute_kernels.quantize_dual import DualConfig, ScaleLayout, compile_quantize_dual
+
+GROUP_CANDIDATES = {
+    "g_s3_t32k": DualConfig(stages=3, target_ctas=32768, min_ctas_per_sm=3),
+    "g_s3_t8k": DualConfig(stages=3, target_ctas=8192, min_ctas_per_sm=3),
+    "g_s3_t4k": DualConfig(stages=3, target_ctas=4096, min_ctas_per_sm=3),
+    "g_s2_t8k": DualConfig(stages=2, target_ctas=8192, min_ctas_per_sm=3),
+}
+CANDIDATES = {
+    "s2": DualConfig(),
+    "s2_t32k": DualConfig(target_ctas=32768),
+    "s3_t32k": DualConfig(stages=3, target_ctas=32768),
+    "k1_s2_t32k": DualConfig(warps_k=1, stages=2, min_ctas_per_sm=6, target_ctas=32768),
+    "k1_s3_t32k": DualConfig(warps_k=1, stages=3, min_ctas_per_sm=4, target_ctas=32768),
+    "k1_s2_t64k": DualConfig(warps_k=1, stages=2, min_ctas_per_sm=6, target_ctas=65536),
+}
+SHAPES = ((8192, 7168), (32768, 2048), (32768, 7168), (131072, 7168))
+
+
+def _single_calls(x: torch.Tensor, ends: torch.Tensor | None = None):
+    q_r, s_r = torch_bindings.quantize_mxfp8_2d(x, block="1x32", group_end_offsets=ends)
+    q_c, s_c = torch_bindings.quantize_mxfp8_2d(x, block="32x1", group_end_offsets=ends)
+    return q_r, s_r, q_c.t(), s_c
+
+
+def _ends(rows: int, groups: int) -> torch.Tensor:
+    """``groups`` uneven groups of whole 32-row blocks covering the rows."""
+    weights = torch.arange(1, groups + 1, dtype=torch.float64)
+    sizes = (weights / weights.sum() * (rows // 32)).floor().long()
+    sizes[-1] += rows // 32 - int(sizes.sum())
+    return (torch.cumsum(sizes, 0) * 32).to(torch.int32).cuda()
+
+
+def _bytes(tensors) -> list[torch.Tensor]:
+    return [t.contiguous().view(torch.uint8) for t in tensors]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="first two candidates only")
+    parser.add_argument("--groups", type=int, default=0, help="G row groups (the grouped layout)")
+    args = parser.parse_args(argv)
+    candidates = GROUP_CANDIDATES if args.groups else CANDIDATES
+    candidates = dict(list(candidates.items())[:2]) if args.quick else candidates
+    layout = ScaleLayout.GROUPS if args.groups else ScaleLayout.BLOCKED
+    arch = {9: "sm_90a", 10: "sm_100a"}[torch.cuda.get_device_capability()[0]]
+    print(f"device: {torch.cuda.get_device_name()}")
+    kernels = {}
+    for name, config in candidates.items():
+        progress(f"compiling {name}")
+        kernels[name] = compile_quantize_dual("bfloat16", "rceil", layout, arch, config)
+    for rows, cols in SHAPES:
+        ends = _ends(rows, args.groups) if args.groups else None
+
+        def make(rows=rows, cols=cols, ends=ends):
+            x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+            return (x, *_single_calls(x, ends))
+
+        sets = make_rotating_inputs(make)
+        x, q_r, s_r, qt, s_c = sets[0]
+        want = _bytes((q_r, s_r, qt, s_c))
+        moved = x.numel() * 2 + sum(t.numel() for t in want)
+        copy_us = copy_baseline_best(moved)[0].us
+        pair_us = time_cuda(lambda x, e=ends: _single_calls(x, e), [s[:1] for s in sets])
+        print(f"{rows}x{cols} two single calls {pair_us:9.1f} us  copy {copy_us:8.1f} us")
+        for name, kernel in kernels.items():
+            outs = [torch.empty_like(t) for t in (q_r, s_r, qt, s_c)]
+            for t in outs:
+                t.view(torch.uint8).fill_(0xA5)
+            kernel(x, *outs, ends)
+            same = all(torch.equal(a, b) for a, b in zip(_bytes(outs), want, strict=True))
+            us = time_cuda(lambda x, *o, k=kernel, e=ends: k(x, *o, e), sets)
+            print(
+                f"{rows}x{cols} {name:10s} {us:9.1f} us  ratio {copy_us / us:.3f}  "
+                f"vs two calls {pair_us / us:.2f}x  same={same}"
+            )
+        del sets
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

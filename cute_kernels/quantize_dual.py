@@ -1,0 +1,567 @@
+"""``quantize_mxfp8_2d_dual``: the 1x32 and the 32x1 MXFP8 quantizations of x from one read.
+
+x (M, K) bf16/fp32, M and K multiples of 32, gives
+
+- ``q`` (M, K) E4M3 row-major and its 1x32 scales S = (M, K/32): 32 consecutive elements of a row;
+- ``qt`` = q_32x1^T (K, M) E4M3 row-major (the (M, K) result with strides (1, M)) and its 32x1
+  scales S^T = (K, M/32): 32 consecutive rows of a column.
+
+Scale layouts (:class:`ScaleLayout`): ``plain`` (the logical matrices, row-major), ``blocked``
+(SPEC section 3, every padding byte written 0) or ``groups`` (row groups from end offsets, sizes
+multiples of 32: M-groups 1x32 scales (M + 128 G, Cp), K-groups 32x1 scales (Rp, M/32 + 4 G), every
+byte written; one group scan in 128-row units serves both).
+
+Work decomposition: a CTA of ``4 warps_k`` warps owns a 128-row tile and a run of column tiles of
+``64 warps_k`` columns; with ``warps_k = 2`` one 128 x 128 step gives exactly one 512-byte blocked
+tile of each scale matrix. Warp ``(wm, wk)`` takes rows ``32 wm .. 32 wm + 31`` (one 32x1 block)
+and 64 columns (two 1x32 blocks); lane ``8 r + c`` holds an 8 x 8 fragment: rows ``8 r .. 8 r + 7``,
+columns ``8 c .. 8 c + 7``. So a 1x32 block is 4 lanes (lane bits 0-1) and a 32x1 block 4 lanes
+(lane bits 3-4): both maxima are two butterfly shuffles away. Each of a block's 4 lanes computes 2
+of its 8 scales, stores their bytes and hands out the inverse scales by shuffles. Each lane writes
+8-byte runs of q rows and of q^T rows (a warp's 4 lanes of one column fill a 32-byte sector of q^T).
+
+Loads go through a per-lane ``cp.async`` ring in shared memory (``stages`` tiles per warp; each
+lane reads back only what it copied, so completion is its own ``wait_group``, no barrier). A tile
+is read from shared memory three times rather than kept in registers (80 registers: 3 CTAs per SM):
+for both block maxima (bf16: packed 16-bit max on the magnitudes, two rows per word), for q (a
+rolled loop over rows) and for q^T. Every element is converted to fp32 exactly and quantized with
+``cvt.rn.satfinite.e4m3x2.f32``, pairs along K for q and along M for q^T (no byte transposes).
+
+M, K and G are symbolic: one compile per (dtype, scaling mode, scale layout, config, arch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float8E4M3FN, Float8E8M0FNU, Float32, Int32, Uint8, Uint32
+from cutlass.cute.nvgpu import cpasync
+from cutlass.memory import SmemAllocator
+
+from cute_utils.blocked import (
+    TILE_COLS,
+    TILE_ROWS,
+    blocked_offset,
+    blocked_row_offset,
+    ceil_div,
+    zero_fill_chunks,
+)
+from cute_utils.groups import (
+    MAX_GROUPS,
+    k_group_block,
+    m_groups_scale_rows,
+    prefix_smem_words,
+    scan_group_sizes,
+    search_steps,
+)
+from cute_utils.mx import BLOCK_SIZE, e4m3x2_into, e4m3x4, e8m0_scale, inverse_scale, max_u16x2
+from cute_utils.occupancy import MAX_GRID_Y, chunk_major_grid
+
+WARPS_M = 4  # warps along M: one 32-row block each
+LANE_ROWS = 8  # rows of a lane's fragment
+LANE_COLS = 8  # columns of a lane's fragment
+COL_LANES = 8  # lanes of a warp along K
+WARP_COLS = COL_LANES * LANE_COLS  # 64
+TILE_M = TILE_ROWS  # rows of a CTA step
+ROW_BLOCK_LANES = BLOCK_SIZE // LANE_COLS  # 4 lanes per 1x32 block
+DTYPES = {"bfloat16": BFloat16, "float32": Float32}
+MODES = ("floor", "rceil")
+_ABS_MASK = 0x7FFFFFFF
+_ABS_MASK_X2 = 0x7FFF7FFF
+
+
+class ScaleLayout(str, Enum):
+    PLAIN = "plain"
+    BLOCKED = "blocked"
+    GROUPS = "groups"  # row groups: M-groups 1x32 scales, K-groups 32x1 scales
+
+
+@dataclass(frozen=True)
+class DualConfig:
+    """``stages``: tiles in a warp's shared-memory ring (``stages - 1`` in flight while one
+    converts); ``target_ctas``: grid size aimed for (each CTA loops over a run of column tiles);
+    ``min_ctas_per_sm``: register cap (0: none); ``warps_k``: warps along K (a CTA step covers
+    128 rows x 64 ``warps_k`` columns); ``reread``: read the tile from shared memory again for the
+    conversion instead of keeping it in registers since the maxima."""
+
+    stages: int = 2
+    target_ctas: int = 16384
+    min_ctas_per_sm: int = 3
+    warps_k: int = 2
+    reread: bool = True
+
+    def __post_init__(self) -> None:
+        if self.warps_k not in (1, 2):
+            raise ValueError(f"warps_k={self.warps_k} must be 1 or 2")
+        if self.stages < 1:
+            raise ValueError(f"stages={self.stages} must be >= 1")
+
+
+# Picked with bench/tune_quantize_dual.py on an H200 (bench/README.md, session 6): 3 stages, ~32768
+# CTAs, an 80-register cap; 2 stages tie at 8192-32768 rows and lose 1-4% at 131072 x 7168.
+# fp32 (not tuned): 4 warps per CTA, so that 2 stages of its 32-byte rows fit 3 CTAs per SM.
+GROUP_TARGET_CTAS = 4096
+_BF16 = DualConfig(stages=3, target_ctas=32768, min_ctas_per_sm=3)
+_FP32 = DualConfig(stages=2, target_ctas=32768, min_ctas_per_sm=6, warps_k=1)
+CONFIGS = {arch: {"bfloat16": _BF16, "float32": _FP32} for arch in ("sm_90a", "sm_100a")}
+# The grouped layout: longer CTAs amortize the group scan and lookups (tune_quantize_dual --groups).
+GROUP_CONFIGS = {
+    arch: {d: replace(c, target_ctas=GROUP_TARGET_CTAS) for d, c in CONFIGS[arch].items()} for arch in CONFIGS
+}
+
+
+def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: DualConfig):
+    """Build the ``@cute.jit`` launcher ``launch(x, q, scales, qt, scales_t, stream)``.
+
+    ``x``: (M, K) bf16/fp32 row-major, M and K multiples of 32, 16-byte aligned. ``q``: (M, K)
+    Float8E4M3FN row-major; ``qt``: (K, M) Float8E4M3FN row-major; both 16-byte aligned.
+    ``scales`` / ``scales_t``: Float8E8M0FNU, (M, K/32) / (K, M/32) for ``plain``, their blocked
+    layouts (Rp, Cp) for ``blocked``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be 'floor' or 'rceil', got {mode!r}")
+    dtype = DTYPES[dtype_name]
+    chunk_elems = 128 // dtype.width  # elements per 16-byte copy
+    chunks = LANE_COLS // chunk_elems  # 16-byte copies per fragment row
+    stages = config.stages
+    ahead = stages - 1
+    packed = dtype is BFloat16  # two values per word
+    warps = WARPS_M * config.warps_k
+    tile_k = WARP_COLS * config.warps_k  # columns of a CTA step
+    blocked = layout is ScaleLayout.BLOCKED
+    grouped = layout is ScaleLayout.GROUPS
+
+    def _col_tiles(cols):
+        """CTA steps along K: up to K rounded to 128, so each blocked tile is written whole."""
+        return ceil_div(cols, TILE_ROWS) * (TILE_ROWS // tile_k)
+
+    @cute.jit
+    def _load_row(ring_words: cute.Tensor, slot, i: cutlass.Constexpr, lane, frag: cute.Tensor):
+        """Row ``i`` of this lane's fragment from ring slot ``slot`` into ``frag`` (chunks, 4) words."""
+        for h in cutlass.range_constexpr(chunks):
+            cute.autovec_copy(ring_words[slot, i, h, lane, None], frag[h, None])
+
+    @cute.jit
+    def _issue(atom, x_chunks, ring, u, units, first_tile, lane_row, lane_col, rows_live, cols):
+        """Start the copies of this lane's fragment of tile ``first_tile + u`` into ring slot
+        ``u % stages`` (nothing past ``units`` or outside x) and commit them as one group."""
+        lane = cute.arch.lane_idx()
+        col0 = (first_tile + u) * tile_k + lane_col
+        if u < units and rows_live and col0 < cols:
+            for i in cutlass.range_constexpr(LANE_ROWS):
+                for h in cutlass.range_constexpr(chunks):
+                    cute.copy(
+                        atom,
+                        x_chunks[lane_row + i, col0 // chunk_elems + h, None],
+                        ring[u % stages, i, h, lane, None],
+                    )
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def _block_maxima(ring_words: cute.Tensor, slot, lane, row_bits: cute.Tensor, col_bits: cute.Tensor):
+        """``max |x|`` bits (fp32 bits, NaN-propagating) of this lane's 8 rows over their 1x32 blocks
+        into ``row_bits`` and of its 8 columns over the warp's 32 rows into ``col_bits``."""
+        frag = cute.make_rmem_tensor(cute.make_layout((chunks, 4), stride=(4, 1)), Uint32)
+        if cutlass.const_expr(packed):
+            pairs = cute.make_rmem_tensor(cute.make_layout(LANE_ROWS // 2), Uint32)
+            cols = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+            cols.fill(0)
+            prev = Uint32(0)
+            for i in cutlass.range_constexpr(LANE_ROWS):
+                _load_row(ring_words, slot, i, lane, frag)
+                m = Uint32(0)
+                for j in cutlass.range_constexpr(4):
+                    w = frag[0, j] & Uint32(_ABS_MASK_X2)
+                    cols[j] = max_u16x2(cols[j], w)
+                    m = max_u16x2(m, w)
+                if cutlass.const_expr(i % 2 == 0):
+                    prev = m
+                else:  # rows i - 1 (low half) and i (high half): the max of each row's two halves
+                    lo = Uint32(cute.arch.prmt(prev, m, 0x5410))
+                    hi = Uint32(cute.arch.prmt(prev, m, 0x7632))
+                    pairs[i // 2] = max_u16x2(lo, hi)
+            for p in cutlass.range_constexpr(LANE_ROWS // 2):
+                for k in cutlass.range_constexpr(2):
+                    pairs[p] = max_u16x2(pairs[p], Uint32(cute.arch.shuffle_sync_bfly(pairs[p], 1 << k)))
+                row_bits[2 * p] = Int32(pairs[p] << 16)
+                row_bits[2 * p + 1] = Int32(pairs[p] & Uint32(0xFFFF0000))
+            for j in cutlass.range_constexpr(4):
+                for k in cutlass.range_constexpr(2):
+                    cols[j] = max_u16x2(cols[j], Uint32(cute.arch.shuffle_sync_bfly(cols[j], 8 << k)))
+                col_bits[2 * j] = Int32(cols[j] << 16)
+                col_bits[2 * j + 1] = Int32(cols[j] & Uint32(0xFFFF0000))
+        else:
+            col_bits.fill(0)
+            for i in cutlass.range_constexpr(LANE_ROWS):
+                _load_row(ring_words, slot, i, lane, frag)
+                m = Int32(0)
+                for c in cutlass.range_constexpr(LANE_COLS):
+                    a = Int32(frag[c // 4, c % 4]) & Int32(_ABS_MASK)
+                    col_bits[c] = cutlass.max(col_bits[c], a)
+                    m = cutlass.max(m, a)
+                for k in cutlass.range_constexpr(2):
+                    m = cutlass.max(m, cute.arch.shuffle_sync_bfly(m, 1 << k))
+                row_bits[i] = m
+            for c in cutlass.range_constexpr(LANE_COLS):
+                for k in cutlass.range_constexpr(2):
+                    col_bits[c] = cutlass.max(col_bits[c], cute.arch.shuffle_sync_bfly(col_bits[c], 8 << k))
+
+    @cute.jit
+    def _shared_scales(
+        bits: cute.Tensor, own: Int32, first_lane: Int32, lane_step: cutlass.Constexpr, live, inv
+    ):
+        """Scales of the 8 blocks whose maxima ``bits`` the 4 lanes ``first_lane + lane_step * p``
+        (p = 0..3) share: lane p computes those of blocks ``2 own``, ``2 own + 1`` (``own`` = p) and
+        returns their bytes (0 where not ``live``: padding); the inverse scales of all 8 reach every
+        lane of the 4 through shuffles (``inv``)."""
+        lo, hi = bits[0], bits[1]
+        for p in cutlass.range_constexpr(1, LANE_ROWS // 2):
+            if own == p:
+                lo, hi = bits[2 * p], bits[2 * p + 1]
+        s_lo, s_hi = e8m0_scale(lo, mode), e8m0_scale(hi, mode)
+        if not live:
+            s_lo, s_hi = Int32(0), Int32(0)
+        inv_lo, inv_hi = inverse_scale(s_lo), inverse_scale(s_hi)
+        if cutlass.const_expr(inv is not None):
+            for i in cutlass.range_constexpr(LANE_ROWS):
+                mine = inv_lo if i % 2 == 0 else inv_hi
+                inv[i] = cute.arch.shuffle_sync(mine, first_lane + lane_step * (i // 2))
+        return s_lo, s_hi, inv_lo, inv_hi
+
+    @cute.jit
+    def _unpack_row(frag: cute.Tensor, values: cute.Tensor, r: cutlass.Constexpr):
+        """Row ``r`` of ``values`` (2, 8) fp32 from a fragment row of raw words (exact)."""
+        for c in cutlass.range_constexpr(LANE_COLS):
+            if cutlass.const_expr(packed):
+                w = frag[0, c // 2]
+                if cutlass.const_expr(c % 2 == 0):
+                    bits = w << 16
+                else:
+                    bits = w & Uint32(0xFFFF0000)
+            else:
+                bits = frag[c // 4, c % 4]
+            values[r, c] = bits.bitcast(Float32)
+
+    @cute.jit
+    def _convert_rows(ring_words, slot, lane, inv_lo, inv_hi, q_words, lane_row, col0, live):
+        """1x32-quantize this lane's fragment and store each row's 8 bytes of q at
+        ``(lane_row + i, col0)``. A rolled loop: row i's inverse scale comes from lane ``i // 2`` of
+        the 1x32 block's 4 (``inv_lo`` / ``inv_hi``: this lane's rows ``2 (lane % 4)``, ``+ 1``)."""
+        frag = cute.make_rmem_tensor(cute.make_layout((chunks, 4), stride=(4, 1)), Uint32)
+        values = cute.make_rmem_tensor(cute.make_layout((1, LANE_COLS), stride=(LANE_COLS, 1)), Float32)
+        first_lane = lane - lane % ROW_BLOCK_LANES
+        for i in cutlass.range(LANE_ROWS, unroll=2):
+            mine = inv_lo
+            if i % 2 == 1:
+                mine = inv_hi
+            inv = cute.arch.shuffle_sync(mine, first_lane + i // 2)
+            for h in cutlass.range_constexpr(chunks):
+                cute.autovec_copy(ring_words[slot, i, h, lane, None], frag[h, None])
+            _unpack_row(frag, values, 0)
+            q_frag = cute.make_rmem_tensor(cute.make_layout(2), Uint32)
+            for h in cutlass.range_constexpr(2):
+                q_frag[h] = e4m3x4(
+                    values[0, 4 * h] * inv,
+                    values[0, 4 * h + 1] * inv,
+                    values[0, 4 * h + 2] * inv,
+                    values[0, 4 * h + 3] * inv,
+                )
+            if live:
+                cute.autovec_copy(q_frag, cute.local_tile(q_words[lane_row + i, None], (2,), (col0 // 8,)))
+
+    @cute.jit
+    def _convert_cols(ring_words, slot, lane, inv_c, qt_words, lane_row, col0, live):
+        """32x1-quantize this lane's fragment and store each column's 8 bytes of q^T at
+        ``(col0 + c, lane_row)``. Rows are taken two at a time: each column's pair of E4M3 bytes
+        goes into its q^T word right away."""
+        frag = cute.make_rmem_tensor(cute.make_layout((chunks, 4), stride=(4, 1)), Uint32)
+        qt_frag = cute.make_rmem_tensor(cute.make_layout((LANE_COLS, 2), stride=(2, 1)), Uint32)
+        qt_frag.fill(0)
+        for pr in cutlass.range_constexpr(LANE_ROWS // 2):
+            values = cute.make_rmem_tensor(cute.make_layout((2, LANE_COLS), stride=(LANE_COLS, 1)), Float32)
+            for r in cutlass.range_constexpr(2):
+                _load_row(ring_words, slot, 2 * pr + r, lane, frag)
+                _unpack_row(frag, values, r)
+            for c in cutlass.range_constexpr(LANE_COLS):
+                qt_frag[c, pr // 2] = e4m3x2_into(
+                    qt_frag[c, pr // 2], pr % 2 == 1, values[0, c] * inv_c[c], values[1, c] * inv_c[c]
+                )
+        if live:
+            for c in cutlass.range_constexpr(LANE_COLS):
+                dst = cute.local_tile(qt_words[col0 + c, None], (2,), (lane_row // 8,))
+                cute.autovec_copy(qt_frag[c, None], dst)
+
+    @cute.jit
+    def _store_scales(scale_bytes, scale_bytes_t, row_scales, col_scales, lane, lane_row, col0, live):
+        """Store the tile's scale bytes: this lane's 2 row scales (rows ``lane_row + 2 p``,
+        ``+ 1``, p = lane % 4) and 2 column scales (columns ``col0 + 2 r``, ``+ 1``, r = lane // 8).
+        Blocked layouts get every byte (0 for blocks outside x); plain ones only those inside x."""
+        row = lane_row + 2 * (lane % ROW_BLOCK_LANES)
+        col = col0 + 2 * (lane // COL_LANES)
+        col_block, row_block = col0 // BLOCK_SIZE, lane_row // BLOCK_SIZE
+        if cutlass.const_expr(blocked):
+            flat = cute.make_tensor(scale_bytes.iterator, cute.make_layout(cute.size(scale_bytes)))
+            flat_t = cute.make_tensor(scale_bytes_t.iterator, cute.make_layout(cute.size(scale_bytes_t)))
+            # Rows row, row + 1 (columns col, col + 1) share a 32-row band of a tile: 16 bytes apart.
+            first = blocked_offset(row, col_block, scale_bytes.shape[1] // TILE_COLS)
+            first_t = blocked_offset(col, row_block, scale_bytes_t.shape[1] // TILE_COLS)
+            if first >= 0:  # always: keeps the stores (and their addresses) here in the schedule
+                for h in cutlass.range_constexpr(2):
+                    flat[first + 16 * h] = Uint8(row_scales[h])
+                    flat_t[first_t + 16 * h] = Uint8(col_scales[h])
+        else:
+            if live:
+                for h in cutlass.range_constexpr(2):
+                    scale_bytes[row + h, col_block] = Uint8(row_scales[h])
+                    scale_bytes_t[col + h, row_block] = Uint8(col_scales[h])
+
+    @cute.jit
+    def _store_group_scales(scale_bytes, scale_bytes_t, row_scales, col_scales, lane, col0, places, k_block):
+        """Grouped layouts: this lane's 2 row scales at their M-groups rows (``places``: (data row,
+        zero row) per row, -1 for none, from :func:`m_groups_scale_rows`; a zero row gets 0) and
+        its 2 column scales in the K-groups layout (``k_block`` from :func:`k_group_block`, with the
+        zero bytes after a group's last column)."""
+        col_block = col0 // BLOCK_SIZE
+        flat = cute.make_tensor(scale_bytes.iterator, cute.make_layout(cute.size(scale_bytes)))
+        flat_t = cute.make_tensor(scale_bytes_t.iterator, cute.make_layout(cute.size(scale_bytes_t)))
+        tile_cols = scale_bytes.shape[1] // TILE_COLS
+        for h in cutlass.range_constexpr(2):
+            data_row, zero_row = places[h]
+            if data_row >= 0:
+                flat[blocked_offset(data_row, col_block, tile_cols)] = Uint8(row_scales[h])
+            if zero_row >= 0:
+                flat[blocked_offset(zero_row, col_block, tile_cols)] = Uint8(0)
+        covered, base, row_block_bytes, pad = k_block
+        col = col0 + 2 * (lane // COL_LANES)
+        size_t = cute.size(scale_bytes_t)
+        if covered != 0:
+            for h in cutlass.range_constexpr(2):
+                k = col + h
+                offset = base + (k // TILE_ROWS) * row_block_bytes + blocked_row_offset(k)
+                if k < scale_bytes_t.shape[0] and offset < size_t:
+                    flat_t[offset] = Uint8(col_scales[h])
+                    for p in cutlass.range_constexpr(1, TILE_COLS):
+                        if p <= pad and offset + p < size_t:
+                            flat_t[offset + p] = Uint8(0)
+
+    @cute.jit
+    def _group_places(smem, offsets, scales_t, tid, lane, lane_row, quarter_row, rows):
+        """Group scan (in 128-row units: the M-groups blocks and the K-groups 4-column runs alike;
+        every thread calls it) and what this lane's stores need: ``places``, the (data row, zero
+        row) of its rows ``lane_row + 2 (lane % 4) + h`` in the M-groups 1x32 scales, and
+        ``k_block``, where its warp's 32-row block lands in the K-groups 32x1 scales. Also zeroes the
+        K-groups bytes past the last group (a grid-stride loop over all CTAs)."""
+        words = prefix_smem_words(MAX_GROUPS)
+        prefix = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
+        ends = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
+        warp_totals = smem.allocate_tensor(Int32, cute.make_layout(warps), 16)
+        num_groups = offsets.shape[0]
+        scan_group_sizes(offsets, num_groups, rows, TILE_ROWS, prefix, warp_totals, tid, 32 * warps, ends)
+        scale_rows_t, scale_cols_t = scales_t.shape
+        grid_x, grid_y, grid_z = cute.arch.grid_dim()
+        bx, by, bz = cute.arch.block_idx()
+        cta = (bz * grid_y + by) * grid_x + bx
+        zero_fill_chunks(
+            cute.make_tensor(
+                cute.recast_ptr(scales_t.iterator, dtype=Uint32), cute.make_layout(cute.size(scales_t) // 4)
+            ),
+            cutlass.min(scale_rows_t * TILE_COLS * prefix[num_groups], scale_rows_t * scale_cols_t),
+            scale_rows_t * scale_cols_t,
+            cta * 32 * warps + tid,
+            grid_x * grid_y * grid_z * 32 * warps,
+        )
+        row = lane_row + 2 * (lane % ROW_BLOCK_LANES)
+        steps = search_steps(MAX_GROUPS)
+        places = (
+            m_groups_scale_rows(prefix, ends, num_groups, row, row, steps),
+            m_groups_scale_rows(prefix, ends, num_groups, row + 1, row + 1, steps),
+        )
+        return places, k_group_block(prefix, ends, num_groups, quarter_row, scale_rows_t)
+
+    @cute.kernel
+    def dual_kernel(
+        x: cute.Tensor,
+        q: cute.Tensor,
+        scales: cute.Tensor,
+        qt: cute.Tensor,
+        scales_t: cute.Tensor,
+        offsets,
+        tiles_per_cta: Int32,
+    ):
+        tid, _, _ = cute.arch.thread_idx()
+        col_chunk, row_tile, row_tile_hi = cute.arch.block_idx()
+        row_tile = row_tile + row_tile_hi * MAX_GRID_Y
+        lane, warp = tid % 32, tid // 32
+        rows, cols = x.shape
+        col_tiles = _col_tiles(cols)
+        quarter_row = row_tile * TILE_M + (warp % WARPS_M) * BLOCK_SIZE
+        lane_row = quarter_row + (lane // COL_LANES) * LANE_ROWS
+        lane_col = (warp // WARPS_M) * WARP_COLS + (lane % COL_LANES) * LANE_COLS  # within a tile
+        rows_live = quarter_row < rows
+
+        smem = SmemAllocator()
+        ring_layout = cute.make_ordered_layout(
+            (warps, stages, LANE_ROWS, chunks, 32, 4), order=(5, 4, 3, 2, 1, 0)
+        )
+        ring_all = smem.allocate_tensor(Uint32, ring_layout, byte_alignment=128)
+        ring_words = ring_all[warp, None, None, None, None, None]
+        ring = cute.make_tensor(
+            cute.recast_ptr(ring_words.iterator, dtype=dtype),
+            cute.make_ordered_layout((stages, LANE_ROWS, chunks, 32, chunk_elems), order=(4, 3, 2, 1, 0)),
+        )
+        atom = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=128
+        )
+        x_chunks = cute.make_tensor(
+            x.iterator,
+            cute.make_layout(
+                (rows, cols // chunk_elems, chunk_elems), stride=(x.layout.stride[0], chunk_elems, 1)
+            ),
+        )
+        q_words = cute.make_tensor(
+            cute.recast_ptr(q.iterator, dtype=Uint32),
+            cute.make_layout((rows, cols // 4), stride=(cols // 4, 1)),
+        )
+        qt_words = cute.make_tensor(
+            cute.recast_ptr(qt.iterator, dtype=Uint32),
+            cute.make_layout((cols, rows // 4), stride=(rows // 4, 1)),
+        )
+        scale_bytes = cute.make_tensor(
+            cute.recast_ptr(scales.iterator, dtype=Uint8),
+            cute.make_layout(scales.shape, stride=(scales.shape[1], 1)),
+        )
+        scale_bytes_t = cute.make_tensor(
+            cute.recast_ptr(scales_t.iterator, dtype=Uint8),
+            cute.make_layout(scales_t.shape, stride=(scales_t.shape[1], 1)),
+        )
+
+        first_tile = col_chunk * tiles_per_cta
+        units = cutlass.max(cutlass.min(first_tile + tiles_per_cta, col_tiles) - first_tile, 0)
+        for u in cutlass.range_constexpr(ahead):
+            _issue(atom, x_chunks, ring, u, units, first_tile, lane_row, lane_col, rows_live, cols)
+        # The grouped layouts' scans and lookups run while the first tiles are loading.
+        places = ((Int32(-1), Int32(-1)), (Int32(-1), Int32(-1)))
+        k_block = (Int32(0), Int32(0), Int32(0), Int32(0))
+        if cutlass.const_expr(grouped):
+            places, k_block = _group_places(smem, offsets, scales_t, tid, lane, lane_row, quarter_row, rows)
+        row_bits = cute.make_rmem_tensor(cute.make_layout(LANE_ROWS), Int32)
+        col_bits = cute.make_rmem_tensor(cute.make_layout(LANE_COLS), Int32)
+        inv_c = cute.make_rmem_tensor(cute.make_layout(LANE_COLS), Float32)
+        for u in cutlass.range(units, unroll=1):
+            _issue(atom, x_chunks, ring, u + ahead, units, first_tile, lane_row, lane_col, rows_live, cols)
+            cute.arch.cp_async_wait_group(ahead)
+            slot = u % stages
+            tile = first_tile + u
+            col0 = tile * tile_k + lane_col
+            live = rows_live and col0 < cols
+            _block_maxima(ring_words, slot, lane, row_bits, col_bits)
+            s_r0, s_r1, inv_r0, inv_r1 = _shared_scales(
+                row_bits, lane % ROW_BLOCK_LANES, lane - lane % ROW_BLOCK_LANES, 1, live, None
+            )
+            s_c0, s_c1, _, _ = _shared_scales(
+                col_bits, lane // COL_LANES, lane % COL_LANES, COL_LANES, live, inv_c
+            )
+            row_scales, col_scales = (s_r0, s_r1), (s_c0, s_c1)
+            if cutlass.const_expr(grouped):
+                _store_group_scales(
+                    scale_bytes, scale_bytes_t, row_scales, col_scales, lane, col0, places, k_block
+                )
+            else:
+                _store_scales(scale_bytes, scale_bytes_t, row_scales, col_scales, lane, lane_row, col0, live)
+            if cutlass.const_expr(config.reread):
+                cute.arch.sync_warp()  # a memory fence: the tile is read again, not kept in registers
+            _convert_rows(ring_words, slot, lane, inv_r0, inv_r1, q_words, lane_row, col0, live)
+            if cutlass.const_expr(config.reread):
+                cute.arch.sync_warp()
+            _convert_cols(ring_words, slot, lane, inv_c, qt_words, lane_row, col0, live)
+
+    @cute.jit
+    def launch(
+        x: cute.Tensor,
+        q: cute.Tensor,
+        scales: cute.Tensor,
+        qt: cute.Tensor,
+        scales_t: cute.Tensor,
+        offsets,
+        stream,
+    ):
+        rows, cols = x.shape
+        row_tiles = ceil_div(scales.shape[0], TILE_M)  # M-groups scales have 128 G rows past M
+        col_tiles = _col_tiles(cols)
+        chunks = cutlass.min(col_tiles, cutlass.max(config.target_ctas // row_tiles, 1))
+        tiles_per_cta = ceil_div(col_tiles, chunks)
+        chunks = ceil_div(col_tiles, tiles_per_cta)
+        dual_kernel(x, q, scales, qt, scales_t, offsets, tiles_per_cta).launch(
+            grid=chunk_major_grid(row_tiles, chunks),
+            block=[32 * warps, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=config.min_ctas_per_sm,
+            preferred_smem_carveout=100 if config.min_ctas_per_sm else None,
+        )
+
+    return launch
+
+
+def fake_arguments(dtype_name: str, layout: ScaleLayout):
+    """Fake tensors for ``launch`` (M, K multiples of 32 and the scale shapes symbolic) and the env
+    stream."""
+    rows, cols = cute.sym_int(divisibility=BLOCK_SIZE), cute.sym_int(divisibility=BLOCK_SIZE)
+    x = cute.runtime.make_fake_compact_tensor(
+        DTYPES[dtype_name], (rows, cols), stride_order=(1, 0), assumed_align=16
+    )
+    q = cute.runtime.make_fake_compact_tensor(
+        Float8E4M3FN, (rows, cols), stride_order=(1, 0), assumed_align=16
+    )
+    qt = cute.runtime.make_fake_compact_tensor(
+        Float8E4M3FN, (cols, rows), stride_order=(1, 0), assumed_align=16
+    )
+
+    def scale_tensor():
+        shape = (cute.sym_int(), cute.sym_int())
+        return cute.runtime.make_fake_compact_tensor(
+            Float8E8M0FNU, shape, stride_order=(1, 0), assumed_align=16
+        )
+
+    offsets = None
+    if layout is ScaleLayout.GROUPS:
+        offsets = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return x, q, scale_tensor(), qt, scale_tensor(), offsets, stream
+
+
+def compile_quantize_dual(
+    dtype_name: str,
+    mode: str,
+    layout: ScaleLayout,
+    arch: str,
+    config: DualConfig | None = None,
+    options: str = "",
+):
+    """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream)."""
+    config = config or (GROUP_CONFIGS if layout is ScaleLayout.GROUPS else CONFIGS)[arch][dtype_name]
+    launch = make_quantize_dual(dtype_name, mode, layout, config)
+    return cute.compile(
+        launch,
+        *fake_arguments(dtype_name, layout),
+        options=f"--enable-tvm-ffi --gpu-arch {arch} {options}".strip(),
+    )
+
+
+def variants() -> list[tuple[str, str, ScaleLayout]]:
+    """Every (dtype, mode, scale layout) variant the bindings may ask for."""
+    return [(d, m, layout) for d in DTYPES for m in MODES for layout in ScaleLayout]
+
+
+def sass_targets() -> dict:
+    """SASS-inspection targets: ``quantize_dual_<dtype>_<mode>_<layout>`` -> build(arch)."""
+    from cute_utils.sass import compile_options
+
+    def target(dtype_name: str, mode: str, layout: ScaleLayout):
+        return lambda arch: compile_quantize_dual(
+            dtype_name, mode, layout, arch, options=compile_options(arch)
+        )
+
+    return {f"quantize_dual_{d}_{m}_{layout.value}": target(d, m, layout) for d, m, layout in variants()}

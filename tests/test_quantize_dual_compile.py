@@ -1,0 +1,40 @@
+"""The dual 1x32 + 32x1 quantization kernel (plain, blocked and grouped scales, both dtypes and
+modes) compiles for sm_90a and sm_100a on a CPU-only machine with the SASS we expect."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import kernel_targets
+
+TARGETS = kernel_targets("quantize_dual")
+
+
+def test_every_layout_and_dtype_is_registered():
+    assert set(TARGETS) == {
+        f"quantize_dual_{d}_{m}_{layout}"
+        for d in ("bfloat16", "float32")
+        for m in ("floor", "rceil")
+        for layout in ("plain", "blocked", "groups")
+    }
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_compiles_with_expected_sass(compiled, target):
+    """One read for both quantizations: 16-byte cp.async loads, 128-bit shared reads (twice per
+    tile: maxima, then conversion), 8-byte stores of q rows and q^T rows, packed 16-bit maxima for
+    bf16, and an 80-register cap (3 CTAs of 256 threads per SM) with no spills."""
+    arch, summaries = compiled
+    (kernel,) = summaries[target]
+    text = kernel.format()
+    assert kernel.arch == arch
+    assert kernel.local_bytes == 0 and kernel.local_loads == 0 and kernel.local_stores == 0, text
+    assert kernel.registers <= 80, text
+    assert kernel.opcode("LDGSTS") >= 8, text
+    assert kernel.memory.get("LDGSTS.128", 0) == kernel.opcode("LDGSTS"), text
+    assert kernel.shared_loads(128) >= 8, text
+    assert kernel.global_stores(64) >= 9, "q rows (rolled loop) and 8 q^T rows leave as 8-byte stores"
+    assert kernel.opcode("F2FP") >= 36 and all("UE8M0" not in m for m in kernel.counts), text
+    if "bfloat16" in target:
+        assert any(m.startswith("VIMNMX") and "U16x2" in m for m in kernel.counts), "packed bf16 maxima"
+    if "groups" in target:
+        assert kernel.counts.get("SHFL.UP", 0) >= 1, "the dual kernel scans the group sizes in-kernel"
