@@ -84,14 +84,12 @@ class DualConfig:
     """``stages``: tiles in a warp's shared-memory ring (``stages - 1`` in flight while one
     converts); ``target_ctas``: grid size aimed for (each CTA loops over a run of column tiles);
     ``min_ctas_per_sm``: register cap (0: none); ``warps_k``: warps along K (a CTA step covers
-    128 rows x 64 ``warps_k`` columns); ``reread``: read the tile from shared memory again for the
-    conversion instead of keeping it in registers since the maxima."""
+    128 rows x 64 ``warps_k`` columns)."""
 
     stages: int = 2
     target_ctas: int = 16384
     min_ctas_per_sm: int = 3
     warps_k: int = 2
-    reread: bool = True
 
     def __post_init__(self) -> None:
         if self.warps_k not in (1, 2):
@@ -471,11 +469,9 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
                 )
             else:
                 _store_scales(scale_bytes, scale_bytes_t, row_scales, col_scales, lane, lane_row, col0, live)
-            if cutlass.const_expr(config.reread):
-                cute.arch.sync_warp()  # a memory fence: the tile is read again, not kept in registers
+            cute.arch.sync_warp()  # a memory fence: the tile is read again, not kept in registers
             _convert_rows(ring_words, slot, lane, inv_r0, inv_r1, q_words, lane_row, col0, live)
-            if cutlass.const_expr(config.reread):
-                cute.arch.sync_warp()
+            cute.arch.sync_warp()
             _convert_cols(ring_words, slot, lane, inv_c, qt_words, lane_row, col0, live)
 
     @cute.jit
