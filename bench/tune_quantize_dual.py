@@ -1,10 +1,11 @@
 """Tune the dual quantization kernel's config (``cute_kernels.quantize_dual.DualConfig``).
 
-Compiles each candidate config, times it on bf16 shapes (blocked rceil scales) next to a copy of the
-same bytes and the two single calls (``quantize_mxfp8_2d`` 1x32 then 32x1), checks every output
-against the single calls' bytes, and prints one line per (config, shape).
+Compiles each candidate config, times it on bf16 (``--dtype float32``: fp32) shapes (blocked rceil
+scales; ``--groups G``: the grouped layout) next to a copy of the same bytes and the two single
+calls (``quantize_mxfp8_2d`` 1x32 then 32x1), checks every output against the single calls' bytes,
+and prints one line per (config, shape).
 
-    python -m bench.tune_quantize_dual [--quick] [--groups G]
+    python -m bench.tune_quantize_dual [--quick] [--groups G] [--dtype float32]
 """
 
 from __future__ import annotations
@@ -17,21 +18,23 @@ import torch_bindings
 from bench.common import copy_baseline_best, make_rotating_inputs, progress, time_cuda
 from cute_kernels.quantize_dual import DualConfig, ScaleLayout, compile_quantize_dual
 
-GROUP_CANDIDATES = {
-    "g_s3_t32k": DualConfig(stages=3, target_ctas=32768, min_ctas_per_sm=3),
-    "g_s3_t8k": DualConfig(stages=3, target_ctas=8192, min_ctas_per_sm=3),
-    "g_s3_t4k": DualConfig(stages=3, target_ctas=4096, min_ctas_per_sm=3),
-    "g_s2_t8k": DualConfig(stages=2, target_ctas=8192, min_ctas_per_sm=3),
-}
 CANDIDATES = {
-    "s2": DualConfig(),
-    "s2_t32k": DualConfig(target_ctas=32768),
-    "s3_t32k": DualConfig(stages=3, target_ctas=32768),
-    "k1_s2_t32k": DualConfig(warps_k=1, stages=2, min_ctas_per_sm=6, target_ctas=32768),
-    "k1_s3_t32k": DualConfig(warps_k=1, stages=3, min_ctas_per_sm=4, target_ctas=32768),
-    "k1_s2_t64k": DualConfig(warps_k=1, stages=2, min_ctas_per_sm=6, target_ctas=65536),
+    "s1_n1": DualConfig(stages=1, tiles_per_cta=1),
+    "s1_n2": DualConfig(stages=1, tiles_per_cta=2),
+    "s1_n4": DualConfig(stages=1, tiles_per_cta=4),
+    "s2_n2": DualConfig(stages=2, tiles_per_cta=2),
+    "s2_n4": DualConfig(stages=2, tiles_per_cta=4),
+    "s2_n8": DualConfig(stages=2, tiles_per_cta=8),
 }
-SHAPES = ((8192, 7168), (32768, 2048), (32768, 7168), (131072, 7168))
+SHAPES = (
+    (8192, 2048),
+    (8192, 5120),
+    (32768, 2048),
+    (32768, 5120),
+    (32768, 7168),
+    (131072, 5120),
+    (131072, 7168),
+)
 
 
 def _single_calls(x: torch.Tensor, ends: torch.Tensor | None = None):
@@ -56,27 +59,27 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="first two candidates only")
     parser.add_argument("--groups", type=int, default=0, help="G row groups (the grouped layout)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     args = parser.parse_args(argv)
-    candidates = GROUP_CANDIDATES if args.groups else CANDIDATES
-    candidates = dict(list(candidates.items())[:2]) if args.quick else candidates
+    candidates = dict(list(CANDIDATES.items())[:2]) if args.quick else CANDIDATES
     layout = ScaleLayout.GROUPS if args.groups else ScaleLayout.BLOCKED
     arch = {9: "sm_90a", 10: "sm_100a"}[torch.cuda.get_device_capability()[0]]
     print(f"device: {torch.cuda.get_device_name()}")
     kernels = {}
     for name, config in candidates.items():
         progress(f"compiling {name}")
-        kernels[name] = compile_quantize_dual("bfloat16", "rceil", layout, arch, config)
+        kernels[name] = compile_quantize_dual(args.dtype, "rceil", layout, arch, config)
     for rows, cols in SHAPES:
         ends = _ends(rows, args.groups) if args.groups else None
 
         def make(rows=rows, cols=cols, ends=ends):
-            x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(rows, cols, device="cuda", dtype=getattr(torch, args.dtype))
             return (x, *_single_calls(x, ends))
 
         sets = make_rotating_inputs(make)
         x, q_r, s_r, qt, s_c = sets[0]
         want = _bytes((q_r, s_r, qt, s_c))
-        moved = x.numel() * 2 + sum(t.numel() for t in want)
+        moved = x.numel() * x.element_size() + sum(t.numel() for t in want)
         copy_us = copy_baseline_best(moved)[0].us
         pair_us = time_cuda(lambda x, e=ends: _single_calls(x, e), [s[:1] for s in sets])
         print(f"{rows}x{cols} two single calls {pair_us:9.1f} us  copy {copy_us:8.1f} us")

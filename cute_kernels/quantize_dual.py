@@ -11,14 +11,20 @@ Scale layouts (:class:`ScaleLayout`): ``plain`` (the logical matrices, row-major
 multiples of 32: M-groups 1x32 scales (M + 128 G, Cp), K-groups 32x1 scales (Rp, M/32 + 4 G), every
 byte written; one group scan in 128-row units serves both).
 
-Work decomposition: a CTA of ``4 warps_k`` warps owns a 128-row tile and a run of column tiles of
-``64 warps_k`` columns; with ``warps_k = 2`` one 128 x 128 step gives exactly one 512-byte blocked
-tile of each scale matrix. Warp ``(wm, wk)`` takes rows ``32 wm .. 32 wm + 31`` (one 32x1 block)
-and 64 columns (two 1x32 blocks); lane ``8 r + c`` holds an 8 x 8 fragment: rows ``8 r .. 8 r + 7``,
-columns ``8 c .. 8 c + 7``. So a 1x32 block is 4 lanes (lane bits 0-1) and a 32x1 block 4 lanes
-(lane bits 3-4): both maxima are two butterfly shuffles away. Each of a block's 4 lanes computes 2
-of its 8 scales, stores their bytes and hands out the inverse scales by shuffles. Each lane writes
-8-byte runs of q rows and of q^T rows (a warp's 4 lanes of one column fill a 32-byte sector of q^T).
+Work decomposition: a CTA of ``4 warps_k`` warps owns a 128-row tile and a run of
+``DualConfig.tiles_per_cta`` column tiles of ``64 warps_k`` columns; with ``warps_k = 2`` one
+128 x 128 step gives exactly one 512-byte blocked tile of each scale matrix. Warp ``(wm, wk)``
+takes rows ``32 wm .. 32 wm + 31`` (one 32x1 block) and 64 columns (two 1x32 blocks); lane
+``8 r + c`` holds an 8 x 8 fragment: rows ``8 r .. 8 r + 7``, columns ``8 c .. 8 c + 7``. So a 1x32
+block is 4 lanes (lane bits 0-1) and a 32x1 block 4 lanes (lane bits 3-4): both maxima are two
+butterfly shuffles away. Each of a block's 4 lanes computes 2 of its 8 scales, stores their bytes
+and hands out the inverse scales by shuffles.
+
+Stores: each lane puts its 8-byte runs of q rows and of q^T rows into two shared-memory staging
+tiles (128 x 64 warps_k bytes each, 16-byte chunks permuted so a warp's stores hit distinct banks);
+after a CTA barrier every thread copies 16-byte chunks out, 8 threads per 128-byte line. q^T from
+registers would leave as 32-byte pieces per warp (one 32x1 block of rows): 2-3% slower (session 7).
+For the grouped layout, the group scan's arrays live in the staging bytes until the first tile.
 
 Loads go through a per-lane ``cp.async`` ring in shared memory (``stages`` tiles per warp; each
 lane reads back only what it copied, so completion is its own ``wait_group``, no barrier). A tile
@@ -32,7 +38,7 @@ M, K and G are symbolic: one compile per (dtype, scaling mode, scale layout, con
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 
 import cutlass
@@ -82,32 +88,36 @@ class ScaleLayout(str, Enum):
 @dataclass(frozen=True)
 class DualConfig:
     """``stages``: tiles in a warp's shared-memory ring (``stages - 1`` in flight while one
-    converts); ``target_ctas``: grid size aimed for (each CTA loops over a run of column tiles);
-    ``min_ctas_per_sm``: register cap (0: none); ``warps_k``: warps along K (a CTA step covers
-    128 rows x 64 ``warps_k`` columns)."""
+    converts); ``tiles_per_cta``: column tiles a CTA converts in turn (its grid is 128-row tiles x
+    runs of that many column tiles); ``min_ctas_per_sm``: register cap (0: none); ``warps_k``:
+    warps along K (a CTA step covers 128 rows x 64 ``warps_k`` columns)."""
 
-    stages: int = 2
-    target_ctas: int = 16384
+    stages: int = 1
+    tiles_per_cta: int = 1
     min_ctas_per_sm: int = 3
     warps_k: int = 2
 
     def __post_init__(self) -> None:
         if self.warps_k not in (1, 2):
             raise ValueError(f"warps_k={self.warps_k} must be 1 or 2")
-        if self.stages < 1:
-            raise ValueError(f"stages={self.stages} must be >= 1")
+        if self.stages < 1 or self.tiles_per_cta < 1:
+            raise ValueError(f"stages={self.stages} and tiles_per_cta={self.tiles_per_cta} must be >= 1")
 
 
-# Picked with bench/tune_quantize_dual.py on an H200 (bench/README.md, session 6): 3 stages, ~32768
-# CTAs, an 80-register cap; 2 stages tie at 8192-32768 rows and lose 1-4% at 131072 x 7168.
-# fp32 (not tuned): 4 warps per CTA, so that 2 stages of its 32-byte rows fit 3 CTAs per SM.
-GROUP_TARGET_CTAS = 4096
-_BF16 = DualConfig(stages=3, target_ctas=32768, min_ctas_per_sm=3)
-_FP32 = DualConfig(stages=2, target_ctas=32768, min_ctas_per_sm=6, warps_k=1)
-CONFIGS = {arch: {"bfloat16": _BF16, "float32": _FP32} for arch in ("sm_90a", "sm_100a")}
-# The grouped layout: longer CTAs amortize the group scan and lookups (tune_quantize_dual --groups).
+# Picked with bench/tune_quantize_dual.py on an H200 (bench/README.md, session 7). Ungrouped: one
+# tile per CTA and no ring beyond it (64 KiB of shared memory with the staging tiles: 3 CTAs per SM
+# at the 80-register cap); longer CTAs lost 2-10%. Grouped (bf16): 2 column tiles per CTA with the
+# second loading during the first amortize the group scan (one tile per CTA: -10-15%). fp32 (tuned
+# ungrouped only): one tile per CTA; grouped, 2 tiles and no ring (a 2-stage ring of fp32 tiles
+# would leave one CTA per SM).
+_ONE_TILE = DualConfig(stages=1, tiles_per_cta=1)
+CONFIGS = {arch: {"bfloat16": _ONE_TILE, "float32": _ONE_TILE} for arch in ("sm_90a", "sm_100a")}
 GROUP_CONFIGS = {
-    arch: {d: replace(c, target_ctas=GROUP_TARGET_CTAS) for d, c in CONFIGS[arch].items()} for arch in CONFIGS
+    arch: {
+        "bfloat16": DualConfig(stages=2, tiles_per_cta=2),
+        "float32": DualConfig(stages=1, tiles_per_cta=2),
+    }
+    for arch in ("sm_90a", "sm_100a")
 }
 
 
@@ -244,13 +254,58 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
             values[r, c] = bits.bitcast(Float32)
 
     @cute.jit
-    def _convert_rows(ring_words, slot, lane, inv_lo, inv_hi, q_words, lane_row, col0, live):
+    def _stage_q_offset(row, byte):
+        """Byte of the q staging tile (TILE_M x tile_k, row-major) holding (row, byte), 64-byte
+        halves swapped on every other 8-row band: a warp's 8-byte row stores hit distinct banks."""
+        return (row * tile_k + byte) ^ (((row >> 3) & 1) << 6)
+
+    @cute.jit
+    def _stage_qt_offset(row, byte):
+        """Byte of the q^T staging tile (tile_k x TILE_M, row-major) holding (row, byte), 16-byte
+        chunks permuted by the row's 8-row band: a warp's stores of 8 rows x 32 bytes are
+        conflict-free."""
+        return row * TILE_M + (byte ^ (((row >> 3) & 7) << 4))
+
+    @cute.jit
+    def _store_staged(
+        stage: cute.Tensor,
+        transposed: cutlass.Constexpr,
+        out_words: cute.Tensor,
+        out_row0,
+        out_col0,
+        rows_valid,
+        cols_valid,
+        tid,
+    ):
+        """Copy the staged q tile (TILE_M x tile_k bytes) or q^T tile (``transposed``: tile_k x
+        TILE_M) to ``out_words`` at byte ``(out_row0, out_col0)`` in 16-byte chunks, 8 threads per
+        128 bytes. Row ``r`` is stored when ``out_row0 + r < rows_valid``, the chunk at byte ``b``
+        when ``out_col0 + b < cols_valid``."""
+        width = TILE_M if transposed else tile_k
+        chunks_per_row = width // 16
+        chunk4 = cute.make_tensor(stage.iterator, cute.make_layout((cute.size(stage) // 4, 4), stride=(4, 1)))
+        words = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+        for k in cutlass.range_constexpr(cute.size(stage) // 4 // (32 * warps)):
+            n = tid + k * 32 * warps
+            row, byte = n // chunks_per_row, (n % chunks_per_row) * 16
+            offset = _stage_q_offset(row, byte)
+            if cutlass.const_expr(transposed):
+                offset = _stage_qt_offset(row, byte)
+            cute.autovec_copy(chunk4[offset // 16, None], words)
+            if out_row0 + row < rows_valid and out_col0 + byte < cols_valid:
+                cute.autovec_copy(
+                    words, cute.local_tile(out_words[out_row0 + row, None], (4,), ((out_col0 + byte) // 16,))
+                )
+
+    @cute.jit
+    def _convert_rows(ring_words, slot, lane, inv_lo, inv_hi, stage, tile_row, tile_col):
         """1x32-quantize this lane's fragment and store each row's 8 bytes of q at
         ``(lane_row + i, col0)``. A rolled loop: row i's inverse scale comes from lane ``i // 2`` of
         the 1x32 block's 4 (``inv_lo`` / ``inv_hi``: this lane's rows ``2 (lane % 4)``, ``+ 1``)."""
         frag = cute.make_rmem_tensor(cute.make_layout((chunks, 4), stride=(4, 1)), Uint32)
         values = cute.make_rmem_tensor(cute.make_layout((1, LANE_COLS), stride=(LANE_COLS, 1)), Float32)
         first_lane = lane - lane % ROW_BLOCK_LANES
+        pairs = cute.make_tensor(stage.iterator, cute.make_layout((cute.size(stage) // 2, 2), stride=(2, 1)))
         for i in cutlass.range(LANE_ROWS, unroll=2):
             mine = inv_lo
             if i % 2 == 1:
@@ -267,11 +322,10 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
                     values[0, 4 * h + 2] * inv,
                     values[0, 4 * h + 3] * inv,
                 )
-            if live:
-                cute.autovec_copy(q_frag, cute.local_tile(q_words[lane_row + i, None], (2,), (col0 // 8,)))
+            cute.autovec_copy(q_frag, pairs[_stage_q_offset(tile_row + i, tile_col) // 8, None])
 
     @cute.jit
-    def _convert_cols(ring_words, slot, lane, inv_c, qt_words, lane_row, col0, live):
+    def _convert_cols(ring_words, slot, lane, inv_c, stage, tile_row, tile_col):
         """32x1-quantize this lane's fragment and store each column's 8 bytes of q^T at
         ``(col0 + c, lane_row)``. Rows are taken two at a time: each column's pair of E4M3 bytes
         goes into its q^T word right away."""
@@ -287,10 +341,9 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
                 qt_frag[c, pr // 2] = e4m3x2_into(
                     qt_frag[c, pr // 2], pr % 2 == 1, values[0, c] * inv_c[c], values[1, c] * inv_c[c]
                 )
-        if live:
-            for c in cutlass.range_constexpr(LANE_COLS):
-                dst = cute.local_tile(qt_words[col0 + c, None], (2,), (lane_row // 8,))
-                cute.autovec_copy(qt_frag[c, None], dst)
+        pairs = cute.make_tensor(stage.iterator, cute.make_layout((cute.size(stage) // 2, 2), stride=(2, 1)))
+        for c in cutlass.range_constexpr(LANE_COLS):
+            cute.autovec_copy(qt_frag[c, None], pairs[_stage_qt_offset(tile_col + c, tile_row) // 8, None])
 
     @cute.jit
     def _store_scales(scale_bytes, scale_bytes_t, row_scales, col_scales, lane, lane_row, col0, live):
@@ -346,16 +399,17 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
                             flat_t[offset + p] = Uint8(0)
 
     @cute.jit
-    def _group_places(smem, offsets, scales_t, tid, lane, lane_row, quarter_row, rows):
+    def _group_places(scratch: cute.Tensor, offsets, scales_t, tid, lane, lane_row, quarter_row, rows):
         """Group scan (in 128-row units: the M-groups blocks and the K-groups 4-column runs alike;
         every thread calls it) and what this lane's stores need: ``places``, the (data row, zero
         row) of its rows ``lane_row + 2 (lane % 4) + h`` in the M-groups 1x32 scales, and
         ``k_block``, where its warp's 32-row block lands in the K-groups 32x1 scales. Also zeroes the
         K-groups bytes past the last group (a grid-stride loop over all CTAs)."""
         words = prefix_smem_words(MAX_GROUPS)
-        prefix = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
-        ends = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
-        warp_totals = smem.allocate_tensor(Int32, cute.make_layout(warps), 16)
+        base = cute.recast_ptr(scratch.iterator, dtype=Int32)
+        prefix = cute.make_tensor(base, cute.make_layout(words))
+        ends = cute.make_tensor(base + words, cute.make_layout(words))
+        warp_totals = cute.make_tensor(base + 2 * words, cute.make_layout(warps))
         num_groups = offsets.shape[0]
         scan_group_sizes(offsets, num_groups, rows, TILE_ROWS, prefix, warp_totals, tid, 32 * warps, ends)
         scale_rows_t, scale_cols_t = scales_t.shape
@@ -406,6 +460,14 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         )
         ring_all = smem.allocate_tensor(Uint32, ring_layout, byte_alignment=128)
         ring_words = ring_all[warp, None, None, None, None, None]
+        # The q and q^T staging tiles; the group scan's arrays use the same bytes before the first tile.
+        stage_words = TILE_M * tile_k // 4
+        scan_words = 2 * prefix_smem_words(MAX_GROUPS) + warps if grouped else 0
+        stage_all = smem.allocate_tensor(
+            Uint32, cute.make_layout(max(2 * stage_words, scan_words)), byte_alignment=128
+        )
+        stage_q = cute.make_tensor(stage_all.iterator, cute.make_layout(stage_words))
+        stage_qt = cute.make_tensor(stage_all.iterator + stage_words, cute.make_layout(stage_words))
         ring = cute.make_tensor(
             cute.recast_ptr(ring_words.iterator, dtype=dtype),
             cute.make_ordered_layout((stages, LANE_ROWS, chunks, 32, chunk_elems), order=(4, 3, 2, 1, 0)),
@@ -444,7 +506,10 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         places = ((Int32(-1), Int32(-1)), (Int32(-1), Int32(-1)))
         k_block = (Int32(0), Int32(0), Int32(0), Int32(0))
         if cutlass.const_expr(grouped):
-            places, k_block = _group_places(smem, offsets, scales_t, tid, lane, lane_row, quarter_row, rows)
+            places, k_block = _group_places(
+                stage_all, offsets, scales_t, tid, lane, lane_row, quarter_row, rows
+            )
+            cute.arch.sync_threads()  # the scan's arrays are read: the staging tiles may overwrite them
         row_bits = cute.make_rmem_tensor(cute.make_layout(LANE_ROWS), Int32)
         col_bits = cute.make_rmem_tensor(cute.make_layout(LANE_COLS), Int32)
         inv_c = cute.make_rmem_tensor(cute.make_layout(LANE_COLS), Float32)
@@ -470,9 +535,15 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
             else:
                 _store_scales(scale_bytes, scale_bytes_t, row_scales, col_scales, lane, lane_row, col0, live)
             cute.arch.sync_warp()  # a memory fence: the tile is read again, not kept in registers
-            _convert_rows(ring_words, slot, lane, inv_r0, inv_r1, q_words, lane_row, col0, live)
+            tile_row = lane_row - row_tile * TILE_M
+            _convert_rows(ring_words, slot, lane, inv_r0, inv_r1, stage_q, tile_row, lane_col)
             cute.arch.sync_warp()
-            _convert_cols(ring_words, slot, lane, inv_c, qt_words, lane_row, col0, live)
+            _convert_cols(ring_words, slot, lane, inv_c, stage_qt, tile_row, lane_col)
+            cute.arch.sync_threads()  # the staged tiles are complete
+            row0, tile_col0 = row_tile * TILE_M, tile * tile_k
+            _store_staged(stage_q, False, q_words, row0, tile_col0, rows, cols, tid)
+            _store_staged(stage_qt, True, qt_words, tile_col0, row0, cols, rows, tid)
+            cute.arch.sync_threads()  # the staging tiles are free again
 
     @cute.jit
     def launch(
@@ -487,8 +558,7 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         rows, cols = x.shape
         row_tiles = ceil_div(scales.shape[0], TILE_M)  # M-groups scales have 128 G rows past M
         col_tiles = _col_tiles(cols)
-        chunks = cutlass.min(col_tiles, cutlass.max(config.target_ctas // row_tiles, 1))
-        tiles_per_cta = ceil_div(col_tiles, chunks)
+        tiles_per_cta = cutlass.min(col_tiles, config.tiles_per_cta)
         chunks = ceil_div(col_tiles, tiles_per_cta)
         dual_kernel(x, q, scales, qt, scales_t, offsets, tiles_per_cta).launch(
             grid=chunk_major_grid(row_tiles, chunks),

@@ -20,9 +20,10 @@ def test_every_layout_and_dtype_is_registered():
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_compiles_with_expected_sass(compiled, target):
-    """One read for both quantizations: 16-byte cp.async loads, 128-bit shared reads (twice per
-    tile: maxima, then conversion), 8-byte stores of q rows and q^T rows, packed 16-bit maxima for
-    bf16, and an 80-register cap (3 CTAs of 256 threads per SM) with no spills."""
+    """One read for both quantizations: 16-byte cp.async loads, 128-bit shared reads (maxima, then
+    conversion), q rows and q^T rows staged as 8-byte shared stores and stored as whole lines in
+    16-byte chunks, packed 16-bit maxima for bf16, and an 80-register cap (3 CTAs of 256 threads per
+    SM) with no spills."""
     arch, summaries = compiled
     (kernel,) = summaries[target]
     text = kernel.format()
@@ -32,7 +33,8 @@ def test_compiles_with_expected_sass(compiled, target):
     assert kernel.opcode("LDGSTS") >= 8, text
     assert kernel.memory.get("LDGSTS.128", 0) == kernel.opcode("LDGSTS"), text
     assert kernel.shared_loads(128) >= 8, text
-    assert kernel.global_stores(64) >= 9, "q rows (rolled loop) and 8 q^T rows leave as 8-byte stores"
+    assert kernel.memory.get("STS.64", 0) >= 9, "q rows (rolled loop) and 8 q^T rows staged as 8 bytes"
+    assert kernel.global_stores(128) >= 8 and kernel.global_stores(64) == 0, "q, q^T leave in 16-byte chunks"
     assert kernel.opcode("F2FP") >= 36 and all("UE8M0" not in m for m in kernel.counts), text
     if "bfloat16" in target:
         assert any(m.startswith("VIMNMX") and "U16x2" in m for m in kernel.counts), "packed bf16 maxima"
