@@ -1,16 +1,20 @@
 """Tune the 32x1 quantization kernel's config (``cute_kernels.quantize_32x1.Quantize32x1Config``).
 
-Compiles each candidate config, times it on bf16 shapes (blocked rceil scales) next to a copy of the
-same bytes, checks the bytes against the default kernel, and prints one line per (config, shape).
+Compiles each candidate config, times it on bf16 shapes (blocked rceil scales; ``--groups G``: G
+uneven row groups, K-groups scales) next to a copy of the same bytes, checks the bytes against the
+first candidate's, and prints one line per (config, shape).
 
-    python -m bench.tune_quantize_32x1
+    python -m bench.tune_quantize_32x1 [--groups G]
 """
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 
 from bench.common import copy_baseline_best, make_rotating_inputs, time_cuda
+from bench.tune_quantize_dual import group_ends
 from cute_kernels.quantize_32x1 import Quantize32x1Config, ScaleLayout, compile_quantize_32x1
 from torch_bindings.quantize_32x1 import scales_shape_32x1
 
@@ -22,14 +26,27 @@ CANDIDATES = {
     "pairs_t32k": Quantize32x1Config(target_ctas=32768),
     "pairs_t64k": Quantize32x1Config(target_ctas=65536),
 }
-SHAPES = ((32768, 2048), (32768, 7168), (131072, 5120), (131072, 7168))
+GROUP_CANDIDATES = {
+    "pairs_t32k": Quantize32x1Config(target_ctas=32768),
+    "pairs_t16k": Quantize32x1Config(target_ctas=16384),
+    "pairs_t8k": Quantize32x1Config(target_ctas=8192),
+    "pairs_t4k": Quantize32x1Config(target_ctas=4096),
+    "pairs_t2k": Quantize32x1Config(target_ctas=2048),
+}
+SHAPES = ((32768, 2048), (32768, 7168), (131072, 2048), (131072, 5120), (131072, 7168))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=0, help="G row groups (the K-groups layout)")
+    args = parser.parse_args(argv)
+    candidates = GROUP_CANDIDATES if args.groups else CANDIDATES
+    layout = ScaleLayout.K_GROUPS if args.groups else ScaleLayout.BLOCKED
     arch = {9: "sm_90a", 10: "sm_100a"}[torch.cuda.get_device_capability()[0]]
     print(f"device: {torch.cuda.get_device_name()}")
     for rows, cols in SHAPES:
-        shape = scales_shape_32x1(rows, cols, None, True)
+        ends = group_ends(rows, args.groups) if args.groups else None
+        shape = scales_shape_32x1(rows, cols, args.groups or None, True)
 
         def make(rows=rows, cols=cols, shape=shape):
             x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
@@ -40,14 +57,14 @@ def main() -> None:
         moved = rows * cols * 3 + shape[0] * shape[1]
         copy_us = copy_baseline_best(moved)[0].us
         reference = None
-        for name, config in CANDIDATES.items():
-            kernel = compile_quantize_32x1("bfloat16", "rceil", ScaleLayout.BLOCKED, arch, config)
+        for name, config in candidates.items():
+            kernel = compile_quantize_32x1("bfloat16", "rceil", layout, arch, config)
             x, q, s = sets[0]
-            kernel(x[None], q[None], s[None], None)
+            kernel(x[None], q[None], s[None], ends)
             out = (q.view(torch.uint8).clone(), s.view(torch.uint8).clone())
             reference = reference or out
             same = all(torch.equal(a, b) for a, b in zip(out, reference, strict=True))
-            us = time_cuda(lambda x, q, s, k=kernel: k(x[None], q[None], s[None], None), sets)
+            us = time_cuda(lambda x, q, s, k=kernel, e=ends: k(x[None], q[None], s[None], e), sets)
             print(f"{rows}x{cols} {name:12s} {us:9.1f} us  ratio {copy_us / us:.3f}  same={same}")
         del sets
         torch.cuda.empty_cache()

@@ -43,7 +43,7 @@ def _single_calls(x: torch.Tensor, ends: torch.Tensor | None = None):
     return q_r, s_r, q_c.t(), s_c
 
 
-def _ends(rows: int, groups: int) -> torch.Tensor:
+def group_ends(rows: int, groups: int) -> torch.Tensor:
     """``groups`` uneven groups of whole 32-row blocks covering the rows."""
     weights = torch.arange(1, groups + 1, dtype=torch.float64)
     sizes = (weights / weights.sum() * (rows // 32)).floor().long()
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         progress(f"compiling {name}")
         kernels[name] = compile_quantize_dual(args.dtype, "rceil", layout, arch, config)
     for rows, cols in SHAPES:
-        ends = _ends(rows, args.groups) if args.groups else None
+        ends = group_ends(rows, args.groups) if args.groups else None
 
         def make(rows=rows, cols=cols, ends=ends):
             x = torch.randn(rows, cols, device="cuda", dtype=getattr(torch, args.dtype))

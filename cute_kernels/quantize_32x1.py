@@ -19,6 +19,8 @@ thread-local (no shuffles, no shared memory), then writes each column's 32 E4M3 
 16-byte stores into q^T. The 4 scale bytes of a column over the tile's 4 row blocks form exactly
 one word of a blocked tile (``blocked``: one 4-byte store per column and tile; ``plain`` and
 ``k_groups``: byte stores). Threads of columns in ``[K, Rp)`` write the blocked layout's zero rows.
+``k_groups``: each CTA scans the groups (straight-line for G <= 128) while the loads of its first
+row block are in flight.
 
 Design choice (vs. a TMA tile in shared memory read back column-wise): loads straight into
 registers need no barrier and no shared memory, keep 4 KB per warp in flight, and give the same
@@ -46,7 +48,7 @@ from cute_utils.blocked import (
     ceil_div,
     zero_fill_chunks,
 )
-from cute_utils.groups import MAX_GROUPS, k_group_block, prefix_smem_words, scan_padded_group_sizes
+from cute_utils.groups import MAX_GROUPS, k_group_block, prefix_smem_words, scan_group_sizes
 from cute_utils.mx import BLOCK_SIZE, abs_bits, e8m0_scale, inverse_scale
 
 THREADS = 128
@@ -227,15 +229,22 @@ def make_quantize_32x1(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         else:
             scale_out = _flat_view(scales, Uint8, 1)
 
+        first_tile = col_chunk * tiles_per_cta
+        last_tile = cutlass.min(first_tile + tiles_per_cta, col_tiles)
+        raw_layout = cute.make_layout((BLOCK_SIZE, COLS_PER_THREAD), stride=(2, 1))
+        raw = cute.make_rmem_tensor(raw_layout, x.element_type)
         if cutlass.const_expr(grouped):
+            # The first row block's loads fly while the group scan runs.
+            first_pair = first_tile * THREADS + tid
+            first_row = row_tile * TILE_M
+            if first_tile < last_tile and first_row < rows and first_pair * COLS_PER_THREAD < cols:
+                load_column_pair_block(pairs, e, first_row, first_pair, raw)
             smem = SmemAllocator()
             prefix = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words(config.max_groups)), 16)
             ends = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words(config.max_groups)), 16)
             warp_totals = smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32), 16)
             num_groups = offsets.shape[0]
-            scan_padded_group_sizes(
-                offsets, num_groups, rows, TILE_M, prefix, warp_totals, tid, THREADS, ends
-            )
+            scan_group_sizes(offsets, num_groups, rows, TILE_M, prefix, warp_totals, tid, THREADS, ends)
             # Bytes past the last group's region are zero: a grid-stride loop over all CTAs.
             grid_x, grid_y, _ = cute.arch.grid_dim()
             cta = row_tile * grid_y + col_chunk
@@ -258,8 +267,6 @@ def make_quantize_32x1(dtype_name: str, mode: str, layout: ScaleLayout, config: 
                 block_info[tid, 3] = pad
             cute.arch.sync_threads()
 
-        first_tile = col_chunk * tiles_per_cta
-        last_tile = cutlass.min(first_tile + tiles_per_cta, col_tiles)
         for tile in cutlass.range(first_tile, last_tile, unroll=1):
             pair = tile * THREADS + tid
             k0 = pair * COLS_PER_THREAD
@@ -268,11 +275,12 @@ def make_quantize_32x1(dtype_name: str, mode: str, layout: ScaleLayout, config: 
                 block = row_tile * BLOCKS + b
                 row0 = block * BLOCK_SIZE
                 valid = row0 < rows and k0 < cols
-                raw = cute.make_rmem_tensor(
-                    cute.make_layout((BLOCK_SIZE, COLS_PER_THREAD), stride=(2, 1)), x.element_type
-                )
                 if valid:
-                    load_column_pair_block(pairs, e, row0, pair, raw)
+                    if cutlass.const_expr(grouped):
+                        if tile != first_tile or b != 0:  # else loaded before the scan
+                            load_column_pair_block(pairs, e, row0, pair, raw)
+                    else:
+                        load_column_pair_block(pairs, e, row0, pair, raw)
                 q_words = cute.make_rmem_tensor(cute.make_layout((COLS_PER_THREAD, 8), stride=(8, 1)), Uint32)
                 for j in cutlass.range_constexpr(COLS_PER_THREAD):
                     amax = column_amax_bits(raw, j)
