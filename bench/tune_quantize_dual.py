@@ -25,6 +25,9 @@ CANDIDATES = {
     "s2_n2": DualConfig(stages=2, tiles_per_cta=2),
     "s2_n4": DualConfig(stages=2, tiles_per_cta=4),
     "s2_n8": DualConfig(stages=2, tiles_per_cta=8),
+    "k1_s1_n1": DualConfig(warps_k=1, stages=1, tiles_per_cta=1, min_ctas_per_sm=6),
+    "k1_s2_n2": DualConfig(warps_k=1, stages=2, tiles_per_cta=2, min_ctas_per_sm=6),
+    "k1_s2_n4": DualConfig(warps_k=1, stages=2, tiles_per_cta=4, min_ctas_per_sm=6),
 }
 SHAPES = (
     (8192, 2048),
@@ -60,8 +63,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="first two candidates only")
     parser.add_argument("--groups", type=int, default=0, help="G row groups (the grouped layout)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--candidates", nargs="+", choices=sorted(CANDIDATES), help="only these configs")
     args = parser.parse_args(argv)
-    candidates = dict(list(CANDIDATES.items())[:2]) if args.quick else CANDIDATES
+    names = args.candidates or list(CANDIDATES)[: 2 if args.quick else None]
+    candidates = {name: CANDIDATES[name] for name in names}
     layout = ScaleLayout.GROUPS if args.groups else ScaleLayout.BLOCKED
     arch = {9: "sm_90a", 10: "sm_100a"}[torch.cuda.get_device_capability()[0]]
     print(f"device: {torch.cuda.get_device_name()}")
