@@ -255,8 +255,9 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
 
     @cute.jit
     def _stage_q_offset(row, byte):
-        """Byte of the q staging tile (TILE_M x tile_k, row-major) holding (row, byte), 64-byte
-        halves swapped on every other 8-row band: a warp's 8-byte row stores hit distinct banks."""
+        """Byte of the q staging tile (TILE_M x tile_k, row-major) holding (row, byte): bit 6 of the
+        offset flipped on odd 8-row bands, so a warp's stores of 4 rows x 64 bytes (rows 8 apart)
+        take the 2 bank passes they need, not 4."""
         return (row * tile_k + byte) ^ (((row >> 3) & 1) << 6)
 
     @cute.jit
@@ -299,8 +300,8 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
 
     @cute.jit
     def _convert_rows(ring_words, slot, lane, inv_lo, inv_hi, stage, tile_row, tile_col):
-        """1x32-quantize this lane's fragment and store each row's 8 bytes of q at
-        ``(lane_row + i, col0)``. A rolled loop: row i's inverse scale comes from lane ``i // 2`` of
+        """1x32-quantize this lane's fragment and put each row's 8 bytes of q into the staging tile
+        at ``(tile_row + i, tile_col)``. A rolled loop: row i's inverse scale comes from lane ``i // 2`` of
         the 1x32 block's 4 (``inv_lo`` / ``inv_hi``: this lane's rows ``2 (lane % 4)``, ``+ 1``)."""
         frag = cute.make_rmem_tensor(cute.make_layout((chunks, 4), stride=(4, 1)), Uint32)
         values = cute.make_rmem_tensor(cute.make_layout((1, LANE_COLS), stride=(LANE_COLS, 1)), Float32)
@@ -326,8 +327,8 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
 
     @cute.jit
     def _convert_cols(ring_words, slot, lane, inv_c, stage, tile_row, tile_col):
-        """32x1-quantize this lane's fragment and store each column's 8 bytes of q^T at
-        ``(col0 + c, lane_row)``. Rows are taken two at a time: each column's pair of E4M3 bytes
+        """32x1-quantize this lane's fragment and put each column's 8 bytes of q^T into the staging
+        tile at ``(tile_col + c, tile_row)``. Rows are taken two at a time: each column's pair of E4M3 bytes
         goes into its q^T word right away."""
         frag = cute.make_rmem_tensor(cute.make_layout((chunks, 4), stride=(4, 1)), Uint32)
         qt_frag = cute.make_rmem_tensor(cute.make_layout((LANE_COLS, 2), stride=(2, 1)), Uint32)
