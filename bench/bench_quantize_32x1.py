@@ -20,6 +20,7 @@ import torch
 
 import torch_bindings
 from bench.common import (
+    block_group_ends,
     copy_baseline_best,
     gbps,
     make_parser,
@@ -33,22 +34,13 @@ ROWS = (8192, 32768, 131072)
 COLS = (2048, 5120, 7168)
 
 
-def _ends(rows: int, groups: int, device: torch.device) -> torch.Tensor:
-    """``groups`` uneven row groups, sizes multiples of 32, covering all rows."""
-    blocks = rows // 32
-    weights = torch.arange(1, groups + 1, dtype=torch.float64)
-    sizes = (weights / weights.sum() * blocks).floor().long()
-    sizes[-1] += blocks - int(sizes.sum())
-    return (torch.cumsum(sizes, 0) * 32).to(torch.int32).to(device)
-
-
 def _nbytes(outputs) -> int:
     return sum(t.numel() * t.element_size() for t in outputs)
 
 
 def bench_shape(rows: int, cols: int, groups: int | None, dual: bool) -> dict:
     device = torch.device("cuda")
-    ends = _ends(rows, groups, device) if groups else None
+    ends = block_group_ends(rows, groups, device) if groups else None
     sets = make_rotating_inputs(
         lambda: (torch.randn(rows, cols, device=device, dtype=torch.bfloat16),),
         bytes_per_set=rows * cols * 4,

@@ -80,6 +80,7 @@ __all__ = [
     "diff_bytes",
     "skewed_group_sizes",
     "skewed_group_ends",
+    "block_group_ends",
     "cuda_or_none",
     "kernel_pending",
     "not_built_status",
@@ -1064,6 +1065,16 @@ def skewed_group_sizes(total: int, num_groups: int, *, seed: int = 0) -> list[in
 def skewed_group_ends(total: int, num_groups: int, *, seed: int = 0) -> list[int]:
     """End offsets (cumulative sums) of :func:`skewed_group_sizes`; the last one is ``total``."""
     return [int(v) for v in np.cumsum(skewed_group_sizes(total, num_groups, seed=seed))]
+
+
+def block_group_ends(rows: int, groups: int, device: torch.device | str = "cuda") -> torch.Tensor:
+    """Int32 end offsets of ``groups`` uneven row groups (sizes growing as 1, 2, ..., G) of whole
+    32-row blocks covering all ``rows`` (a multiple of 32), on ``device``."""
+    blocks = rows // 32
+    weights = torch.arange(1, groups + 1, dtype=torch.float64)
+    sizes = (weights / weights.sum() * blocks).floor().long()
+    sizes[-1] += blocks - int(sizes.sum())
+    return (torch.cumsum(sizes, 0) * 32).to(torch.int32).to(device)
 
 
 def cuda_or_none(what: str) -> torch.device | None:

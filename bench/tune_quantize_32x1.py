@@ -13,8 +13,7 @@ import argparse
 
 import torch
 
-from bench.common import copy_baseline_best, make_rotating_inputs, time_cuda
-from bench.tune_quantize_dual import group_ends
+from bench.common import block_group_ends, copy_baseline_best, make_rotating_inputs, time_cuda
 from cute_kernels.quantize_32x1 import Quantize32x1Config, ScaleLayout, compile_quantize_32x1
 from torch_bindings.quantize_32x1 import scales_shape_32x1
 
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     arch = {9: "sm_90a", 10: "sm_100a"}[torch.cuda.get_device_capability()[0]]
     print(f"device: {torch.cuda.get_device_name()}")
     for rows, cols in SHAPES:
-        ends = group_ends(rows, args.groups) if args.groups else None
+        ends = block_group_ends(rows, args.groups) if args.groups else None
         shape = scales_shape_32x1(rows, cols, args.groups or None, True)
 
         def make(rows=rows, cols=cols, shape=shape):

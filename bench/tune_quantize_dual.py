@@ -15,7 +15,7 @@ import argparse
 import torch
 
 import torch_bindings
-from bench.common import copy_baseline_best, make_rotating_inputs, progress, time_cuda
+from bench.common import block_group_ends, copy_baseline_best, make_rotating_inputs, progress, time_cuda
 from cute_kernels.quantize_dual import DualConfig, ScaleLayout, compile_quantize_dual
 
 CANDIDATES = {
@@ -46,14 +46,6 @@ def _single_calls(x: torch.Tensor, ends: torch.Tensor | None = None):
     return q_r, s_r, q_c.t(), s_c
 
 
-def group_ends(rows: int, groups: int) -> torch.Tensor:
-    """``groups`` uneven groups of whole 32-row blocks covering the rows."""
-    weights = torch.arange(1, groups + 1, dtype=torch.float64)
-    sizes = (weights / weights.sum() * (rows // 32)).floor().long()
-    sizes[-1] += rows // 32 - int(sizes.sum())
-    return (torch.cumsum(sizes, 0) * 32).to(torch.int32).cuda()
-
-
 def _bytes(tensors) -> list[torch.Tensor]:
     return [t.contiguous().view(torch.uint8) for t in tensors]
 
@@ -75,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         progress(f"compiling {name}")
         kernels[name] = compile_quantize_dual(args.dtype, "rceil", layout, arch, config)
     for rows, cols in SHAPES:
-        ends = group_ends(rows, args.groups) if args.groups else None
+        ends = block_group_ends(rows, args.groups) if args.groups else None
 
         def make(rows=rows, cols=cols, ends=ends):
             x = torch.randn(rows, cols, device="cuda", dtype=getattr(torch, args.dtype))

@@ -49,6 +49,7 @@ from cute_utils.groups import (
     scan_group_sizes,
     smem_group_bounds,
 )
+from cute_utils.jit import compile_tvm_ffi
 
 _WARP = 32
 VECTOR_BYTES = 16
@@ -350,11 +351,7 @@ def compile_pad(
     """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream)."""
     config = config or CONFIGS[arch][op.value]
     launch = make_pad(op, config, vector_bytes)
-    return cute.compile(
-        launch,
-        *fake_arguments(op, dtype_name, vector_bytes),
-        options=f"--enable-tvm-ffi --gpu-arch {arch} {options}".strip(),
-    )
+    return compile_tvm_ffi(launch, fake_arguments(op, dtype_name, vector_bytes), arch, options)
 
 
 def variants() -> list[tuple[PadOp, str, int]]:

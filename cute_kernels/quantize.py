@@ -56,6 +56,7 @@ from cute_utils.groups import (
     search_steps,
     uniform_groups_row_block,
 )
+from cute_utils.jit import compile_tvm_ffi
 from cute_utils.mx import (
     BLOCK_SIZE,
     e8m0_scale,
@@ -567,11 +568,7 @@ def compile_quantize(
     ``num_sms``: the device's SM count (default: the arch's usual one)."""
     config = config or replace(CONFIGS[arch][dtype_name], max_groups=max_groups)
     launch = make_quantize(dtype_name, mode, layout, config, num_sms or DEFAULT_NUM_SMS[arch])
-    return cute.compile(
-        launch,
-        *fake_arguments(dtype_name, layout),
-        options=f"--enable-tvm-ffi --gpu-arch {arch} {options}".strip(),
-    )
+    return compile_tvm_ffi(launch, fake_arguments(dtype_name, layout), arch, options)
 
 
 def variants() -> list[tuple[str, str, ScaleLayout, int]]:

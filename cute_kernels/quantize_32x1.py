@@ -49,6 +49,7 @@ from cute_utils.blocked import (
     zero_fill_chunks,
 )
 from cute_utils.groups import MAX_GROUPS, k_group_block, prefix_smem_words, scan_group_sizes
+from cute_utils.jit import compile_tvm_ffi
 from cute_utils.mx import BLOCK_SIZE, abs_bits, e8m0_scale, inverse_scale
 
 THREADS = 128
@@ -368,11 +369,7 @@ def compile_quantize_32x1(
     """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream)."""
     config = config or CONFIGS[arch][dtype_name]
     launch = make_quantize_32x1(dtype_name, mode, layout, config)
-    return cute.compile(
-        launch,
-        *fake_arguments(dtype_name, layout),
-        options=f"--enable-tvm-ffi --gpu-arch {arch} {options}".strip(),
-    )
+    return compile_tvm_ffi(launch, fake_arguments(dtype_name, layout), arch, options)
 
 
 def variants() -> list[tuple[str, str, ScaleLayout]]:

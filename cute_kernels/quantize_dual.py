@@ -63,6 +63,7 @@ from cute_utils.groups import (
     scan_group_sizes,
     search_steps,
 )
+from cute_utils.jit import compile_tvm_ffi
 from cute_utils.mx import BLOCK_SIZE, e4m3x2_into, e4m3x4, e8m0_scale, inverse_scale, max_u16x2
 from cute_utils.occupancy import MAX_GRID_Y, chunk_major_grid
 
@@ -610,11 +611,7 @@ def compile_quantize_dual(
     """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream)."""
     config = config or (GROUP_CONFIGS if layout is ScaleLayout.GROUPS else CONFIGS)[arch][dtype_name]
     launch = make_quantize_dual(dtype_name, mode, layout, config)
-    return cute.compile(
-        launch,
-        *fake_arguments(dtype_name, layout),
-        options=f"--enable-tvm-ffi --gpu-arch {arch} {options}".strip(),
-    )
+    return compile_tvm_ffi(launch, fake_arguments(dtype_name, layout), arch, options)
 
 
 def variants() -> list[tuple[str, str, ScaleLayout]]:

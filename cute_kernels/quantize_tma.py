@@ -59,6 +59,7 @@ from cute_kernels.quantize import (
 )
 from cute_utils import tma
 from cute_utils.blocked import TILE_COLS, TILE_ROWS, ceil_div
+from cute_utils.jit import compile_tvm_ffi
 from cute_utils.mx import BLOCK_SIZE, e8m0_scale, inverse_scale, lane_group_max, max_abs_bits, scale_values
 
 LAYOUTS = (ScaleLayout.PLAIN, ScaleLayout.BLOCKED)
@@ -387,11 +388,7 @@ def compile_quantize_tma(
     layout = ScaleLayout(layout)
     config = config or CONFIGS[arch][dtype_name]
     launch = make_quantize_tma(dtype_name, mode, layout, config)
-    return cute.compile(
-        launch,
-        *fake_arguments(dtype_name),
-        options=f"--enable-tvm-ffi --gpu-arch {arch} {options}".strip(),
-    )
+    return compile_tvm_ffi(launch, fake_arguments(dtype_name), arch, options)
 
 
 def variants() -> list[tuple[str, str, ScaleLayout]]:

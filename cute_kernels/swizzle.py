@@ -62,6 +62,7 @@ from cute_utils.groups import (
     scan_group_sizes,
     smem_group_bounds,
 )
+from cute_utils.jit import compile_tvm_ffi
 from cute_utils.occupancy import DEFAULT_NUM_SMS
 
 
@@ -503,11 +504,7 @@ def compile_swizzle(
     ``_wide`` config (see :func:`wide_window`) when no ``config`` is given."""
     config = config or CONFIGS[arch][layout.value + ("_wide" if wide else "")]
     launch = make_swizzle(layout, config, rank, word_loads, num_sms or DEFAULT_NUM_SMS[arch])
-    return cute.compile(
-        launch,
-        *fake_arguments(layout, rank, word_loads),
-        options=f"--enable-tvm-ffi --gpu-arch {arch} {options}".strip(),
-    )
+    return compile_tvm_ffi(launch, fake_arguments(layout, rank, word_loads), arch, options)
 
 
 def variants() -> list[tuple[SwizzleLayout, int, bool, bool]]:
