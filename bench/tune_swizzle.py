@@ -42,12 +42,13 @@ SHAPES = {
 #: Also timed on one input set (all of it L2-resident): shows fixed costs that DRAM latency hides.
 IN_L2 = {"plain": [(65536, 160)], "m_groups": [(65536, 160)], "k_groups": [(5120, 4096)]}
 #: (config, grid scale): the scale multiplies the SM count the persistent grid is sized for, so
-#: above 1 the CTAs run in waves and each walks fewer row blocks.
+#: above 1 the CTAs run in waves and each walks fewer row blocks. Session 8: the grouped layouts'
+#: L2 prefetch of the first work item, on and off.
 CONFIGS = [
     (SwizzleConfig(threads=256, window_cols=64, ctas_per_sm=4), 1),
     (SwizzleConfig(threads=256, window_cols=128, ctas_per_sm=4), 1),
-    (SwizzleConfig(threads=256, window_cols=64, ctas_per_sm=4), 4),
-    (SwizzleConfig(threads=256, window_cols=128, ctas_per_sm=4), 4),
+    (SwizzleConfig(threads=256, window_cols=64, ctas_per_sm=4, prefetch=False), 1),
+    (SwizzleConfig(threads=256, window_cols=128, ctas_per_sm=4, prefetch=False), 1),
 ]
 
 
@@ -61,7 +62,9 @@ def _ends(total: int, groups: int, device: torch.device) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = make_parser(__doc__.splitlines()[0])
+    parser.add_argument("--layouts", nargs="+", choices=sorted(SHAPES), default=sorted(SHAPES))
+    args = parser.parse_args(argv)
     device = require_cuda("tune_swizzle")
     arch, _ = kernel_arch(device)
     sms = num_sms(device.index)
@@ -69,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     kernels = {}
     for layout_name, shapes in SHAPES.items():
+        if layout_name not in args.layouts:
+            continue
         layout = SwizzleLayout(layout_name)
         for shape, groups in shapes:
             word_loads = layout is not SwizzleLayout.K_GROUPS and shape[1] % 4 == 0
@@ -112,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                         "threads": config.threads,
                         "window": config.window_cols,
                         "ctas/SM": config.ctas_per_sm,
+                        "prefetch": config.prefetch,
                         "grid": scale,
                         "in L2": in_l2,
                         "us": us,
@@ -132,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             "threads",
             "window",
             "ctas/SM",
+            "prefetch",
             "grid",
             "in L2",
             "us",

@@ -26,6 +26,8 @@ def test_compiles_with_expected_sass(compiled, target):
         assert kernel.counts.get("SHF.R.U64", 0) >= 1, "unaligned words are funnel-shifted"
     if not target.startswith("swizzle_plain"):
         assert kernel.counts.get("SHFL.UP", 0) >= 1, "grouped layouts scan the group sizes in-kernel"
+        # The first work item's source lines are L2-prefetched while the scan runs.
+        assert kernel.counts.get("CCTL.E.PF2", 0) >= 1, kernel.format()
 
 
 def test_registry_names():
