@@ -125,18 +125,16 @@ def _quantize_parts(device: torch.device) -> dict[str, Callable[[], object]]:
     x = torch.randn(256, 256, dtype=torch.bfloat16, device=device)
     q, s = torch_bindings.quantize_mxfp8_2d(x)
     target = targets.known(x)
-    kernel = target.kernel((x.dtype, "rceil", "blocked", binding._MAX_GROUPS, False), binding._make_kernel)
+    kernel = target.kernel((x.dtype, "rceil", "blocked", binding._MAX_GROUPS), binding._make_kernel)
     return {
         "  part: check_quantize_2d": lambda: checks.check_quantize_2d(x, "1x32", None, "rceil", True),
         "  part: fast_quantize_ok": lambda: checks.fast_quantize_ok(x, 2, "rceil", True),
         "  part: backend.select": lambda: backend.select("q", "auto", x.device),
         "  part: check_kernel_inputs": lambda: checks.check_kernel_inputs("q", None, x),
         "  part: torch.compiler.is_compiling": torch.compiler.is_compiling,
-        "  part: quantize kernel call alone (9 args)": lambda: kernel(
-            x, q, s, None, None, None, None, None, 0
-        ),
+        "  part: quantize kernel call alone (7 args)": lambda: kernel(x, q, s, None, None, None, 0),
         "  part: quantize kernel lookup": lambda: target.kernel(
-            (x.dtype, "rceil", "blocked", 2048, False), None
+            (x.dtype, "rceil", "blocked", binding._MAX_GROUPS), None
         ),
         "  part: two new_empty outputs": lambda: (
             x.new_empty((256, 256), dtype=torch.float8_e4m3fn),

@@ -7,9 +7,8 @@ of rows ``[32 c, 32 c + 32)`` of column k. Scale layouts (a compile-time choice,
 - ``plain``: S row-major, (E, K, M/32).
 - ``blocked``: SPEC section 3's blocked layout of S, (E, Rp, Cp), every padding byte written 0.
 - ``k_groups`` (E = 1): row groups from end offsets (sizes multiples of 32), SPEC's K-groups layout
-  with ``kend = end / 32``, (Rp, M/32 + 4 G), every byte no group covers written 0 by the kernel
-  (group padding columns by the thread that writes the group's last column, the zero tail after
-  the last group by a grid-stride loop).
+  with ``kend = end / 32``, (Rp, M/32 + 4 G), every byte written by the kernel (group padding
+  columns inside the words below, the zero tail after the last group by a grid-stride loop).
 
 Work decomposition: CTA ``(x, y, z)`` owns row tile ``x`` (128 rows = 4 row blocks = one 4-byte word
 of a blocked tile) of expert ``z`` and a run of 256-column tiles. Each of its 128 threads owns two
@@ -17,10 +16,18 @@ adjacent columns: it loads a row block's 32 rows of its column pair (one 4-byte 
 bf16, 8 bytes for fp32: a warp reads 128 or 256 contiguous bytes per row), so the block max is
 thread-local (no shuffles, no shared memory), then writes each column's 32 E4M3 bytes as two
 16-byte stores into q^T. The 4 scale bytes of a column over the tile's 4 row blocks form exactly
-one word of a blocked tile (``blocked``: one 4-byte store per column and tile; ``plain`` and
-``k_groups``: byte stores). Threads of columns in ``[K, Rp)`` write the blocked layout's zero rows.
-``k_groups``: each CTA scans the groups (straight-line for G <= 128) while the loads of its first
-row block are in flight.
+one word of a blocked tile (``blocked`` and ``k_groups``: one 4-byte store per column and tile;
+``plain``: byte stores). Threads of columns in ``[K, Rp)`` write the blocked layout's zero rows.
+
+``k_groups`` row tiles follow the groups, in M-groups numbering: tile ``t`` is 128 rows of one
+group from its start (fewer at the group's end; rows past the last group come after all groups'
+tiles, with no scales), so its 4 scale columns are exactly one word of the group's blocked tiles,
+padding columns included (source-aligned tiles straddle groups whose sizes are not multiples of
+128: byte stores, up to 2x the L2 store transactions of the E4M3 data; 0.83 -> 0.86 of copy at
+32768 x 2048, session 8). Each CTA finds its tile with a group scan before its first load; up to
+32 groups a warp scan in registers (one offset load per lane, shuffles and a ballot: no shared
+memory, no barrier), more in shared memory. An L2 prefetch of guessed rows during the scan was
+slower (bench/README.md, session 8).
 
 Design choice (vs. a TMA tile in shared memory read back column-wise): loads straight into
 registers need no barrier and no shared memory, keep 4 KB per warp in flight, and give the same
@@ -48,7 +55,16 @@ from cute_utils.blocked import (
     ceil_div,
     zero_fill_chunks,
 )
-from cute_utils.groups import MAX_GROUPS, k_group_block, prefix_smem_words, scan_group_sizes
+from cute_utils.groups import (
+    MAX_GROUPS,
+    WARP_SCAN_GROUPS,
+    k_groups_tile_column,
+    m_groups_row_block,
+    prefix_smem_words,
+    scan_group_sizes,
+    warp_group_row_block,
+    warp_group_scan,
+)
 from cute_utils.jit import compile_tvm_ffi
 from cute_utils.mx import BLOCK_SIZE, abs_bits, e8m0_scale, inverse_scale
 
@@ -208,6 +224,68 @@ def make_quantize_32x1(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         raise ValueError(f"mode must be 'floor' or 'rceil', got {mode!r}")
     grouped = layout is ScaleLayout.K_GROUPS
 
+    @cute.jit
+    def _row_tile(x, qt, scales, e, first_tile, last_tile, row_tile, first_row, tile_rows, placed):
+        """Quantize rows ``first_row .. first_row + tile_rows - 1`` (at most 128: scale column word
+        ``row_tile`` of blocked scales) over column tiles ``first_tile .. last_tile - 1``.
+        ``placed`` (K-groups): ``(covered, base, row_block_bytes)`` of :func:`k_groups_tile_column`
+        (no scale stores when not covered)."""
+        tid, _, _ = cute.arch.thread_idx()
+        _, rows, cols = x.shape
+        _, scale_rows, scale_cols = scales.shape
+        pairs = _pair_view(x)
+        q_blocks = _block_view(qt)
+        q_halves = _half_view(qt)
+        if cutlass.const_expr(layout is ScaleLayout.PLAIN):
+            scale_out = _flat_view(scales, Uint8, 1)
+        else:
+            scale_out = _flat_view(scales, Uint32, 4)
+        raw = cute.make_rmem_tensor(
+            cute.make_layout((BLOCK_SIZE, COLS_PER_THREAD), stride=(2, 1)), x.element_type
+        )
+        for tile in cutlass.range(first_tile, last_tile, unroll=1):
+            pair = tile * THREADS + tid
+            k0 = pair * COLS_PER_THREAD
+            words = [Uint32(0), Uint32(0)]
+            for b in cutlass.range(BLOCKS, unroll=1):
+                row0 = first_row + b * BLOCK_SIZE
+                block = row0 // BLOCK_SIZE
+                valid = b * BLOCK_SIZE < tile_rows and k0 < cols
+                if cutlass.const_expr(grouped):
+                    valid = valid and row0 + BLOCK_SIZE <= rows  # garbage offsets: stay inside x
+                if valid:
+                    load_column_pair_block(pairs, e, row0, pair, raw)
+                q_words = cute.make_rmem_tensor(cute.make_layout((COLS_PER_THREAD, 8), stride=(8, 1)), Uint32)
+                for j in cutlass.range_constexpr(COLS_PER_THREAD):
+                    amax = column_amax_bits(raw, j)
+                    if not valid:
+                        amax = Int32(0)
+                    s = e8m0_scale(amax, mode)
+                    q = cute.recast_tensor(q_words[j, None], Float8E4M3FN)
+                    quantize_column(raw, j, s, q)
+                    if cutlass.const_expr(not config.pair_stores):
+                        if valid:
+                            cute.autovec_copy(q, q_blocks[e, k0 + j, block, None])
+                    if cutlass.const_expr(layout is ScaleLayout.PLAIN):
+                        if valid:
+                            scale_out[e, (k0 + j) * scale_cols + block] = Uint8(s)
+                    else:
+                        words[j] = words[j] | (Uint32(s) << Uint32(8 * b))
+                if cutlass.const_expr(config.pair_stores):
+                    store_sector_pairs(q_words, q_halves, e, k0, block, valid)
+            # One word per column: the tile's 4 scales (zero for row blocks past the rows or the group).
+            for j in cutlass.range_constexpr(COLS_PER_THREAD):
+                k = k0 + j
+                if cutlass.const_expr(layout is ScaleLayout.BLOCKED):
+                    if k < scale_rows:
+                        word = ((k // TILE_ROWS) * (scale_cols // TILE_COLS) + row_tile) * (TILE_BYTES // 4)
+                        scale_out[e, word + blocked_row_offset(k) // 4] = words[j]
+                elif cutlass.const_expr(grouped):
+                    covered, group_base, group_row_block_bytes = placed
+                    if covered and k < scale_rows:
+                        offset = group_base + (k // TILE_ROWS) * group_row_block_bytes + blocked_row_offset(k)
+                        scale_out[0, offset // 4] = words[j]
+
     @cute.kernel
     def quantize_32x1_kernel(
         x: cute.Tensor,
@@ -220,103 +298,55 @@ def make_quantize_32x1(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         row_tile, col_chunk, e = cute.arch.block_idx()
         _, rows, cols = x.shape
         _, scale_rows, scale_cols = scales.shape
-        col_tiles = ceil_div(cols, TILE_K)
-        pairs = _pair_view(x)
-        q_blocks = _block_view(qt)
-        q_halves = _half_view(qt)
-
-        if cutlass.const_expr(layout is ScaleLayout.BLOCKED):
-            scale_out = _flat_view(scales, Uint32, 4)
-        else:
-            scale_out = _flat_view(scales, Uint8, 1)
-
         first_tile = col_chunk * tiles_per_cta
-        last_tile = cutlass.min(first_tile + tiles_per_cta, col_tiles)
-        raw_layout = cute.make_layout((BLOCK_SIZE, COLS_PER_THREAD), stride=(2, 1))
-        raw = cute.make_rmem_tensor(raw_layout, x.element_type)
-        if cutlass.const_expr(grouped):
-            # The first row block's loads fly while the group scan runs.
-            first_pair = first_tile * THREADS + tid
+        last_tile = cutlass.min(first_tile + tiles_per_cta, ceil_div(cols, TILE_K))
+        if cutlass.const_expr(not grouped):
             first_row = row_tile * TILE_M
-            if first_tile < last_tile and first_row < rows and first_pair * COLS_PER_THREAD < cols:
-                load_column_pair_block(pairs, e, first_row, first_pair, raw)
-            smem = SmemAllocator()
-            prefix = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words(config.max_groups)), 16)
-            ends = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words(config.max_groups)), 16)
-            warp_totals = smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32), 16)
+            tile_rows = cutlass.min(rows - first_row, TILE_M)
+            _row_tile(x, qt, scales, e, first_tile, last_tile, row_tile, first_row, tile_rows, None)
+        else:
+            # Row tiles follow the groups (M-groups numbering): 128 rows of one group from its start,
+            # so their 4 scale columns are one word of the group's blocked tiles (padding included).
+            # Up to 32 groups, each warp scans them in registers (no shared memory, no barrier).
             num_groups = offsets.shape[0]
-            scan_group_sizes(offsets, num_groups, rows, TILE_M, prefix, warp_totals, tid, THREADS, ends)
+            lane = tid % 32
+            smem = SmemAllocator()
+            words = prefix_smem_words(config.max_groups)
+            prefix = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
+            ends = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
+            warp_totals = smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32), 16)
+            zero = Int32(0)
+            scan = ((zero, zero, zero, zero), (zero, zero))
+            if num_groups <= WARP_SCAN_GROUPS:
+                scan = warp_group_scan(offsets, num_groups, rows, lane)
+            else:
+                scan_group_sizes(offsets, num_groups, rows, TILE_M, prefix, warp_totals, tid, THREADS, ends)
+                scan = ((zero, zero, zero, zero), (prefix[num_groups], zero))
+            covered_blocks = scan[1][0]
             # Bytes past the last group's region are zero: a grid-stride loop over all CTAs.
             grid_x, grid_y, _ = cute.arch.grid_dim()
-            cta = row_tile * grid_y + col_chunk
             zero_fill_chunks(
                 _flat_view(scales, Uint32, 4)[0, None],
-                cutlass.min(scale_rows * TILE_COLS * prefix[num_groups], scale_rows * scale_cols),
+                cutlass.min(scale_rows * TILE_COLS * covered_blocks, scale_rows * scale_cols),
                 scale_rows * scale_cols,
-                cta * THREADS + tid,
+                (row_tile * grid_y + col_chunk) * THREADS + tid,
                 grid_x * grid_y * THREADS,
             )
-            # Where each of the tile's 4 row blocks lands (fixed per CTA): threads 0..3 look it up.
-            block_info = smem.allocate_tensor(Int32, cute.make_layout((BLOCKS, 4), stride=(4, 1)), 16)
-            if tid < BLOCKS:
-                cov, base, rbb, pad = k_group_block(
-                    prefix, ends, num_groups, (row_tile * BLOCKS + tid) * BLOCK_SIZE, scale_rows
+            first_row, tile_rows = Int32(0), Int32(0)
+            covered = row_tile < 0
+            group_prefix, next_prefix = Int32(0), Int32(0)
+            if num_groups <= WARP_SCAN_GROUPS:
+                first_row, tile_rows, covered, group_prefix, next_prefix = warp_group_row_block(
+                    scan, num_groups, rows, row_tile, lane
                 )
-                block_info[tid, 0] = cov
-                block_info[tid, 1] = base
-                block_info[tid, 2] = rbb
-                block_info[tid, 3] = pad
-            cute.arch.sync_threads()
-
-        for tile in cutlass.range(first_tile, last_tile, unroll=1):
-            pair = tile * THREADS + tid
-            k0 = pair * COLS_PER_THREAD
-            words = [Uint32(0), Uint32(0)]
-            for b in cutlass.range(BLOCKS, unroll=1):
-                block = row_tile * BLOCKS + b
-                row0 = block * BLOCK_SIZE
-                valid = row0 < rows and k0 < cols
-                if valid:
-                    if cutlass.const_expr(grouped):
-                        if tile != first_tile or b != 0:  # else loaded before the scan
-                            load_column_pair_block(pairs, e, row0, pair, raw)
-                    else:
-                        load_column_pair_block(pairs, e, row0, pair, raw)
-                q_words = cute.make_rmem_tensor(cute.make_layout((COLS_PER_THREAD, 8), stride=(8, 1)), Uint32)
-                for j in cutlass.range_constexpr(COLS_PER_THREAD):
-                    amax = column_amax_bits(raw, j)
-                    if not valid:
-                        amax = Int32(0)
-                    s = e8m0_scale(amax, mode)
-                    q = cute.recast_tensor(q_words[j, None], Float8E4M3FN)
-                    quantize_column(raw, j, s, q)
-                    if cutlass.const_expr(not config.pair_stores):
-                        if valid:
-                            cute.autovec_copy(q, q_blocks[e, k0 + j, block, None])
-                    k = k0 + j
-                    if cutlass.const_expr(layout is ScaleLayout.BLOCKED):
-                        words[j] = words[j] | (Uint32(s) << Uint32(8 * b))
-                    elif cutlass.const_expr(layout is ScaleLayout.PLAIN):
-                        if valid:
-                            scale_out[e, k * scale_cols + block] = Uint8(s)
-                    else:
-                        if block_info[b, 0] != 0 and k < scale_rows:
-                            offset = block_info[b, 1] + (k // TILE_ROWS) * block_info[b, 2]
-                            offset = offset + blocked_row_offset(k)
-                            size = cute.size(scale_out, mode=[1])
-                            if offset < size:
-                                scale_out[0, offset] = Uint8(s)
-                            for p in cutlass.range_constexpr(1, TILE_COLS):
-                                if p <= block_info[b, 3] and offset + p < size:
-                                    scale_out[0, offset + p] = Uint8(0)
-                if cutlass.const_expr(config.pair_stores):
-                    store_sector_pairs(q_words, q_halves, e, k0, block, valid)
-            if cutlass.const_expr(layout is ScaleLayout.BLOCKED):
-                for j in cutlass.range_constexpr(COLS_PER_THREAD):
-                    k = k0 + j
-                    if k < scale_rows:
-                        word = ((k // TILE_ROWS) * (scale_cols // TILE_COLS) + row_tile) * (TILE_BYTES // 4)
-                        scale_out[e, word + blocked_row_offset(k) // 4] = words[j]
+            else:
+                first_row, tile_rows, covered, g = m_groups_row_block(
+                    prefix, ends, num_groups, row_tile, rows
+                )
+                group_prefix, next_prefix = prefix[g], prefix[g + 1]
+            base, row_block_bytes = k_groups_tile_column(group_prefix, next_prefix, row_tile, scale_rows)
+            placed = (covered, base, row_block_bytes)
+            _row_tile(x, qt, scales, e, first_tile, last_tile, row_tile, first_row, tile_rows, placed)
 
     @cute.jit
     def launch(x: cute.Tensor, qt: cute.Tensor, scales: cute.Tensor, offsets, stream):
@@ -326,6 +356,8 @@ def make_quantize_32x1(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         chunks = cutlass.min(col_tiles, cutlass.max(config.target_ctas // (row_tiles * experts), 1))
         tiles_per_cta = ceil_div(col_tiles, chunks)
         chunks = ceil_div(col_tiles, tiles_per_cta)
+        if cutlass.const_expr(grouped):  # group-aligned row tiles (M-groups numbering)
+            row_tiles = ceil_div(rows + TILE_M * offsets.shape[0], TILE_M)
         quantize_32x1_kernel(x, qt, scales, offsets, tiles_per_cta).launch(
             grid=[row_tiles, chunks, experts],
             block=[THREADS, 1, 1],

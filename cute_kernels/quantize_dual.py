@@ -9,7 +9,10 @@ x (M, K) bf16/fp32, M and K multiples of 32, gives
 Scale layouts (:class:`ScaleLayout`): ``plain`` (the logical matrices, row-major), ``blocked``
 (SPEC section 3, every padding byte written 0) or ``groups`` (row groups from end offsets, sizes
 multiples of 32: M-groups 1x32 scales (M + 128 G, Cp), K-groups 32x1 scales (Rp, M/32 + 4 G), every
-byte written; one group scan in 128-row units serves both).
+byte written). Grouped row tiles follow the groups in M-groups numbering (tile ``t``: 128 rows of
+one group from its start, or of the rows past the last group), so a tile's 1x32 scales are block
+row ``t`` of the M-groups layout and its 32x1 scales one 4-column word run of its group's K-groups
+tiles: the same stores as the blocked layout, at other places.
 
 Work decomposition: a CTA of ``4 warps_k`` warps owns a 128-row tile and a run of
 ``DualConfig.tiles_per_cta`` column tiles of ``64 warps_k`` columns; with ``warps_k = 2`` one
@@ -24,7 +27,9 @@ Stores: each lane puts its 8-byte runs of q rows and of q^T rows into two shared
 tiles (128 x 64 warps_k bytes each, 16-byte chunks permuted so a warp's stores hit distinct banks);
 after a CTA barrier every thread copies 16-byte chunks out, 8 threads per 128-byte line. q^T from
 registers would leave as 32-byte pieces per warp (one 32x1 block of rows): 2-3% slower (session 7).
-For the grouped layout, the group scan's arrays live in the staging bytes until the first tile.
+Grouped CTAs find their tile with a group scan (up to 32 groups a warp scan in registers, more in
+shared memory, in the staging bytes) before their first load; meanwhile they L2-prefetch the
+rows a CTA running at the same time reads (+1-2% here; in the 32x1 kernel it lost).
 
 Loads go through a per-lane ``cp.async`` ring in shared memory (``stages`` tiles per warp; each
 lane reads back only what it copied, so completion is its own ``wait_group``, no barrier). A tile
@@ -48,6 +53,7 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import (
+    TILE_BYTES,
     TILE_COLS,
     TILE_ROWS,
     blocked_offset,
@@ -57,15 +63,18 @@ from cute_utils.blocked import (
 )
 from cute_utils.groups import (
     MAX_GROUPS,
-    k_group_block,
-    m_groups_scale_rows,
+    WARP_SCAN_GROUPS,
+    k_groups_tile_column,
+    m_groups_row_block,
     prefix_smem_words,
     scan_group_sizes,
-    search_steps,
+    warp_group_row_block,
+    warp_group_scan,
 )
 from cute_utils.jit import compile_tvm_ffi
 from cute_utils.mx import BLOCK_SIZE, e4m3x2_into, e4m3x4, e8m0_scale, inverse_scale, max_u16x2
 from cute_utils.occupancy import MAX_GRID_Y, chunk_major_grid
+from cute_utils.prefetch import LINE_BYTES, prefetch_row_ranges
 
 WARPS_M = 4  # warps along M: one 32-row block each
 LANE_ROWS = 8  # rows of a lane's fragment
@@ -108,7 +117,8 @@ class DualConfig:
 # Picked with bench/tune_quantize_dual.py on an H200 (bench/README.md, session 7). Ungrouped: one
 # tile per CTA and no ring beyond it (64 KiB of shared memory with the staging tiles: 3 CTAs per SM
 # at the 80-register cap); longer CTAs lost 2-10%. Grouped (bf16): 2 column tiles per CTA with the
-# second loading during the first amortize the group scan (one tile per CTA: -10-15%). fp32 (tuned
+# second loading during the first (session 8, group-aligned tiles: 0.87-0.89 of copy at M >= 32768;
+# one tile per CTA 0.86-0.87, or 0.87-0.88 without the prefetch). fp32 (tuned
 # ungrouped only): one tile per CTA; grouped, 2 tiles and no ring (a 2-stage ring of fp32 tiles
 # would leave one CTA per SM).
 _ONE_TILE = DualConfig(stages=1, tiles_per_cta=1)
@@ -348,73 +358,124 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
             cute.autovec_copy(qt_frag[c, None], pairs[_stage_qt_offset(tile_col + c, tile_row) // 8, None])
 
     @cute.jit
-    def _store_scales(scale_bytes, scale_bytes_t, row_scales, col_scales, lane, lane_row, col0, live):
-        """Store the tile's scale bytes: this lane's 2 row scales (rows ``lane_row + 2 p``,
-        ``+ 1``, p = lane % 4) and 2 column scales (columns ``col0 + 2 r``, ``+ 1``, r = lane // 8).
-        Blocked layouts get every byte (0 for blocks outside x); plain ones only those inside x."""
-        row = lane_row + 2 * (lane % ROW_BLOCK_LANES)
+    def _store_scales(
+        scale_bytes,
+        scale_bytes_t,
+        row_scales,
+        col_scales,
+        lane,
+        row_tile,
+        tile_row,
+        lane_row,
+        col0,
+        live,
+        placed,
+    ):
+        """Store the tile's scale bytes: this lane's 2 row scales (rows ``tile_row + 2 p``, ``+ 1``
+        of the CTA's 128-row tile, p = lane % 4) and 2 column scales (columns ``col0 + 2 r``,
+        ``+ 1``, r = lane // 8; 32x1 block ``tile_row // 32`` of the tile).
+
+        ``placed`` = (covered, base, stride), ``None`` for ungrouped layouts (True, tile column
+        ``row_tile`` of the blocked layout). Blocked and grouped layouts get every byte (0 for
+        blocks outside x): the row scales go to the tile's row block ``row_tile`` (M-groups: the
+        group-aligned block), 0 when not ``covered`` (rows past every group); column scale
+        ``(k, 4 j + b)`` goes to byte ``base + (k // 128) * stride + blocked_row_offset(k) + b``
+        (blocked: tile column ``j = row_tile``; K-groups: the group's), none when not ``covered``.
+        Plain layouts get the bytes inside x only (the CTA's rows start at ``128 row_tile``)."""
         col = col0 + 2 * (lane // COL_LANES)
-        col_block, row_block = col0 // BLOCK_SIZE, lane_row // BLOCK_SIZE
-        if cutlass.const_expr(blocked):
+        col_block = col0 // BLOCK_SIZE
+        row = row_tile * TILE_M + tile_row + 2 * (lane % ROW_BLOCK_LANES)
+        if cutlass.const_expr(blocked or grouped):
+            covered, base, stride = (
+                True,
+                row_tile * TILE_BYTES,
+                (scale_bytes_t.shape[1] // TILE_COLS) * TILE_BYTES,
+            )
+            if cutlass.const_expr(grouped):
+                covered, base, stride = placed
             flat = cute.make_tensor(scale_bytes.iterator, cute.make_layout(cute.size(scale_bytes)))
             flat_t = cute.make_tensor(scale_bytes_t.iterator, cute.make_layout(cute.size(scale_bytes_t)))
             # Rows row, row + 1 (columns col, col + 1) share a 32-row band of a tile: 16 bytes apart.
             first = blocked_offset(row, col_block, scale_bytes.shape[1] // TILE_COLS)
-            first_t = blocked_offset(col, row_block, scale_bytes_t.shape[1] // TILE_COLS)
+            first_t = base + (col // TILE_ROWS) * stride + blocked_row_offset(col) + tile_row // BLOCK_SIZE
             if first >= 0:  # always: keeps the stores (and their addresses) here in the schedule
                 for h in cutlass.range_constexpr(2):
-                    flat[first + 16 * h] = Uint8(row_scales[h])
-                    flat_t[first_t + 16 * h] = Uint8(col_scales[h])
+                    value = Uint8(row_scales[h])
+                    if not covered:
+                        value = Uint8(0)
+                    flat[first + 16 * h] = value
+                    if covered:
+                        flat_t[first_t + 16 * h] = Uint8(col_scales[h])
         else:
             if live:
+                row = lane_row + 2 * (lane % ROW_BLOCK_LANES)
+                row_block = lane_row // BLOCK_SIZE
                 for h in cutlass.range_constexpr(2):
                     scale_bytes[row + h, col_block] = Uint8(row_scales[h])
                     scale_bytes_t[col + h, row_block] = Uint8(col_scales[h])
 
     @cute.jit
-    def _store_group_scales(scale_bytes, scale_bytes_t, row_scales, col_scales, lane, col0, places, k_block):
-        """Grouped layouts: this lane's 2 row scales at their M-groups rows (``places``: (data row,
-        zero row) per row, -1 for none, from :func:`m_groups_scale_rows`; a zero row gets 0) and
-        its 2 column scales in the K-groups layout (``k_block`` from :func:`k_group_block`, with the
-        zero bytes after a group's last column)."""
-        col_block = col0 // BLOCK_SIZE
-        flat = cute.make_tensor(scale_bytes.iterator, cute.make_layout(cute.size(scale_bytes)))
-        flat_t = cute.make_tensor(scale_bytes_t.iterator, cute.make_layout(cute.size(scale_bytes_t)))
-        tile_cols = scale_bytes.shape[1] // TILE_COLS
-        for h in cutlass.range_constexpr(2):
-            data_row, zero_row = places[h]
-            if data_row >= 0:
-                flat[blocked_offset(data_row, col_block, tile_cols)] = Uint8(row_scales[h])
-            if zero_row >= 0:
-                flat[blocked_offset(zero_row, col_block, tile_cols)] = Uint8(0)
-        covered, base, row_block_bytes, pad = k_block
-        col = col0 + 2 * (lane // COL_LANES)
-        size_t = cute.size(scale_bytes_t)
-        if covered != 0:
-            for h in cutlass.range_constexpr(2):
-                k = col + h
-                offset = base + (k // TILE_ROWS) * row_block_bytes + blocked_row_offset(k)
-                if k < scale_bytes_t.shape[0] and offset < size_t:
-                    flat_t[offset] = Uint8(col_scales[h])
-                    for p in cutlass.range_constexpr(1, TILE_COLS):
-                        if p <= pad and offset + p < size_t:
-                            flat_t[offset + p] = Uint8(0)
+    def _quantize_tile(
+        ring_words,
+        slot,
+        lane,
+        inv_r0,
+        inv_r1,
+        inv_c,
+        stage_q,
+        stage_qt,
+        tile_row,
+        lane_col,
+        q_words,
+        qt_words,
+        row0,
+        col0,
+        cols,
+        tid,
+        rows_end,
+    ):
+        """Quantize the ring's tile both ways into the staging tiles, then store q rows ``row0 ..
+        rows_end - 1`` (columns from ``col0``) and the matching q^T columns (a CTA barrier between,
+        and one after: the staging tiles are free again)."""
+        cute.arch.sync_warp()  # a memory fence: the tile is read again, not kept in registers
+        _convert_rows(ring_words, slot, lane, inv_r0, inv_r1, stage_q, tile_row, lane_col)
+        cute.arch.sync_warp()
+        _convert_cols(ring_words, slot, lane, inv_c, stage_qt, tile_row, lane_col)
+        cute.arch.sync_threads()  # the staged tiles are complete
+        _store_staged(stage_q, False, q_words, row0, col0, rows_end, cols, tid)
+        _store_staged(stage_qt, True, qt_words, col0, row0, cols, rows_end, tid)
+        cute.arch.sync_threads()
 
     @cute.jit
-    def _group_places(scratch: cute.Tensor, offsets, scales_t, tid, lane, lane_row, quarter_row, rows):
+    def _group_tile(scratch: cute.Tensor, offsets, scales_t, tid, row_tile, rows):
         """Group scan (in 128-row units: the M-groups blocks and the K-groups 4-column runs alike;
-        every thread calls it) and what this lane's stores need: ``places``, the (data row, zero
-        row) of its rows ``lane_row + 2 (lane % 4) + h`` in the M-groups 1x32 scales, and
-        ``k_block``, where its warp's 32-row block lands in the K-groups 32x1 scales. Also zeroes the
-        K-groups bytes past the last group (a grid-stride loop over all CTAs)."""
-        words = prefix_smem_words(MAX_GROUPS)
-        base = cute.recast_ptr(scratch.iterator, dtype=Int32)
-        prefix = cute.make_tensor(base, cute.make_layout(words))
-        ends = cute.make_tensor(base + words, cute.make_layout(words))
-        warp_totals = cute.make_tensor(base + 2 * words, cute.make_layout(warps))
+        every thread calls it) and the CTA's group-aligned row tile ``row_tile``: ``(first row,
+        rows 0..128, placed)`` with ``placed`` = (covered, base, stride) of :func:`_store_scales`
+        (M-groups numbering: the tile is block ``row_tile`` of the 1x32 scales and one 4-column
+        word run of its group's 32x1 scales). Also zeroes the K-groups bytes past the last group
+        (a grid-stride loop over all CTAs)."""
         num_groups = offsets.shape[0]
-        scan_group_sizes(offsets, num_groups, rows, TILE_ROWS, prefix, warp_totals, tid, 32 * warps, ends)
+        covered = row_tile < 0
+        first_row, tile_rows = Int32(0), Int32(0)
+        group_prefix, next_prefix, covered_blocks = Int32(0), Int32(0), Int32(0)
+        if num_groups <= WARP_SCAN_GROUPS:
+            scan = warp_group_scan(offsets, num_groups, rows, tid % 32)
+            covered_blocks = scan[1][0]
+            first_row, tile_rows, covered, group_prefix, next_prefix = warp_group_row_block(
+                scan, num_groups, rows, row_tile, tid % 32
+            )
+        else:
+            words = prefix_smem_words(MAX_GROUPS)
+            base = cute.recast_ptr(scratch.iterator, dtype=Int32)
+            prefix = cute.make_tensor(base, cute.make_layout(words))
+            ends = cute.make_tensor(base + words, cute.make_layout(words))
+            warp_totals = cute.make_tensor(base + 2 * words, cute.make_layout(warps))
+            scan_group_sizes(offsets, num_groups, rows, TILE_ROWS, prefix, warp_totals, tid, 32 * warps, ends)
+            first_row, tile_rows, covered, g = m_groups_row_block(prefix, ends, num_groups, row_tile, rows)
+            group_prefix, next_prefix, covered_blocks = prefix[g], prefix[g + 1], prefix[num_groups]
+            cute.arch.sync_threads()  # the scan's arrays are read: the staging tiles may overwrite them
         scale_rows_t, scale_cols_t = scales_t.shape
+        col_base, col_stride = k_groups_tile_column(group_prefix, next_prefix, row_tile, scale_rows_t)
         grid_x, grid_y, grid_z = cute.arch.grid_dim()
         bx, by, bz = cute.arch.block_idx()
         cta = (bz * grid_y + by) * grid_x + bx
@@ -422,18 +483,15 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
             cute.make_tensor(
                 cute.recast_ptr(scales_t.iterator, dtype=Uint32), cute.make_layout(cute.size(scales_t) // 4)
             ),
-            cutlass.min(scale_rows_t * TILE_COLS * prefix[num_groups], scale_rows_t * scale_cols_t),
+            cutlass.min(scale_rows_t * TILE_COLS * covered_blocks, scale_rows_t * scale_cols_t),
             scale_rows_t * scale_cols_t,
             cta * 32 * warps + tid,
             grid_x * grid_y * grid_z * 32 * warps,
         )
-        row = lane_row + 2 * (lane % ROW_BLOCK_LANES)
-        steps = search_steps(MAX_GROUPS)
-        places = (
-            m_groups_scale_rows(prefix, ends, num_groups, row, row, steps),
-            m_groups_scale_rows(prefix, ends, num_groups, row + 1, row + 1, steps),
-        )
-        return places, k_group_block(prefix, ends, num_groups, quarter_row, scale_rows_t)
+        # Garbage offsets (group sizes not multiples of 32) must still give aligned, in-bounds rows.
+        first_row = first_row - first_row % BLOCK_SIZE
+        tile_rows = cutlass.min(tile_rows, rows - first_row)
+        return first_row, tile_rows, (covered, col_base, col_stride)
 
     @cute.kernel
     def dual_kernel(
@@ -451,10 +509,10 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         lane, warp = tid % 32, tid // 32
         rows, cols = x.shape
         col_tiles = _col_tiles(cols)
-        quarter_row = row_tile * TILE_M + (warp % WARPS_M) * BLOCK_SIZE
-        lane_row = quarter_row + (lane // COL_LANES) * LANE_ROWS
+        warp_row = (warp % WARPS_M) * BLOCK_SIZE  # the warp's 32x1 block within the tile
         lane_col = (warp // WARPS_M) * WARP_COLS + (lane % COL_LANES) * LANE_COLS  # within a tile
-        rows_live = quarter_row < rows
+        lane_row = row_tile * TILE_M + warp_row + (lane // COL_LANES) * LANE_ROWS  # fragment's first row
+        rows_live = row_tile * TILE_M + warp_row < rows
 
         smem = SmemAllocator()
         ring_layout = cute.make_ordered_layout(
@@ -502,16 +560,31 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
 
         first_tile = col_chunk * tiles_per_cta
         units = cutlass.max(cutlass.min(first_tile + tiles_per_cta, col_tiles) - first_tile, 0)
+        # The CTA's rows: 128 from ``128 row_tile`` (grouped: the group-aligned tile of the scan).
+        first_row = row_tile * TILE_M
+        tile_rows = cutlass.min(rows - first_row, TILE_M)
+        placed = None  # ungrouped: derived from row_tile where the scales are stored
+        if cutlass.const_expr(grouped):
+            # The rows are known after the scan; those of a CTA running at the same time (the ones
+            # read if no group padded anything) go to the L2 meanwhile.
+            elem_bytes = dtype.width // 8
+            prefetch_row_ranges(
+                x.iterator.toint(),
+                first_row,
+                rows,
+                cols * elem_bytes,
+                first_tile * tile_k * elem_bytes,
+                (first_tile + max(ahead, 1)) * tile_k * elem_bytes,
+                tid,
+                32 * warps,
+                TILE_M,
+                ceil_div(max(ahead, 1) * tile_k * elem_bytes, LINE_BYTES) + 1,
+            )
+            first_row, tile_rows, placed = _group_tile(stage_all, offsets, scales_t, tid, row_tile, rows)
+            lane_row = first_row + warp_row + (lane // COL_LANES) * LANE_ROWS
+            rows_live = warp_row < tile_rows
         for u in cutlass.range_constexpr(ahead):
             _issue(atom, x_chunks, ring, u, units, first_tile, lane_row, lane_col, rows_live, cols)
-        # The grouped layouts' scans and lookups run while the first tiles are loading.
-        places = ((Int32(-1), Int32(-1)), (Int32(-1), Int32(-1)))
-        k_block = (Int32(0), Int32(0), Int32(0), Int32(0))
-        if cutlass.const_expr(grouped):
-            places, k_block = _group_places(
-                stage_all, offsets, scales_t, tid, lane, lane_row, quarter_row, rows
-            )
-            cute.arch.sync_threads()  # the scan's arrays are read: the staging tiles may overwrite them
         row_bits = cute.make_rmem_tensor(cute.make_layout(LANE_ROWS), Int32)
         col_bits = cute.make_rmem_tensor(cute.make_layout(LANE_COLS), Int32)
         inv_c = cute.make_rmem_tensor(cute.make_layout(LANE_COLS), Float32)
@@ -530,22 +603,31 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
                 col_bits, lane // COL_LANES, lane % COL_LANES, COL_LANES, live, inv_c
             )
             row_scales, col_scales = (s_r0, s_r1), (s_c0, s_c1)
+            tile_row = lane_row - (first_row if cutlass.const_expr(grouped) else row_tile * TILE_M)
+            _store_scales(
+                scale_bytes,
+                scale_bytes_t,
+                row_scales,
+                col_scales,
+                lane,
+                row_tile,
+                tile_row,
+                lane_row,
+                col0,
+                live,
+                placed,
+            )
             if cutlass.const_expr(grouped):
-                _store_group_scales(
-                    scale_bytes, scale_bytes_t, row_scales, col_scales, lane, col0, places, k_block
-                )
+                if tile_rows > 0:  # tiles past every group's rows only write their zero scales
+                    _quantize_tile(
+                        ring_words, slot, lane, inv_r0, inv_r1, inv_c, stage_q, stage_qt, tile_row, lane_col,
+                        q_words, qt_words, first_row, tile * tile_k, cols, tid, first_row + tile_rows,
+                    )  # fmt: skip
             else:
-                _store_scales(scale_bytes, scale_bytes_t, row_scales, col_scales, lane, lane_row, col0, live)
-            cute.arch.sync_warp()  # a memory fence: the tile is read again, not kept in registers
-            tile_row = lane_row - row_tile * TILE_M
-            _convert_rows(ring_words, slot, lane, inv_r0, inv_r1, stage_q, tile_row, lane_col)
-            cute.arch.sync_warp()
-            _convert_cols(ring_words, slot, lane, inv_c, stage_qt, tile_row, lane_col)
-            cute.arch.sync_threads()  # the staged tiles are complete
-            row0, tile_col0 = row_tile * TILE_M, tile * tile_k
-            _store_staged(stage_q, False, q_words, row0, tile_col0, rows, cols, tid)
-            _store_staged(stage_qt, True, qt_words, tile_col0, row0, cols, rows, tid)
-            cute.arch.sync_threads()  # the staging tiles are free again
+                _quantize_tile(
+                    ring_words, slot, lane, inv_r0, inv_r1, inv_c, stage_q, stage_qt, tile_row, lane_col,
+                    q_words, qt_words, row_tile * TILE_M, tile * tile_k, cols, tid, rows,
+                )  # fmt: skip
 
     @cute.jit
     def launch(

@@ -157,7 +157,7 @@ def _k_group_column(ends, prefix, num_groups, row_blocks, tile, grid_tiles):
 def _m_group_rows(prefix, ends, num_groups, block, rows):
     """``(first source row, valid rows)`` of M-groups output row block ``block`` (0 rows: a block no
     group covers, all padding)."""
-    row0, valid, covered = m_groups_row_block(prefix, ends, num_groups, block, rows)
+    row0, valid, covered, _ = m_groups_row_block(prefix, ends, num_groups, block, rows)
     if not covered:
         valid = Int32(0)
     return row0, valid

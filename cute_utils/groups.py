@@ -172,10 +172,11 @@ def m_groups_row_block(
     """Source rows behind output row block ``row_block`` of an M-groups blocked scale layout.
 
     Needs the 128-row padded prefix and the clamped ends of :func:`scan_padded_group_sizes`.
-    Returns ``(first source row, valid rows 0..128, covered)``. Blocks below ``prefix[G]`` belong to
-    one group (``covered``: their scales are the group's). The blocks after them carry no group's
-    scales (they are zero) and are paired, in order, with the 128-row chunks of the rows past the
-    last group's end, which still need their data quantized: there are always enough of them
+    Returns ``(first source row, valid rows 0..128, covered, g)``. Blocks below ``prefix[G]``
+    belong to group ``g`` (``covered``: their scales are the group's; it is block
+    ``row_block - prefix[g]`` of the group). The blocks after them carry no group's scales (they
+    are zero) and are paired, in order, with the 128-row chunks of the rows past the last group's
+    end, which still need their data quantized: there are always enough of them
     (``ceil((rows + 128 G) / 128) - prefix[G] >= ceil((rows - end[G-1]) / 128)``).
     """
     covered_blocks = prefix[num_groups]
@@ -188,7 +189,69 @@ def m_groups_row_block(
         first = ends[num_groups - 1] + (row_block - covered_blocks) * 128
         limit = rows
     valid = cutlass.max(cutlass.min(limit - first, 128), Int32(0))
-    return first, valid, covered
+    return first, valid, covered, g
+
+
+@cute.jit
+def k_groups_tile_column(group_prefix: Int32, next_prefix: Int32, row_block: Int32, scale_rows: Int32):
+    """Where a group-aligned 128-row block lands in a K-groups scale layout with ``scale_rows``
+    (Rp) rows: block ``row_block`` (:func:`m_groups_row_block` numbering) of group ``g``
+    (``group_prefix`` = prefix[g], ``next_prefix`` = prefix[g + 1]) holds the group's scale columns
+    ``4 j .. 4 j + 3``, ``j = row_block - prefix[g]``, which form one 4-byte word of each row of a
+    blocked tile column. Returns ``(base, row_block_bytes)``: S[k, 4 j + b] is byte ``b`` of the
+    word at byte ``base + (k // 128) * row_block_bytes + (k % 32) * 16 + ((k % 128) // 32) * 4``."""
+    base = scale_rows * 4 * group_prefix + (row_block - group_prefix) * 512
+    return base, (next_prefix - group_prefix) * 512
+
+
+#: Most groups :func:`warp_group_scan` takes (one per lane).
+WARP_SCAN_GROUPS = _WARP
+
+
+@cute.jit
+def warp_group_scan(offsets: cute.Tensor, num_groups: Int32, rows: Int32, lane: Int32):
+    """The 128-row padded group scan for ``num_groups <= 32``, held in registers by one warp (every
+    lane calls it; each warp of a CTA computes the same): lane ``g`` loads group ``g``'s end and a
+    warp scan gives the prefix, with no shared memory and no barrier. Returns the state
+    :func:`warp_group_row_block` reads: this lane's group ``(start, end, prefix[g], prefix[g + 1])``
+    and, in every lane, ``(prefix[G], end of the last group)``."""
+    live = lane < num_groups
+    end = Int32(0)
+    if live:
+        end = clamped_end(offsets, lane, rows)
+    start = cute.arch.shuffle_sync_up(end, 1)
+    if lane == 0:
+        start = Int32(0)
+    own = Int32(0)
+    if live:
+        own = (cutlass.max(end, start) - start + 127) // 128
+    inclusive = _warp_inclusive_sum(own, lane)
+    last = num_groups - 1
+    totals = (cute.arch.shuffle_sync(inclusive, last), cute.arch.shuffle_sync(end, last))
+    return (start, end, inclusive - own, inclusive), totals
+
+
+@cute.jit
+def warp_group_row_block(scan, num_groups: Int32, rows: Int32, row_block: Int32, lane: Int32):
+    """:func:`m_groups_row_block` from the registers of :func:`warp_group_scan` (every lane calls it):
+    a ballot finds the group, shuffles fetch its bounds. Returns ``(first source row, valid rows
+    0..128, covered, prefix[g], prefix[g + 1])``."""
+    (start, end, exclusive, inclusive), (covered_blocks, last_end) = scan
+    # Prefix sums rise with the lane, so the lanes at or below ``row_block`` are lanes 0 .. g.
+    at_or_below = cute.arch.vote_ballot_sync(lane < num_groups and exclusive <= row_block)
+    g = cutlass.max(cute.arch.popc(at_or_below) - 1, Int32(0))
+    group_prefix = cute.arch.shuffle_sync(exclusive, g)
+    next_prefix = cute.arch.shuffle_sync(inclusive, g)
+    group_start = cute.arch.shuffle_sync(start, g)
+    group_end = cutlass.max(cute.arch.shuffle_sync(end, g), group_start)
+    covered = row_block < covered_blocks
+    first = group_start + (row_block - group_prefix) * 128
+    limit = group_end
+    if not covered:
+        first = last_end + (row_block - covered_blocks) * 128
+        limit = rows
+    valid = cutlass.max(cutlass.min(limit - first, 128), Int32(0))
+    return first, valid, covered, group_prefix, next_prefix
 
 
 @cute.jit
@@ -325,29 +388,3 @@ def m_groups_scale_rows(
         if out_row - prefix[h] * 128 < end - start:
             zero_row = Int32(-1)
     return data_row, zero_row
-
-
-@cute.jit
-def k_group_block(prefix: cute.Tensor, ends: cute.Tensor, num_groups: Int32, row0: Int32, scale_rows: Int32):
-    """Where row block ``rows [row0, row0 + 32)`` lands in a K-groups layout with ``scale_rows`` (Rp)
-    rows, from the 128-row padded prefix and clamped ends of the group scan.
-
-    Returns ``(covered, base, row_block_bytes, pad)``: ``covered`` (Int32 0/1) when a group owns the
-    block; byte ``base + (k // 128) * row_block_bytes + (k % 32) * 16 + ((k % 128) // 32) * 4`` is
-    S[k, block]; ``pad`` (0..3) zero bytes follow it in its word when it is its group's last column.
-    """
-    g = find_group_of_position(ends, num_groups, row0)
-    gi = cutlass.max(cutlass.min(g, num_groups - 1), Int32(0))
-    start, end = smem_group_bounds(ends, gi)
-    covered = Int32(0)
-    if g < num_groups:
-        if start <= row0:
-            if row0 < end:
-                covered = Int32(1)
-    col = cutlass.max(row0 - start, Int32(0)) // 32
-    base = scale_rows * 4 * prefix[gi] + (col // 4) * 512 + col % 4
-    row_block_bytes = (prefix[gi + 1] - prefix[gi]) * 512
-    pad = Int32(0)
-    if row0 + 32 >= end:
-        pad = 4 - 1 - col % 4
-    return covered, base, row_block_bytes, pad

@@ -26,6 +26,9 @@ def test_compiles_with_expected_sass(compiled, target):
     assert kernel.opcode("F2FP") >= 32 and all("UE8M0" not in m for m in kernel.counts), text
     if "k_groups" in target:
         assert kernel.counts.get("SHFL.UP", 0) >= 1, "K-groups scan the group sizes in-kernel"
+        # Group-aligned row tiles: each column's 4 scales are one word of the layout, as in blocked.
+        assert kernel.global_stores(8) == 0, text
+        assert kernel.opcode("VOTE") >= 1, "up to 32 groups: a warp scan and a ballot find the row tile"
 
 
 def test_every_variant_is_registered():
