@@ -57,13 +57,9 @@ from cute_utils.blocked import (
 )
 from cute_utils.groups import (
     MAX_GROUPS,
-    WARP_SCAN_GROUPS,
+    group_row_tile,
     k_groups_tile_column,
-    m_groups_row_block,
     prefix_smem_words,
-    scan_group_sizes,
-    warp_group_row_block,
-    warp_group_scan,
 )
 from cute_utils.jit import compile_tvm_ffi
 from cute_utils.mx import BLOCK_SIZE, abs_bits, e8m0_scale, inverse_scale
@@ -309,20 +305,19 @@ def make_quantize_32x1(dtype_name: str, mode: str, layout: ScaleLayout, config: 
             # so their 4 scale columns are one word of the group's blocked tiles (padding included).
             # Up to 32 groups, each warp scans them in registers (no shared memory, no barrier).
             num_groups = offsets.shape[0]
-            lane = tid % 32
             smem = SmemAllocator()
             words = prefix_smem_words(config.max_groups)
-            prefix = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
-            ends = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
-            warp_totals = smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32), 16)
-            zero = Int32(0)
-            scan = ((zero, zero, zero, zero), (zero, zero))
-            if num_groups <= WARP_SCAN_GROUPS:
-                scan = warp_group_scan(offsets, num_groups, rows, lane)
-            else:
-                scan_group_sizes(offsets, num_groups, rows, TILE_M, prefix, warp_totals, tid, THREADS, ends)
-                scan = ((zero, zero, zero, zero), (prefix[num_groups], zero))
-            covered_blocks = scan[1][0]
+            first_row, tile_rows, covered, group_prefix, next_prefix, covered_blocks = group_row_tile(
+                offsets,
+                num_groups,
+                rows,
+                row_tile,
+                tid,
+                THREADS,
+                smem.allocate_tensor(Int32, cute.make_layout(words), 16),
+                smem.allocate_tensor(Int32, cute.make_layout(words), 16),
+                smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32), 16),
+            )
             # Bytes past the last group's region are zero: a grid-stride loop over all CTAs.
             grid_x, grid_y, _ = cute.arch.grid_dim()
             zero_fill_chunks(
@@ -332,18 +327,6 @@ def make_quantize_32x1(dtype_name: str, mode: str, layout: ScaleLayout, config: 
                 (row_tile * grid_y + col_chunk) * THREADS + tid,
                 grid_x * grid_y * THREADS,
             )
-            first_row, tile_rows = Int32(0), Int32(0)
-            covered = row_tile < 0
-            group_prefix, next_prefix = Int32(0), Int32(0)
-            if num_groups <= WARP_SCAN_GROUPS:
-                first_row, tile_rows, covered, group_prefix, next_prefix = warp_group_row_block(
-                    scan, num_groups, rows, row_tile, lane
-                )
-            else:
-                first_row, tile_rows, covered, g = m_groups_row_block(
-                    prefix, ends, num_groups, row_tile, rows
-                )
-                group_prefix, next_prefix = prefix[g], prefix[g + 1]
             base, row_block_bytes = k_groups_tile_column(group_prefix, next_prefix, row_tile, scale_rows)
             placed = (covered, base, row_block_bytes)
             _row_tile(x, qt, scales, e, first_tile, last_tile, row_tile, first_row, tile_rows, placed)

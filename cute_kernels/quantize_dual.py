@@ -63,13 +63,9 @@ from cute_utils.blocked import (
 )
 from cute_utils.groups import (
     MAX_GROUPS,
-    WARP_SCAN_GROUPS,
+    group_row_tile,
     k_groups_tile_column,
-    m_groups_row_block,
     prefix_smem_words,
-    scan_group_sizes,
-    warp_group_row_block,
-    warp_group_scan,
 )
 from cute_utils.jit import compile_tvm_ffi
 from cute_utils.mx import BLOCK_SIZE, e4m3x2_into, e4m3x4, e8m0_scale, inverse_scale, max_u16x2
@@ -454,26 +450,19 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         (M-groups numbering: the tile is block ``row_tile`` of the 1x32 scales and one 4-column
         word run of its group's 32x1 scales). Also zeroes the K-groups bytes past the last group
         (a grid-stride loop over all CTAs)."""
-        num_groups = offsets.shape[0]
-        covered = row_tile < 0
-        first_row, tile_rows = Int32(0), Int32(0)
-        group_prefix, next_prefix, covered_blocks = Int32(0), Int32(0), Int32(0)
-        if num_groups <= WARP_SCAN_GROUPS:
-            scan = warp_group_scan(offsets, num_groups, rows, tid % 32)
-            covered_blocks = scan[1][0]
-            first_row, tile_rows, covered, group_prefix, next_prefix = warp_group_row_block(
-                scan, num_groups, rows, row_tile, tid % 32
-            )
-        else:
-            words = prefix_smem_words(MAX_GROUPS)
-            base = cute.recast_ptr(scratch.iterator, dtype=Int32)
-            prefix = cute.make_tensor(base, cute.make_layout(words))
-            ends = cute.make_tensor(base + words, cute.make_layout(words))
-            warp_totals = cute.make_tensor(base + 2 * words, cute.make_layout(warps))
-            scan_group_sizes(offsets, num_groups, rows, TILE_ROWS, prefix, warp_totals, tid, 32 * warps, ends)
-            first_row, tile_rows, covered, g = m_groups_row_block(prefix, ends, num_groups, row_tile, rows)
-            group_prefix, next_prefix, covered_blocks = prefix[g], prefix[g + 1], prefix[num_groups]
-            cute.arch.sync_threads()  # the scan's arrays are read: the staging tiles may overwrite them
+        words = prefix_smem_words(MAX_GROUPS)
+        base = cute.recast_ptr(scratch.iterator, dtype=Int32)
+        first_row, tile_rows, covered, group_prefix, next_prefix, covered_blocks = group_row_tile(
+            offsets,
+            offsets.shape[0],
+            rows,
+            row_tile,
+            tid,
+            32 * warps,
+            cute.make_tensor(base, cute.make_layout(words)),
+            cute.make_tensor(base + words, cute.make_layout(words)),
+            cute.make_tensor(base + 2 * words, cute.make_layout(warps)),
+        )
         scale_rows_t, scale_cols_t = scales_t.shape
         col_base, col_stride = k_groups_tile_column(group_prefix, next_prefix, row_tile, scale_rows_t)
         grid_x, grid_y, grid_z = cute.arch.grid_dim()

@@ -255,6 +255,40 @@ def warp_group_row_block(scan, num_groups: Int32, rows: Int32, row_block: Int32,
 
 
 @cute.jit
+def group_row_tile(
+    offsets: cute.Tensor,
+    num_groups: Int32,
+    rows: Int32,
+    row_block: Int32,
+    tid: Int32,
+    num_threads: cutlass.Constexpr,
+    prefix: cute.Tensor,
+    ends: cute.Tensor,
+    warp_totals: cute.Tensor,
+):
+    """The group scan and :func:`m_groups_row_block` of ``row_block`` for a CTA whose row tiles follow
+    the groups: up to 32 groups by :func:`warp_group_scan` in registers (the arrays are not touched),
+    more by :func:`scan_group_sizes` into ``prefix``/``ends``/``warp_totals`` (then a CTA barrier
+    after every thread read them: the caller may reuse the bytes). Every thread calls it. Returns
+    ``(first source row, valid rows 0..128, covered, prefix[g], prefix[g + 1], prefix[G])``."""
+    first, valid = Int32(0), Int32(0)
+    covered = row_block < 0
+    group_prefix, next_prefix, covered_blocks = Int32(0), Int32(0), Int32(0)
+    if num_groups <= WARP_SCAN_GROUPS:
+        scan = warp_group_scan(offsets, num_groups, rows, tid % _WARP)
+        covered_blocks = scan[1][0]
+        first, valid, covered, group_prefix, next_prefix = warp_group_row_block(
+            scan, num_groups, rows, row_block, tid % _WARP
+        )
+    else:
+        scan_group_sizes(offsets, num_groups, rows, 128, prefix, warp_totals, tid, num_threads, ends)
+        first, valid, covered, g = m_groups_row_block(prefix, ends, num_groups, row_block, rows)
+        group_prefix, next_prefix, covered_blocks = prefix[g], prefix[g + 1], prefix[num_groups]
+        cute.arch.sync_threads()
+    return first, valid, covered, group_prefix, next_prefix, covered_blocks
+
+
+@cute.jit
 def scan_padded_group_sizes_small(
     offsets: cute.Tensor,
     num_groups: Int32,
