@@ -377,7 +377,9 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         group-aligned block), 0 when not ``covered`` (rows past every group); column scale
         ``(k, 4 j + b)`` goes to byte ``base + (k // 128) * stride + blocked_row_offset(k) + b``
         (blocked: tile column ``j = row_tile``; K-groups: the group's), none when not ``covered``.
-        Plain layouts get the bytes inside x only (the CTA's rows start at ``128 row_tile``)."""
+        Plain layouts get the bytes inside x only, from ``lane_row`` (the lane fragment's first x
+        row, ``128 row_tile + tile_row``: passed as well, since deriving it here costs the fp32 variant a
+        24-byte spill at the 80-register cap)."""
         col = col0 + 2 * (lane // COL_LANES)
         col_block = col0 // BLOCK_SIZE
         row = row_tile * TILE_M + tile_row + 2 * (lane % ROW_BLOCK_LANES)
@@ -592,6 +594,8 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
                 col_bits, lane // COL_LANES, lane % COL_LANES, COL_LANES, live, inv_c
             )
             row_scales, col_scales = (s_r0, s_r1), (s_c0, s_c1)
+            # Recomputed per tile, not kept from the prologue: one register fewer across the loop
+            # (the fp32 variants spill at the 80-register cap otherwise).
             tile_row = lane_row - (first_row if cutlass.const_expr(grouped) else row_tile * TILE_M)
             _store_scales(
                 scale_bytes,
