@@ -25,9 +25,6 @@ CANDIDATES = {
     "s2_n2": DualConfig(stages=2, tiles_per_cta=2),
     "s2_n4": DualConfig(stages=2, tiles_per_cta=4),
     "s2_n8": DualConfig(stages=2, tiles_per_cta=8),
-    "k1_s1_n1": DualConfig(warps_k=1, stages=1, tiles_per_cta=1, min_ctas_per_sm=6),
-    "k1_s2_n2": DualConfig(warps_k=1, stages=2, tiles_per_cta=2, min_ctas_per_sm=6),
-    "k1_s2_n4": DualConfig(warps_k=1, stages=2, tiles_per_cta=4, min_ctas_per_sm=6),
 }
 SHAPES = (
     (8192, 2048),
@@ -55,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="first two candidates only")
     parser.add_argument("--groups", type=int, default=0, help="G row groups (the grouped layout)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--rows", type=int, nargs="+", help="only shapes with these row counts")
     parser.add_argument("--candidates", nargs="+", choices=sorted(CANDIDATES), help="only these configs")
     args = parser.parse_args(argv)
     names = args.candidates or list(CANDIDATES)[: 2 if args.quick else None]
@@ -67,6 +65,8 @@ def main(argv: list[str] | None = None) -> None:
         progress(f"compiling {name}")
         kernels[name] = compile_quantize_dual(args.dtype, "rceil", layout, arch, config)
     for rows, cols in SHAPES:
+        if args.rows and rows not in args.rows:
+            continue
         ends = block_group_ends(rows, args.groups) if args.groups else None
 
         def make(rows=rows, cols=cols, ends=ends):

@@ -14,19 +14,22 @@ one group from its start, or of the rows past the last group), so a tile's 1x32 
 row ``t`` of the M-groups layout and its 32x1 scales one 4-column word run of its group's K-groups
 tiles: the same stores as the blocked layout, at other places.
 
-Work decomposition: a CTA of ``4 warps_k`` warps owns a 128-row tile and a run of
-``DualConfig.tiles_per_cta`` column tiles of ``64 warps_k`` columns; with ``warps_k = 2`` one
-128 x 128 step gives exactly one 512-byte blocked tile of each scale matrix. Warp ``(wm, wk)``
+Work decomposition: a CTA of 8 warps owns a 128-row tile and a run of ``DualConfig.tiles_per_cta``
+column tiles of 128 columns; one 128 x 128 step gives exactly one 512-byte blocked tile of each
+scale matrix (staged in shared memory, then one 16-byte store per thread of 64). Warp ``(wm, wk)``
 takes rows ``32 wm .. 32 wm + 31`` (one 32x1 block) and 64 columns (two 1x32 blocks); lane
 ``8 r + c`` holds an 8 x 8 fragment: rows ``8 r .. 8 r + 7``, columns ``8 c .. 8 c + 7``. So a 1x32
 block is 4 lanes (lane bits 0-1) and a 32x1 block 4 lanes (lane bits 3-4): both maxima are two
-butterfly shuffles away. Each of a block's 4 lanes computes 2 of its 8 scales, stores their bytes
-and hands out the inverse scales by shuffles.
+butterfly shuffles away. Each of a block's 4 lanes computes 2 of its 8 scales, stages (plain
+layout: stores) their bytes and hands out the inverse scales by shuffles.
 
 Stores: each lane puts its 8-byte runs of q rows and of q^T rows into two shared-memory staging
-tiles (128 x 64 warps_k bytes each, 16-byte chunks permuted so a warp's stores hit distinct banks);
+tiles (128 x 128 bytes each, 16-byte chunks permuted so a warp's stores hit distinct banks);
 after a CTA barrier every thread copies 16-byte chunks out, 8 threads per 128-byte line. q^T from
 registers would leave as 32-byte pieces per warp (one 32x1 block of rows): 2-3% slower (session 7).
+The blocked and grouped scale bytes are staged the same way (1 KiB: one blocked tile of each scale
+matrix per step) and leave as 64 16-byte stores; byte stores from every lane were 1-4% slower
+(session 9).
 Grouped CTAs find their tile with a group scan (up to 32 groups a warp scan in registers, more in
 shared memory, in the staging bytes) before their first load; meanwhile they L2-prefetch the
 rows a CTA running at the same time reads (+1-2% here; in the 32x1 kernel it lost).
@@ -53,10 +56,11 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import (
+    CHUNK_BYTES,
+    CHUNKS_PER_TILE,
     TILE_BYTES,
     TILE_COLS,
     TILE_ROWS,
-    blocked_offset,
     blocked_row_offset,
     ceil_div,
     zero_fill_chunks,
@@ -77,6 +81,8 @@ LANE_ROWS = 8  # rows of a lane's fragment
 LANE_COLS = 8  # columns of a lane's fragment
 COL_LANES = 8  # lanes of a warp along K
 WARP_COLS = COL_LANES * LANE_COLS  # 64
+WARPS_K = 2  # warps along K
+TILE_K = WARP_COLS * WARPS_K  # columns of a CTA step: 128, one blocked tile of 1x32 scales
 TILE_M = TILE_ROWS  # rows of a CTA step
 ROW_BLOCK_LANES = BLOCK_SIZE // LANE_COLS  # 4 lanes per 1x32 block
 DTYPES = {"bfloat16": BFloat16, "float32": Float32}
@@ -95,35 +101,28 @@ class ScaleLayout(str, Enum):
 class DualConfig:
     """``stages``: tiles in a warp's shared-memory ring (``stages - 1`` in flight while one
     converts); ``tiles_per_cta``: column tiles a CTA converts in turn (its grid is 128-row tiles x
-    runs of that many column tiles); ``min_ctas_per_sm``: register cap (0: none); ``warps_k``:
-    warps along K (a CTA step covers 128 rows x 64 ``warps_k`` columns)."""
+    runs of that many column tiles); ``min_ctas_per_sm``: register cap (0: none)."""
 
     stages: int = 1
     tiles_per_cta: int = 1
     min_ctas_per_sm: int = 3
-    warps_k: int = 2
 
     def __post_init__(self) -> None:
-        if self.warps_k not in (1, 2):
-            raise ValueError(f"warps_k={self.warps_k} must be 1 or 2")
         if self.stages < 1 or self.tiles_per_cta < 1:
             raise ValueError(f"stages={self.stages} and tiles_per_cta={self.tiles_per_cta} must be >= 1")
 
 
-# Picked with bench/tune_quantize_dual.py on an H200 (bench/README.md, session 7). Ungrouped: one
-# tile per CTA and no ring beyond it (64 KiB of shared memory with the staging tiles: 3 CTAs per SM
-# at the 80-register cap); longer CTAs lost 2-10%. Grouped (bf16): 2 column tiles per CTA with the
-# second loading during the first (session 8, group-aligned tiles: 0.87-0.89 of copy at M >= 32768;
-# one tile per CTA 0.86-0.87, or 0.87-0.88 without the prefetch). fp32 (tuned
-# ungrouped only): one tile per CTA; grouped, 2 tiles and no ring (a 2-stage ring of fp32 tiles
-# would leave one CTA per SM).
+# Picked with bench/tune_quantize_dual.py on an H200 (bench/README.md, sessions 7-9). bf16: one
+# tile per CTA and no ring beyond it (65 KiB of shared memory with the staging tiles: 3 CTAs per SM
+# at the 80-register cap); longer CTAs lost 2-10% ungrouped. Grouped, with the staged scale tiles
+# (session 9, G = 8, two runs): one tile per CTA 0.82-0.92 of copy, worst 1.39x the two single
+# calls; 2 tiles with a 2-stage ring 0.80-0.91, but 0.85-0.86 at 131072 x 7168 (1.41-1.42x).
+# fp32 (tuned ungrouped only): one tile per CTA; grouped, 2 tiles and no ring (a 2-stage ring of
+# fp32 tiles would leave one CTA per SM).
 _ONE_TILE = DualConfig(stages=1, tiles_per_cta=1)
 CONFIGS = {arch: {"bfloat16": _ONE_TILE, "float32": _ONE_TILE} for arch in ("sm_90a", "sm_100a")}
 GROUP_CONFIGS = {
-    arch: {
-        "bfloat16": DualConfig(stages=2, tiles_per_cta=2),
-        "float32": DualConfig(stages=1, tiles_per_cta=2),
-    }
+    arch: {"bfloat16": _ONE_TILE, "float32": DualConfig(stages=1, tiles_per_cta=2)}
     for arch in ("sm_90a", "sm_100a")
 }
 
@@ -144,14 +143,13 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
     stages = config.stages
     ahead = stages - 1
     packed = dtype is BFloat16  # two values per word
-    warps = WARPS_M * config.warps_k
-    tile_k = WARP_COLS * config.warps_k  # columns of a CTA step
+    warps = WARPS_M * WARPS_K
     blocked = layout is ScaleLayout.BLOCKED
     grouped = layout is ScaleLayout.GROUPS
 
     def _col_tiles(cols):
         """CTA steps along K: up to K rounded to 128, so each blocked tile is written whole."""
-        return ceil_div(cols, TILE_ROWS) * (TILE_ROWS // tile_k)
+        return ceil_div(cols, TILE_K)
 
     @cute.jit
     def _load_row(ring_words: cute.Tensor, slot, i: cutlass.Constexpr, lane, frag: cute.Tensor):
@@ -164,7 +162,7 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         """Start the copies of this lane's fragment of tile ``first_tile + u`` into ring slot
         ``u % stages`` (nothing past ``units`` or outside x) and commit them as one group."""
         lane = cute.arch.lane_idx()
-        col0 = (first_tile + u) * tile_k + lane_col
+        col0 = (first_tile + u) * TILE_K + lane_col
         if u < units and rows_live and col0 < cols:
             for i in cutlass.range_constexpr(LANE_ROWS):
                 for h in cutlass.range_constexpr(chunks):
@@ -262,14 +260,14 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
 
     @cute.jit
     def _stage_q_offset(row, byte):
-        """Byte of the q staging tile (TILE_M x tile_k, row-major) holding (row, byte): bit 6 of the
+        """Byte of the q staging tile (TILE_M x TILE_K, row-major) holding (row, byte): bit 6 of the
         offset flipped on odd 8-row bands, so a warp's stores of 4 rows x 64 bytes (rows 8 apart)
         take the 2 bank passes they need, not 4."""
-        return (row * tile_k + byte) ^ (((row >> 3) & 1) << 6)
+        return (row * TILE_K + byte) ^ (((row >> 3) & 1) << 6)
 
     @cute.jit
     def _stage_qt_offset(row, byte):
-        """Byte of the q^T staging tile (tile_k x TILE_M, row-major) holding (row, byte), 16-byte
+        """Byte of the q^T staging tile (TILE_K x TILE_M, row-major) holding (row, byte), 16-byte
         chunks permuted by the row's 8-row band: a warp's stores of 8 rows x 32 bytes are
         conflict-free."""
         return row * TILE_M + (byte ^ (((row >> 3) & 7) << 4))
@@ -285,11 +283,11 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         cols_valid,
         tid,
     ):
-        """Copy the staged q tile (TILE_M x tile_k bytes) or q^T tile (``transposed``: tile_k x
+        """Copy the staged q tile (TILE_M x TILE_K bytes) or q^T tile (``transposed``: TILE_K x
         TILE_M) to ``out_words`` at byte ``(out_row0, out_col0)`` in 16-byte chunks, 8 threads per
         128 bytes. Row ``r`` is stored when ``out_row0 + r < rows_valid``, the chunk at byte ``b``
         when ``out_col0 + b < cols_valid``."""
-        width = TILE_M if transposed else tile_k
+        width = TILE_M if transposed else TILE_K
         chunks_per_row = width // 16
         chunk4 = cute.make_tensor(stage.iterator, cute.make_layout((cute.size(stage) // 4, 4), stride=(4, 1)))
         words = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
@@ -354,63 +352,50 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
             cute.autovec_copy(qt_frag[c, None], pairs[_stage_qt_offset(tile_col + c, tile_row) // 8, None])
 
     @cute.jit
-    def _store_scales(
-        scale_bytes,
-        scale_bytes_t,
-        row_scales,
-        col_scales,
-        lane,
-        row_tile,
-        tile_row,
-        lane_row,
-        col0,
-        live,
-        placed,
-    ):
-        """Store the tile's scale bytes: this lane's 2 row scales (rows ``tile_row + 2 p``, ``+ 1``
-        of the CTA's 128-row tile, p = lane % 4) and 2 column scales (columns ``col0 + 2 r``,
-        ``+ 1``, r = lane // 8; 32x1 block ``tile_row // 32`` of the tile).
+    def _store_plain_scales(scale_bytes, scale_bytes_t, row_scales, col_scales, lane, lane_row, col0, live):
+        """Plain layouts: store this lane's 2 row scales (x rows ``lane_row + 2 p``, ``+ 1``, p = lane
+        % 4; ``lane_row``: the lane fragment's first row) and 2 column scales (x columns ``col0 + 2
+        r``, ``+ 1``, r = lane // 8) as bytes, when ``live`` (inside x)."""
+        if live:
+            row = lane_row + 2 * (lane % ROW_BLOCK_LANES)
+            col = col0 + 2 * (lane // COL_LANES)
+            for h in cutlass.range_constexpr(2):
+                scale_bytes[row + h, col0 // BLOCK_SIZE] = Uint8(row_scales[h])
+                scale_bytes_t[col + h, lane_row // BLOCK_SIZE] = Uint8(col_scales[h])
 
-        ``placed`` = (covered, base, stride), ``None`` for ungrouped layouts (True, tile column
-        ``row_tile`` of the blocked layout). Blocked and grouped layouts get every byte (0 for
-        blocks outside x): the row scales go to the tile's row block ``row_tile`` (M-groups: the
-        group-aligned block), 0 when not ``covered`` (rows past every group); column scale
-        ``(k, 4 j + b)`` goes to byte ``base + (k // 128) * stride + blocked_row_offset(k) + b``
-        (blocked: tile column ``j = row_tile``; K-groups: the group's), none when not ``covered``.
-        Plain layouts get the bytes inside x only, from ``lane_row`` (the lane fragment's first x
-        row, ``128 row_tile + tile_row``: passed as well, since deriving it here costs the fp32 variant a
-        24-byte spill at the 80-register cap)."""
-        col = col0 + 2 * (lane // COL_LANES)
-        col_block = col0 // BLOCK_SIZE
-        row = row_tile * TILE_M + tile_row + 2 * (lane % ROW_BLOCK_LANES)
-        if cutlass.const_expr(blocked or grouped):
-            covered, base, stride = (
-                True,
-                row_tile * TILE_BYTES,
-                (scale_bytes_t.shape[1] // TILE_COLS) * TILE_BYTES,
-            )
-            if cutlass.const_expr(grouped):
-                covered, base, stride = placed
-            flat = cute.make_tensor(scale_bytes.iterator, cute.make_layout(cute.size(scale_bytes)))
-            flat_t = cute.make_tensor(scale_bytes_t.iterator, cute.make_layout(cute.size(scale_bytes_t)))
-            # Rows row, row + 1 (columns col, col + 1) share a 32-row band of a tile: 16 bytes apart.
-            first = blocked_offset(row, col_block, scale_bytes.shape[1] // TILE_COLS)
-            first_t = base + (col // TILE_ROWS) * stride + blocked_row_offset(col) + tile_row // BLOCK_SIZE
-            if first >= 0:  # always: keeps the stores (and their addresses) here in the schedule
-                for h in cutlass.range_constexpr(2):
-                    value = Uint8(row_scales[h])
-                    if not covered:
-                        value = Uint8(0)
-                    flat[first + 16 * h] = value
-                    if covered:
-                        flat_t[first_t + 16 * h] = Uint8(col_scales[h])
-        else:
-            if live:
-                row = lane_row + 2 * (lane % ROW_BLOCK_LANES)
-                row_block = lane_row // BLOCK_SIZE
-                for h in cutlass.range_constexpr(2):
-                    scale_bytes[row + h, col_block] = Uint8(row_scales[h])
-                    scale_bytes_t[col + h, row_block] = Uint8(col_scales[h])
+    @cute.jit
+    def _stage_scales(stage_s: cute.Tensor, row_scales, col_scales, lane, tile_row, lane_col, covered):
+        """Put this lane's 2 row scales (rows ``tile_row + 2 p``, ``+ 1``, p = lane % 4; 0 when not
+        ``covered``) and 2 column scales (columns ``lane_col + 2 r``, ``+ 1``, r = lane // 8) at their
+        places in the staged blocked tiles ``stage_s`` (bytes): the step's 1x32 scales (128 rows x 4
+        blocks) in bytes 0..511, its 32x1 scales (128 columns x 4 row blocks) in 512..1023."""
+        first = blocked_row_offset(tile_row + 2 * (lane % ROW_BLOCK_LANES)) + lane_col // BLOCK_SIZE
+        first_t = TILE_BYTES + blocked_row_offset(lane_col + 2 * (lane // COL_LANES)) + tile_row // BLOCK_SIZE
+        for h in cutlass.range_constexpr(2):  # rows (columns) 2 p, 2 p + 1: one 32-row band, 16 bytes apart
+            value = Uint8(row_scales[h])
+            if not covered:
+                value = Uint8(0)
+            stage_s[first + 16 * h] = value
+            stage_s[first_t + 16 * h] = Uint8(col_scales[h])
+
+    @cute.jit
+    def _store_scale_tiles(
+        stage_s: cute.Tensor, scale_chunks, scale_chunks_t, row_base, col_base, covered, tid
+    ):
+        """Threads 0..31 copy the staged 1x32 tile to byte ``row_base`` of the 1x32 scales, threads
+        32..63 the 32x1 tile to byte ``col_base`` of the 32x1 scales (when ``covered``): one 16-byte
+        store each (``scale_chunks*``: (bytes / 16, 4) Uint32 views)."""
+        staged = cute.make_tensor(
+            cute.recast_ptr(stage_s.iterator, dtype=Uint32),
+            cute.make_layout((2 * CHUNKS_PER_TILE, 4), stride=(4, 1)),
+        )
+        words = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+        if tid < CHUNKS_PER_TILE:
+            cute.autovec_copy(staged[tid, None], words)
+            cute.autovec_copy(words, scale_chunks[row_base // CHUNK_BYTES + tid, None])
+        if tid >= CHUNKS_PER_TILE and tid < 2 * CHUNKS_PER_TILE and covered:
+            cute.autovec_copy(staged[tid, None], words)
+            cute.autovec_copy(words, scale_chunks_t[col_base // CHUNK_BYTES + tid - CHUNKS_PER_TILE, None])
 
     @cute.jit
     def _quantize_tile(
@@ -431,24 +416,34 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         cols,
         tid,
         rows_end,
+        has_rows,
+        scale_tiles,
     ):
         """Quantize the ring's tile both ways into the staging tiles, then store q rows ``row0 ..
         rows_end - 1`` (columns from ``col0``) and the matching q^T columns (a CTA barrier between,
-        and one after: the staging tiles are free again)."""
-        cute.arch.sync_warp()  # a memory fence: the tile is read again, not kept in registers
-        _convert_rows(ring_words, slot, lane, inv_r0, inv_r1, stage_q, tile_row, lane_col)
-        cute.arch.sync_warp()
-        _convert_cols(ring_words, slot, lane, inv_c, stage_qt, tile_row, lane_col)
+        and one after: the staging tiles are free again). Nothing but the staged scales when not
+        ``has_rows``; ``scale_tiles``: the arguments of :func:`_store_scale_tiles` after ``stage_s``,
+        ``None`` when the scales were stored already."""
+        if has_rows:
+            cute.arch.sync_warp()  # a memory fence: the tile is read again, not kept in registers
+            _convert_rows(ring_words, slot, lane, inv_r0, inv_r1, stage_q, tile_row, lane_col)
+            cute.arch.sync_warp()
+            _convert_cols(ring_words, slot, lane, inv_c, stage_qt, tile_row, lane_col)
         cute.arch.sync_threads()  # the staged tiles are complete
-        _store_staged(stage_q, False, q_words, row0, col0, rows_end, cols, tid)
-        _store_staged(stage_qt, True, qt_words, col0, row0, cols, rows_end, tid)
+        if has_rows:
+            _store_staged(stage_q, False, q_words, row0, col0, rows_end, cols, tid)
+            _store_staged(stage_qt, True, qt_words, col0, row0, cols, rows_end, tid)
+        if cutlass.const_expr(scale_tiles is not None):
+            _store_scale_tiles(*scale_tiles, tid)
         cute.arch.sync_threads()
 
     @cute.jit
     def _group_tile(scratch: cute.Tensor, offsets, scales_t, tid, row_tile, rows):
         """Group scan (in 128-row units: the M-groups blocks and the K-groups 4-column runs alike;
         every thread calls it) and the CTA's group-aligned row tile ``row_tile``: ``(first row,
-        rows 0..128, placed)`` with ``placed`` = (covered, base, stride) of :func:`_store_scales`
+        rows 0..128, placed)`` with ``placed`` = (covered, base, stride): ``covered`` false for rows
+        past every group (1x32 scales 0, no 32x1 scales), the step at column tile ``j`` puts its 32x1
+        tile at byte ``base + j * stride``
         (M-groups numbering: the tile is block ``row_tile`` of the 1x32 scales and one 4-column
         word run of its group's 32x1 scales). Also zeroes the K-groups bytes past the last group
         (a grid-stride loop over all CTAs)."""
@@ -512,13 +507,18 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         ring_all = smem.allocate_tensor(Uint32, ring_layout, byte_alignment=128)
         ring_words = ring_all[warp, None, None, None, None, None]
         # The q and q^T staging tiles; the group scan's arrays use the same bytes before the first tile.
-        stage_words = TILE_M * tile_k // 4
+        stage_words = TILE_M * TILE_K // 4
         scan_words = 2 * prefix_smem_words(MAX_GROUPS) + warps if grouped else 0
+        scale_stage_words = 2 * TILE_BYTES // 4 if blocked or grouped else 0
         stage_all = smem.allocate_tensor(
-            Uint32, cute.make_layout(max(2 * stage_words, scan_words)), byte_alignment=128
+            Uint32, cute.make_layout(max(2 * stage_words + scale_stage_words, scan_words)), byte_alignment=128
         )
         stage_q = cute.make_tensor(stage_all.iterator, cute.make_layout(stage_words))
         stage_qt = cute.make_tensor(stage_all.iterator + stage_words, cute.make_layout(stage_words))
+        stage_s = cute.make_tensor(
+            cute.recast_ptr(stage_all.iterator + 2 * stage_words, dtype=Uint8),
+            cute.make_layout(2 * TILE_BYTES),
+        )
         ring = cute.make_tensor(
             cute.recast_ptr(ring_words.iterator, dtype=dtype),
             cute.make_ordered_layout((stages, LANE_ROWS, chunks, 32, chunk_elems), order=(4, 3, 2, 1, 0)),
@@ -548,13 +548,20 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
             cute.recast_ptr(scales_t.iterator, dtype=Uint8),
             cute.make_layout(scales_t.shape, stride=(scales_t.shape[1], 1)),
         )
+        scale_chunks, scale_chunks_t = (
+            cute.make_tensor(
+                cute.recast_ptr(t.iterator, dtype=Uint32),
+                cute.make_layout((cute.size(t) // CHUNK_BYTES, 4), stride=(4, 1)),
+            )
+            for t in (scales, scales_t)
+        )
 
         first_tile = col_chunk * tiles_per_cta
         units = cutlass.max(cutlass.min(first_tile + tiles_per_cta, col_tiles) - first_tile, 0)
         # The CTA's rows: 128 from ``128 row_tile`` (grouped: the group-aligned tile of the scan).
         first_row = row_tile * TILE_M
         tile_rows = cutlass.min(rows - first_row, TILE_M)
-        placed = None  # ungrouped: derived from row_tile where the scales are stored
+        placed = None  # ungrouped: derived from row_tile where the scales are staged
         if cutlass.const_expr(grouped):
             # The rows are known after the scan; those of a CTA running at the same time (the ones
             # read if no group padded anything) go to the L2 meanwhile.
@@ -564,12 +571,12 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
                 first_row,
                 rows,
                 cols * elem_bytes,
-                first_tile * tile_k * elem_bytes,
-                (first_tile + max(ahead, 1)) * tile_k * elem_bytes,
+                first_tile * TILE_K * elem_bytes,
+                (first_tile + max(ahead, 1)) * TILE_K * elem_bytes,
                 tid,
                 32 * warps,
                 TILE_M,
-                ceil_div(max(ahead, 1) * tile_k * elem_bytes, LINE_BYTES) + 1,
+                ceil_div(max(ahead, 1) * TILE_K * elem_bytes, LINE_BYTES) + 1,
             )
             first_row, tile_rows, placed = _group_tile(stage_all, offsets, scales_t, tid, row_tile, rows)
             lane_row = first_row + warp_row + (lane // COL_LANES) * LANE_ROWS
@@ -584,7 +591,7 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
             cute.arch.cp_async_wait_group(ahead)
             slot = u % stages
             tile = first_tile + u
-            col0 = tile * tile_k + lane_col
+            col0 = tile * TILE_K + lane_col
             live = rows_live and col0 < cols
             _block_maxima(ring_words, slot, lane, row_bits, col_bits)
             s_r0, s_r1, inv_r0, inv_r1 = _shared_scales(
@@ -597,29 +604,33 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
             # Recomputed per tile, not kept from the prologue: one register fewer across the loop
             # (the fp32 variants spill at the 80-register cap otherwise).
             tile_row = lane_row - (first_row if cutlass.const_expr(grouped) else row_tile * TILE_M)
-            _store_scales(
-                scale_bytes,
-                scale_bytes_t,
-                row_scales,
-                col_scales,
-                lane,
-                row_tile,
-                tile_row,
-                lane_row,
-                col0,
-                live,
-                placed,
-            )
+            scale_tiles = None
+            if cutlass.const_expr(blocked or grouped):
+                covered, base, stride = (
+                    True,
+                    row_tile * TILE_BYTES,
+                    (scales_t.shape[1] // TILE_COLS) * TILE_BYTES,
+                )
+                if cutlass.const_expr(grouped):
+                    covered, base, stride = placed
+                _stage_scales(stage_s, row_scales, col_scales, lane, tile_row, lane_col, covered)
+                row_base = (row_tile * (scales.shape[1] // TILE_COLS) + tile) * TILE_BYTES
+                scale_tiles = (stage_s, scale_chunks, scale_chunks_t, row_base, base + tile * stride, covered)
+            else:
+                _store_plain_scales(
+                    scale_bytes, scale_bytes_t, row_scales, col_scales, lane, lane_row, col0, live
+                )
             if cutlass.const_expr(grouped):
-                if tile_rows > 0:  # tiles past every group's rows only write their zero scales
-                    _quantize_tile(
-                        ring_words, slot, lane, inv_r0, inv_r1, inv_c, stage_q, stage_qt, tile_row, lane_col,
-                        q_words, qt_words, first_row, tile * tile_k, cols, tid, first_row + tile_rows,
-                    )  # fmt: skip
+                # Tiles past every group's rows only write their zero scales.
+                _quantize_tile(
+                    ring_words, slot, lane, inv_r0, inv_r1, inv_c, stage_q, stage_qt, tile_row, lane_col,
+                    q_words, qt_words, first_row, tile * TILE_K, cols, tid, first_row + tile_rows,
+                    tile_rows > 0, scale_tiles,
+                )  # fmt: skip
             else:
                 _quantize_tile(
                     ring_words, slot, lane, inv_r0, inv_r1, inv_c, stage_q, stage_qt, tile_row, lane_col,
-                    q_words, qt_words, row_tile * TILE_M, tile * tile_k, cols, tid, rows,
+                    q_words, qt_words, row_tile * TILE_M, tile * TILE_K, cols, tid, rows, True, scale_tiles,
                 )  # fmt: skip
 
     @cute.jit

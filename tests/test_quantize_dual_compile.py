@@ -22,8 +22,8 @@ def test_every_layout_and_dtype_is_registered():
 def test_compiles_with_expected_sass(compiled, target):
     """One read for both quantizations: 16-byte cp.async loads, 128-bit shared reads (maxima, then
     conversion), q rows and q^T rows staged as 8-byte shared stores and stored as whole lines in
-    16-byte chunks, packed 16-bit maxima for bf16, and an 80-register cap (3 CTAs of 256 threads per
-    SM) with no spills."""
+    16-byte chunks (blocked and grouped scales too: whole 512-byte tiles), packed 16-bit maxima for
+    bf16, and an 80-register cap (3 CTAs of 256 threads per SM) with no spills."""
     arch, summaries = compiled
     (kernel,) = summaries[target]
     text = kernel.format()
@@ -38,5 +38,11 @@ def test_compiles_with_expected_sass(compiled, target):
     assert kernel.opcode("F2FP") >= 36 and all("UE8M0" not in m for m in kernel.counts), text
     if "bfloat16" in target:
         assert any(m.startswith("VIMNMX") and "U16x2" in m for m in kernel.counts), "packed bf16 maxima"
+    if "plain" in target:
+        assert kernel.global_stores(8) >= 4, "plain scales: 2 + 2 bytes per lane"
+    else:
+        # The whole 512-byte blocked tiles of both scale matrices leave as 16-byte chunks too.
+        assert kernel.global_stores(8) == 0, "scales staged in shared memory, no byte stores"
+        assert kernel.shared_stores(8) >= 4, "each lane stages 2 + 2 scale bytes"
     if "groups" in target:
         assert kernel.counts.get("SHFL.UP", 0) >= 1, "the dual kernel scans the group sizes in-kernel"
