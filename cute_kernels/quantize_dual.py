@@ -443,9 +443,8 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         every thread calls it) and the CTA's group-aligned row tile ``row_tile``: ``(first row,
         rows 0..128, placed)`` with ``placed`` = (covered, base, stride): ``covered`` false for rows
         past every group (1x32 scales 0, no 32x1 scales), the step at column tile ``j`` puts its 32x1
-        tile at byte ``base + j * stride``
-        (M-groups numbering: the tile is block ``row_tile`` of the 1x32 scales and one 4-column
-        word run of its group's 32x1 scales). Also zeroes the K-groups bytes past the last group
+        tile at byte ``base + j * stride`` (M-groups numbering: the tile is block ``row_tile`` of the
+        1x32 scales and one 4-column word run of its group's 32x1 scales). Also zeroes the K-groups bytes past the last group
         (a grid-stride loop over all CTAs)."""
         words = prefix_smem_words(MAX_GROUPS)
         base = cute.recast_ptr(scratch.iterator, dtype=Int32)
