@@ -444,8 +444,8 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         rows 0..128, placed)`` with ``placed`` = (covered, base, stride): ``covered`` false for rows
         past every group (1x32 scales 0, no 32x1 scales), the step at column tile ``j`` puts its 32x1
         tile at byte ``base + j * stride`` (M-groups numbering: the tile is block ``row_tile`` of the
-        1x32 scales and one 4-column word run of its group's 32x1 scales). Also zeroes the K-groups bytes past the last group
-        (a grid-stride loop over all CTAs)."""
+        1x32 scales and one 4-column word run of its group's 32x1 scales). Also zeroes the K-groups
+        bytes past the last group (a grid-stride loop over all CTAs)."""
         words = prefix_smem_words(MAX_GROUPS)
         base = cute.recast_ptr(scratch.iterator, dtype=Int32)
         first_row, tile_rows, covered, group_prefix, next_prefix, covered_blocks = group_row_tile(
@@ -602,7 +602,7 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
             row_scales, col_scales = (s_r0, s_r1), (s_c0, s_c1)
             # Recomputed per tile, not kept from the prologue: one register fewer across the loop
             # (the fp32 variants spill at the 80-register cap otherwise).
-            tile_row = lane_row - (first_row if cutlass.const_expr(grouped) else row_tile * TILE_M)
+            tile_row = lane_row - first_row
             scale_tiles = None
             if cutlass.const_expr(blocked or grouped):
                 covered, base, stride = (
@@ -619,18 +619,13 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
                 _store_plain_scales(
                     scale_bytes, scale_bytes_t, row_scales, col_scales, lane, lane_row, col0, live
                 )
-            if cutlass.const_expr(grouped):
-                # Tiles past every group's rows only write their zero scales.
-                _quantize_tile(
-                    ring_words, slot, lane, inv_r0, inv_r1, inv_c, stage_q, stage_qt, tile_row, lane_col,
-                    q_words, qt_words, first_row, tile * TILE_K, cols, tid, first_row + tile_rows,
-                    tile_rows > 0, scale_tiles,
-                )  # fmt: skip
-            else:
-                _quantize_tile(
-                    ring_words, slot, lane, inv_r0, inv_r1, inv_c, stage_q, stage_qt, tile_row, lane_col,
-                    q_words, qt_words, row_tile * TILE_M, tile * TILE_K, cols, tid, rows, True, scale_tiles,
-                )  # fmt: skip
+            rows_end, has_rows = rows, True
+            if cutlass.const_expr(grouped):  # tiles past every group's rows only write their zero scales
+                rows_end, has_rows = first_row + tile_rows, tile_rows > 0
+            _quantize_tile(
+                ring_words, slot, lane, inv_r0, inv_r1, inv_c, stage_q, stage_qt, tile_row, lane_col,
+                q_words, qt_words, first_row, tile * TILE_K, cols, tid, rows_end, has_rows, scale_tiles,
+            )  # fmt: skip
 
     @cute.jit
     def launch(

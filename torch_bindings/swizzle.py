@@ -56,7 +56,6 @@ def _make_kernel(target: targets.DeviceTarget, key: int):
 def _run_kernel(
     scales: torch.Tensor, group_end_offsets: torch.Tensor | None, groups: str, target: targets.DeviceTarget
 ) -> torch.Tensor:
-    # The eager hot path (host overhead goal: 10 us a call): plain integer work, one allocation.
     if scales.dtype is not _E8M0:
         scales = scales.view(_E8M0)
     shape = scales.shape
@@ -64,15 +63,10 @@ def _run_kernel(
     padded_cols = (cols + 3) & -4
     if group_end_offsets is None:
         variant = 0 if len(shape) == 2 else 2
-        out_shape = (
-            ((rows + 127) & -128, padded_cols)
-            if variant == 0
-            else (shape[0], (rows + 127) & -128, padded_cols)
-        )
+        out_shape = (*shape[:-2], (rows + 127) & -128, padded_cols)  # 3-D: (E, Rp, Cp)
     else:
+        checks.check_kernel_group_count(_OP, group_end_offsets)
         num_groups = group_end_offsets.shape[0]
-        if num_groups > checks.MAX_KERNEL_GROUPS:
-            checks.check_kernel_group_count(_OP, group_end_offsets)  # raises
         if groups == "M":
             variant, out_shape = 4, (rows + 128 * num_groups, padded_cols)
         else:
@@ -82,12 +76,9 @@ def _run_kernel(
         # Rows of whole, aligned 4-byte words (one word per tile column) stage with fewer instructions.
         if variant < 6 and not cols & 3 and not scales.data_ptr() & 3:
             variant += 1
-        if variant >= 4 and cols > 64 and rows * cols <= _WIDE_MAX_BYTES:  # wide_window(rows, cols)
+        if variant >= 4 and wide_window(rows, cols):
             variant += _WIDE
-        kernel = target.kernels.get(variant)
-        if kernel is None:
-            kernel = target.kernel(variant, _make_kernel)
-        kernel(scales, out, group_end_offsets)
+        target.kernel(variant, _make_kernel)(scales, out, group_end_offsets)
     return out
 
 
