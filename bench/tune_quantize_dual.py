@@ -25,6 +25,7 @@ CANDIDATES = {
     "s2_n2": DualConfig(stages=2, tiles_per_cta=2),
     "s2_n4": DualConfig(stages=2, tiles_per_cta=4),
     "s2_n8": DualConfig(stages=2, tiles_per_cta=8),
+    "s1_n1_inorder": DualConfig(stages=1, tiles_per_cta=1, spread_rows=False),
 }
 SHAPES = (
     (8192, 2048),

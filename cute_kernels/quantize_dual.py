@@ -30,9 +30,12 @@ registers would leave as 32-byte pieces per warp (one 32x1 block of rows): 2-3% 
 The blocked and grouped scale bytes are staged the same way (1 KiB: one blocked tile of each scale
 matrix per step) and leave as 64 16-byte stores; byte stores from every lane were 1-4% slower
 (session 9).
+CTAs take their 128-row tiles in :func:`~cute_utils.occupancy.spread_row_tile` order (where M is a
+multiple of 2^17, two runs of tiles at once, so the q^T lines written at once lie at two places of
+each q^T row: 2-3% faster there, bench/README.md, session 10).
 Grouped CTAs find their tile with a group scan (up to 32 groups a warp scan in registers, more in
-shared memory, in the staging bytes) before their first load; meanwhile they L2-prefetch the
-rows a CTA running at the same time reads (+1-2% here; in the 32x1 kernel it lost).
+shared memory, in the staging bytes) before their first load. An L2 prefetch of guessed rows
+during the scan gained 1-2% in session 8 but lost 0-1.5% with one tile per CTA (session 10).
 
 Loads go through a per-lane ``cp.async`` ring in shared memory (``stages`` tiles per warp; each
 lane reads back only what it copied, so completion is its own ``wait_group``, no barrier). A tile
@@ -73,8 +76,7 @@ from cute_utils.groups import (
 )
 from cute_utils.jit import compile_tvm_ffi
 from cute_utils.mx import BLOCK_SIZE, e4m3x2_into, e4m3x4, e8m0_scale, inverse_scale, max_u16x2
-from cute_utils.occupancy import MAX_GRID_Y, chunk_major_grid
-from cute_utils.prefetch import LINE_BYTES, prefetch_row_ranges
+from cute_utils.occupancy import MAX_GRID_Y, chunk_major_grid, spread_row_tile
 
 WARPS_M = 4  # warps along M: one 32-row block each
 LANE_ROWS = 8  # rows of a lane's fragment
@@ -101,28 +103,33 @@ class ScaleLayout(str, Enum):
 class DualConfig:
     """``stages``: tiles in a warp's shared-memory ring (``stages - 1`` in flight while one
     converts); ``tiles_per_cta``: column tiles a CTA converts in turn (its grid is 128-row tiles x
-    runs of that many column tiles); ``min_ctas_per_sm``: register cap (0: none)."""
+    runs of that many column tiles); ``min_ctas_per_sm``: register cap (0: none); ``spread_rows``:
+    CTAs take their row tiles in :func:`~cute_utils.occupancy.spread_row_tile` order (else in order)."""
 
     stages: int = 1
     tiles_per_cta: int = 1
     min_ctas_per_sm: int = 3
+    spread_rows: bool = True
 
     def __post_init__(self) -> None:
         if self.stages < 1 or self.tiles_per_cta < 1:
             raise ValueError(f"stages={self.stages} and tiles_per_cta={self.tiles_per_cta} must be >= 1")
 
 
-# Picked with bench/tune_quantize_dual.py on an H200 (bench/README.md, sessions 7-9). bf16: one
+# Picked with bench/tune_quantize_dual.py on an H200 (bench/README.md, sessions 7-10). bf16: one
 # tile per CTA and no ring beyond it (65 KiB of shared memory with the staging tiles: 3 CTAs per SM
 # at the 80-register cap); longer CTAs lost 2-10% ungrouped. Grouped, with the staged scale tiles
 # (session 9, G = 8, two runs): one tile per CTA 0.82-0.92 of copy, worst 1.39x the two single
 # calls; 2 tiles with a 2-stage ring 0.80-0.91, but 0.85-0.86 at 131072 x 7168 (1.41-1.42x).
-# fp32 (tuned ungrouped only): one tile per CTA; grouped, 2 tiles and no ring (a 2-stage ring of
-# fp32 tiles would leave one CTA per SM).
+# The spread row-tile order (session 10): 131072 x 5120 / 7168 0.87-0.88 -> 0.90-0.91 of copy,
+# grouped and not; no change elsewhere. fp32 (tuned ungrouped only): one tile per CTA; grouped, 2
+# tiles and no ring (a 2-stage ring of fp32 tiles would leave one CTA per SM); tiles in order (the
+# spread order's one register more spills the blocked variant at the cap; not measured).
 _ONE_TILE = DualConfig(stages=1, tiles_per_cta=1)
-CONFIGS = {arch: {"bfloat16": _ONE_TILE, "float32": _ONE_TILE} for arch in ("sm_90a", "sm_100a")}
+_FP32_ONE_TILE = DualConfig(stages=1, tiles_per_cta=1, spread_rows=False)
+CONFIGS = {arch: {"bfloat16": _ONE_TILE, "float32": _FP32_ONE_TILE} for arch in ("sm_90a", "sm_100a")}
 GROUP_CONFIGS = {
-    arch: {"bfloat16": _ONE_TILE, "float32": DualConfig(stages=1, tiles_per_cta=2)}
+    arch: {"bfloat16": _ONE_TILE, "float32": DualConfig(stages=1, tiles_per_cta=2, spread_rows=False)}
     for arch in ("sm_90a", "sm_100a")
 }
 
@@ -491,6 +498,8 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         tid, _, _ = cute.arch.thread_idx()
         col_chunk, row_tile, row_tile_hi = cute.arch.block_idx()
         row_tile = row_tile + row_tile_hi * MAX_GRID_Y
+        if cutlass.const_expr(config.spread_rows):
+            row_tile = spread_row_tile(row_tile, ceil_div(scales.shape[0], TILE_M), x.shape[0])
         lane, warp = tid % 32, tid // 32
         rows, cols = x.shape
         col_tiles = _col_tiles(cols)
@@ -562,21 +571,6 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         tile_rows = cutlass.min(rows - first_row, TILE_M)
         placed = None  # ungrouped: derived from row_tile where the scales are staged
         if cutlass.const_expr(grouped):
-            # The rows are known after the scan; those of a CTA running at the same time (the ones
-            # read if no group padded anything) go to the L2 meanwhile.
-            elem_bytes = dtype.width // 8
-            prefetch_row_ranges(
-                x.iterator.toint(),
-                first_row,
-                rows,
-                cols * elem_bytes,
-                first_tile * TILE_K * elem_bytes,
-                (first_tile + max(ahead, 1)) * TILE_K * elem_bytes,
-                tid,
-                32 * warps,
-                TILE_M,
-                ceil_div(max(ahead, 1) * TILE_K * elem_bytes, LINE_BYTES) + 1,
-            )
             first_row, tile_rows, placed = _group_tile(stage_all, offsets, scales_t, tid, row_tile, rows)
             lane_row = first_row + warp_row + (lane // COL_LANES) * LANE_ROWS
             rows_live = warp_row < tile_rows

@@ -232,6 +232,10 @@ def test_3d_graph_and_compile():
 
 # --- dual (1x32 + 32x1 from one read) -------------------------------------------------------------
 
+#: M a multiple of 2^17: the dual's CTAs take their row tiles in spread order
+#: (occupancy.spread_row_tile; with 7 groups an odd count of tiles); 96 columns: a partial column tile.
+SPREAD = (131072, 96)
+
 
 def _check_dual(x: torch.Tensor, **kwargs) -> None:
     with no_sync():
@@ -248,7 +252,7 @@ def _check_dual(x: torch.Tensor, **kwargs) -> None:
 @pytest.mark.parametrize("blocked", [True, False])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
-    "shape", [(32, 32), (128, 128), (96, 416), (1024, 1408), (8192, 2048), (16640, 7168), LARGEST]
+    "shape", [(32, 32), (128, 128), (96, 416), (1024, 1408), (8192, 2048), (16640, 7168), SPREAD, LARGEST]
 )
 def test_dual(shape, mode, blocked, poison_cuda_allocator):
     _run_largest_once(shape, mode, blocked)
@@ -284,6 +288,7 @@ def test_dual_special_groups_and_fp32(mode):
         ((8192, 2048), 8),
         ((8192, 2048), 64),
         ((16640, 7168), 256),
+        (SPREAD, 7),
         (LARGEST, 8),
     ],
 )
