@@ -30,9 +30,10 @@ registers would leave as 32-byte pieces per warp (one 32x1 block of rows): 2-3% 
 The blocked and grouped scale bytes are staged the same way (1 KiB: one blocked tile of each scale
 matrix per step) and leave as 64 16-byte stores; byte stores from every lane were 1-4% slower
 (session 9).
-CTAs take their 128-row tiles in :func:`~cute_utils.occupancy.spread_row_tile` order (where M is a
-multiple of 2^17, two runs of tiles at once, so the q^T lines written at once lie at two places of
-each q^T row: 2-3% faster there, bench/README.md, session 10).
+With ``DualConfig.spread_rows`` (the bf16 configs) CTAs take their 128-row tiles in
+:func:`~cute_utils.occupancy.spread_row_tile` order: where M is a multiple of 2^17, two runs of tiles
+at once, so the q^T lines written at once lie at two places of each q^T row (1.5-3% faster there,
+bench/README.md, session 10).
 Grouped CTAs find their tile with a group scan (up to 32 groups a warp scan in registers, more in
 shared memory, in the staging bytes) before their first load. An L2 prefetch of guessed rows
 during the scan gained 1-2% in session 8 but lost 0-1.5% with one tile per CTA (session 10).
@@ -121,10 +122,11 @@ class DualConfig:
 # at the 80-register cap); longer CTAs lost 2-10% ungrouped. Grouped, with the staged scale tiles
 # (session 9, G = 8, two runs): one tile per CTA 0.82-0.92 of copy, worst 1.39x the two single
 # calls; 2 tiles with a 2-stage ring 0.80-0.91, but 0.85-0.86 at 131072 x 7168 (1.41-1.42x).
-# The spread row-tile order (session 10): 131072 x 5120 / 7168 0.87-0.88 -> 0.90-0.91 of copy,
+# The spread row-tile order (session 10): 131072 x 5120 / 7168 0.874-0.898 -> 0.899-0.912 of copy,
 # grouped and not; no change elsewhere. fp32 (tuned ungrouped only): one tile per CTA; grouped, 2
 # tiles and no ring (a 2-stage ring of fp32 tiles would leave one CTA per SM); tiles in order (the
-# spread order's one register more spills the blocked variant at the cap; not measured).
+# spread order's one register more spills the blocked variant at the cap; grouped fp32 with it,
+# and without the L2 prefetch removed in session 10, is not measured).
 _ONE_TILE = DualConfig(stages=1, tiles_per_cta=1)
 _FP32_ONE_TILE = DualConfig(stages=1, tiles_per_cta=1, spread_rows=False)
 CONFIGS = {arch: {"bfloat16": _ONE_TILE, "float32": _FP32_ONE_TILE} for arch in ("sm_90a", "sm_100a")}
@@ -498,10 +500,10 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         tid, _, _ = cute.arch.thread_idx()
         col_chunk, row_tile, row_tile_hi = cute.arch.block_idx()
         row_tile = row_tile + row_tile_hi * MAX_GRID_Y
-        if cutlass.const_expr(config.spread_rows):
-            row_tile = spread_row_tile(row_tile, ceil_div(scales.shape[0], TILE_M), x.shape[0])
-        lane, warp = tid % 32, tid // 32
         rows, cols = x.shape
+        if cutlass.const_expr(config.spread_rows):  # q^T rows are M bytes apart
+            row_tile = spread_row_tile(row_tile, ceil_div(scales.shape[0], TILE_M), rows)
+        lane, warp = tid % 32, tid // 32
         col_tiles = _col_tiles(cols)
         warp_row = (warp % WARPS_M) * BLOCK_SIZE  # the warp's 32x1 block within the tile
         lane_col = (warp // WARPS_M) * WARP_COLS + (lane % COL_LANES) * LANE_COLS  # within a tile
