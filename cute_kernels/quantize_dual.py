@@ -160,6 +160,10 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         """CTA steps along K: up to K rounded to 128, so each blocked tile is written whole."""
         return ceil_div(cols, TILE_K)
 
+    def _row_tiles(scales):
+        """128-row tiles of the grid: those of the 1x32 scales' rows (M-groups: 128 G rows past M)."""
+        return ceil_div(scales.shape[0], TILE_M)
+
     @cute.jit
     def _load_row(ring_words: cute.Tensor, slot, i: cutlass.Constexpr, lane, frag: cute.Tensor):
         """Row ``i`` of this lane's fragment from ring slot ``slot`` into ``frag`` (chunks, 4) words."""
@@ -502,7 +506,7 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         row_tile = row_tile + row_tile_hi * MAX_GRID_Y
         rows, cols = x.shape
         if cutlass.const_expr(config.spread_rows):  # q^T rows are M bytes apart
-            row_tile = spread_row_tile(row_tile, ceil_div(scales.shape[0], TILE_M), rows)
+            row_tile = spread_row_tile(row_tile, _row_tiles(scales), rows)
         lane, warp = tid % 32, tid // 32
         col_tiles = _col_tiles(cols)
         warp_row = (warp % WARPS_M) * BLOCK_SIZE  # the warp's 32x1 block within the tile
@@ -634,7 +638,7 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         stream,
     ):
         rows, cols = x.shape
-        row_tiles = ceil_div(scales.shape[0], TILE_M)  # M-groups scales have 128 G rows past M
+        row_tiles = _row_tiles(scales)
         col_tiles = _col_tiles(cols)
         tiles_per_cta = cutlass.min(col_tiles, config.tiles_per_cta)
         chunks = ceil_div(col_tiles, tiles_per_cta)
