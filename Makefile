@@ -6,7 +6,10 @@ PYTHON := $(VENV)/bin/python
 TORCH_SPEC ?= torch
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-gpu demo bench sass lint clean
+FUZZ_MINUTES ?= 5
+SEED ?=
+
+.PHONY: install test test-gpu fuzz sanitize demo bench sass lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -22,6 +25,14 @@ test: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(PYTHON) -m pytest -q -m gpu
+
+# GPU: the fuzz harness for FUZZ_MINUTES minutes (every op, new seeds each round; SEED= picks the first).
+fuzz: $(STAMP)
+	$(PYTHON) tests/fuzz.py --minutes $(FUZZ_MINUTES) $(if $(SEED),--seed $(SEED))
+
+# GPU: compute-sanitizer memcheck (+ garbage offsets) and racecheck over a small-shape fuzz run.
+sanitize: $(STAMP)
+	PYTHON=$(PYTHON) $(if $(SEED),SEED=$(SEED)) bash tests/sanitize.sh
 
 demo: $(STAMP)
 	$(PYTHON) -m bench.demo

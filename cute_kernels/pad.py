@@ -38,7 +38,7 @@ from enum import Enum
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float8E4M3FN, Float16, Float32, Int32, Uint8, Uint16, Uint32
+from cutlass import Int16, Int32, Int64, Uint8, Uint16, Uint32
 from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import ceil_div
@@ -53,8 +53,9 @@ from cute_utils.jit import compile_tvm_ffi
 
 _WARP = 32
 VECTOR_BYTES = 16
-#: Element types the kernels move (bit-exact: the data is copied as integer words).
-DTYPES = {"bfloat16": BFloat16, "float16": Float16, "float32": Float32, "float8_e4m3fn": Float8E4M3FN}
+#: Element types the kernels move, one per element size: padding copies bytes, so every dtype of 1,
+#: 2, 4 or 8 bytes runs as the integer type of its size (the bindings pass a same-size view).
+DTYPES = {"uint8": Uint8, "int16": Int16, "int32": Int32, "int64": Int64}
 _WORD_BY_BYTES = {1: Uint8, 2: Uint16, 4: Uint32}
 
 

@@ -397,15 +397,23 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
     ):
         """Threads 0..31 copy the staged 1x32 tile to byte ``row_base`` of the 1x32 scales, threads
         32..63 the 32x1 tile to byte ``col_base`` of the 32x1 scales (when ``covered``): one 16-byte
-        store each (``scale_chunks*``: (bytes / 16, 4) Uint32 views)."""
+        store each (``scale_chunks*``: (bytes / 16, 4) Uint32 views).
+
+        Grouped: the M-groups scales have ``M + 128 G`` rows, not a multiple of 128 when M is not,
+        so the last row tile (past every group: zeros) is cut at the tensor's end. Its size is a
+        multiple of 16 bytes (M % 32 == 0, Cp % 4 == 0): a chunk is wholly inside or outside."""
         staged = cute.make_tensor(
             cute.recast_ptr(stage_s.iterator, dtype=Uint32),
             cute.make_layout((2 * CHUNKS_PER_TILE, 4), stride=(4, 1)),
         )
         words = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-        if tid < CHUNKS_PER_TILE:
+        chunk = row_base // CHUNK_BYTES + tid
+        inside = True
+        if cutlass.const_expr(grouped):
+            inside = chunk < scale_chunks.shape[0]
+        if tid < CHUNKS_PER_TILE and inside:
             cute.autovec_copy(staged[tid, None], words)
-            cute.autovec_copy(words, scale_chunks[row_base // CHUNK_BYTES + tid, None])
+            cute.autovec_copy(words, scale_chunks[chunk, None])
         if tid >= CHUNKS_PER_TILE and tid < 2 * CHUNKS_PER_TILE and covered:
             cute.autovec_copy(staged[tid, None], words)
             cute.autovec_copy(words, scale_chunks_t[col_base // CHUNK_BYTES + tid - CHUNKS_PER_TILE, None])

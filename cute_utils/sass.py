@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import fnmatch
+import hashlib
 import importlib.metadata
 import importlib.util
 import os
@@ -479,6 +481,16 @@ def parse_sass(sass: str) -> dict[str, list[str]]:
     return functions
 
 
+def instruction_hash(sass: str) -> str:
+    """A short sha256 of the instructions of every function in ``sass`` (names, addresses and
+    comments left out): equal for builds that differ only in their mangled kernel names."""
+    digest = hashlib.sha256()
+    for instructions in parse_sass(sass).values():
+        digest.update("\n".join(instructions).encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
 def mnemonic(instruction: str) -> str:
     """Opcode with its modifiers, without predicate and operands: ``"@P0 LDG.E.128 R8, ..."`` ->
     ``"LDG.E.128"``."""
@@ -714,6 +726,16 @@ def _safe_filename(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
+def _match_targets(patterns: Sequence[str], targets: Mapping[str, Any]) -> list[str]:
+    """Target names matching each of ``patterns`` (exact names or shell patterns), in pattern order;
+    a pattern that matches nothing is returned as is (reported unknown)."""
+    names: list[str] = []
+    for pattern in patterns:
+        matched = sorted(fnmatch.filter(targets, pattern)) or [pattern]
+        names.extend(n for n in matched if n not in names)
+    return names
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Print SASS summaries of the kernels registered in ``cute_kernels.sass_targets()``.
 
@@ -730,11 +752,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "summarize their SASS: registers, shared/local memory, access widths, TMA, FP8 conversions, "
         "barriers.",
     )
-    parser.add_argument("kernels", nargs="*", metavar="KERNEL", help="target names, or 'all'")
+    parser.add_argument(
+        "kernels",
+        nargs="*",
+        metavar="KERNEL",
+        help="target names or shell patterns ('quantize_dual_*'), or 'all'",
+    )
     parser.add_argument("--arch", default="all", help="sm_90a, sm_100a, a comma list, or 'all' (default)")
     parser.add_argument("--dump", metavar="DIR", help="also write DIR/<kernel>_<arch>.sass and .cubin")
     parser.add_argument("--list", action="store_true", help="list the registered targets and exit")
     parser.add_argument("-v", "--verbose", action="store_true", help="also print every opcode's count")
+    parser.add_argument(
+        "--hash",
+        action="store_true",
+        help="print one line per kernel and arch: a hash of its instructions (compare builds)",
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -754,7 +786,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.kernels:
         parser.error("name at least one KERNEL, or 'all' (see --list)")
-    names = sorted(targets) if "all" in args.kernels else list(dict.fromkeys(args.kernels))
+    names = sorted(targets) if "all" in args.kernels else _match_targets(args.kernels, targets)
     unknown = [n for n in names if n not in targets]
     if unknown:
         print(
@@ -770,10 +802,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = 0
     for name in names:
         for arch in archs:
-            print(f"=== {name} [{arch}]", flush=True)
+            if not args.hash:
+                print(f"=== {name} [{arch}]", flush=True)
             try:
                 cubin = cubin_of(targets[name](arch))
                 sass = disassemble(cubin)
+                if args.hash:
+                    print(f"{name} {arch} {instruction_hash(sass)}", flush=True)
+                    continue
                 got = cubin_arch(cubin)
                 if got != arch and not (arch.endswith("f") and got == arch[:-1]):
                     print(

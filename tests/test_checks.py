@@ -181,10 +181,10 @@ def q3d_cases():
         ("dtype", dict(w=w.to(torch.float16)), TypeError, r"w must be a 3-D tensor of dtype"),
         ("noncontig", dict(w=w.transpose(1, 2)), ValueError, r"w must be contiguous"),
         (
-            "n",
-            dict(w=torch.zeros(2, 48, 64)),
+            "n_32x1",
+            dict(w=torch.zeros(2, 48, 64), block="32x1"),
             ValueError,
-            r"w\.shape\[1\] \(N\) \(48\) must be a multiple of 32",
+            r"w\.shape\[1\] \(N\) \(48\) must be a multiple of 32 for block='32x1'",
         ),
         (
             "k",
@@ -270,7 +270,12 @@ def pad_cases():
     op = "pad_token_groups"
     good = dict(x=x2d(), group_end_offsets=offs(10, 64), alignment=32)
     cases = [
-        ("dtype", dict(x=torch.zeros(4, 4, dtype=I32)), TypeError, r"x must be a 2-D tensor of dtype"),
+        (
+            "dtype",
+            dict(x=torch.zeros(4, 4, dtype=torch.complex128)),
+            TypeError,
+            r"x must be a 2-D tensor of a dtype of 1, 2, 4 or 8 bytes, got .*complex128",
+        ),
         ("rank", dict(x=torch.zeros(4)), ValueError, r"x must be a 2-D tensor"),
         ("noncontig", dict(x=NONCONTIG_X), ValueError, r"x must be contiguous"),
         (
@@ -315,7 +320,7 @@ def unpad_cases():
     cases = [
         (
             "dtype",
-            dict(padded=torch.zeros(4, 4, dtype=torch.int64)),
+            dict(padded=torch.zeros(4, 4, dtype=torch.complex128)),
             TypeError,
             r"padded must be a 2-D tensor",
         ),

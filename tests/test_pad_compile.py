@@ -40,8 +40,9 @@ def test_compiles_with_expected_sass(compiled, target):
 def test_registry_names():
     expected = set()
     for op in ("pad", "unpad"):
-        expected |= {f"{op}_bfloat16_v{w}" for w in (16, 4, 2)} | {f"{op}_float16_v{w}" for w in (16, 4, 2)}
-        expected |= {f"{op}_float32_v{w}" for w in (16, 4)} | {f"{op}_float8_e4m3fn_v{w}" for w in (16, 4, 1)}
+        # One kernel per element size (a byte copy): uint8, int16, int32, int64 carriers.
+        expected |= {f"{op}_uint8_v{w}" for w in (16, 4, 1)} | {f"{op}_int16_v{w}" for w in (16, 4, 2)}
+        expected |= {f"{op}_int32_v{w}" for w in (16, 4)} | {f"{op}_int64_v{w}" for w in (16, 8)}
     assert set(TARGETS) == expected
 
 
@@ -57,6 +58,8 @@ def test_registry_names():
         (torch.float8_e4m3fn, 5, 0, 1),
         (torch.float8_e4m3fn, 4, 0, 4),
         (torch.bfloat16, 0, 0, 2),  # torch gives (4, 0) the row stride 1
+        (torch.int64, 3, 0, 8),
+        (torch.float64, 2, 0, 16),
     ],
 )
 def test_vector_width_choice(dtype, cols, offset, expected):

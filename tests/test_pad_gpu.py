@@ -12,7 +12,7 @@ from torch_bindings import reference
 
 pytestmark = pytest.mark.gpu
 
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+_BITS = reference.BITS_DTYPES
 _SPECIAL = (0, 1, 31, 33, 0, 127, 129, 1)  # empty groups, 1 row, just under / over an alignment
 
 
@@ -21,6 +21,8 @@ def _data(rows: int, cols: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     gen = torch.Generator(device="cuda").manual_seed(seed)
     bits = _BITS[dtype.itemsize]
     info = torch.iinfo(bits)
+    if dtype == torch.bool:  # only 0 and 1 are bools
+        return torch.randint(0, 2, (rows, cols), device="cuda", generator=gen).to(torch.bool)
     raw = torch.randint(info.min, info.max, (rows, cols), dtype=bits, device="cuda", generator=gen)
     return raw.view(dtype)
 
@@ -84,7 +86,13 @@ def test_pad_unpad_match_reference(tokens, cols, groups, alignment, dtype, poiso
     _assert_same_bytes(back[:last], x[:last])  # the round trip is the identity on the grouped rows
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8, torch.uint8, torch.bool,
+        torch.int32, torch.int64, torch.float64, torch.complex64, torch.float8_e8m0fnu,
+    ],
+)  # fmt: skip
 @pytest.mark.parametrize("cols", [96, 5])
 def test_other_dtypes(dtype, cols):
     x = _data(1000, cols, dtype, cols)
@@ -127,6 +135,15 @@ def test_unpad_without_num_tokens_reads_the_last_offset():
     padded, start, _ = torch_bindings.pad_token_groups(x, ends, alignment=64, backend="cute")
     back = torch_bindings.unpad_token_groups(padded, ends, start, backend="cute")  # syncs (documented)
     _assert_same_bytes(back, x[:260])
+
+
+def test_unpad_without_num_tokens_rejects_a_garbage_last_offset():
+    x = _data(300, 40, torch.bfloat16, 6)
+    ends = _offsets([100, 260])
+    padded, start, _ = torch_bindings.pad_token_groups(x, ends, alignment=32, backend="cute")
+    garbage = _offsets([100, 10**9])
+    with pytest.raises(ValueError, match=r"group_end_offsets\[-1\] = 1000000000 must be in \[0, 384\]"):
+        torch_bindings.unpad_token_groups(padded, garbage, start, backend="cute")
 
 
 def _clamped_groups(ends: list[int], total: int) -> list[tuple[int, int]]:

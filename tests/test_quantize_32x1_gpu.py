@@ -303,6 +303,23 @@ def test_dual_groups(shape, groups, mode, poison_cuda_allocator):
     _check_dual(x, group_end_offsets=ends, scaling_mode=mode)
 
 
+@pytest.mark.parametrize(
+    "shape,dtype,mode,ends",
+    [
+        ((1056, 7168), torch.bfloat16, "rceil", [0, 1056, 1056]),
+        ((17472, 5120), torch.bfloat16, "floor", [13120, 17472]),
+        ((1056, 5120), torch.float32, "rceil", [0] * 30 + [32, 32, 64, 1024] + [1024] * 29 + [1056]),
+        ((1056, 32), torch.float32, "floor", [0, 0, 32, 32, 64, 64, 96, 96]),
+    ],
+)
+def test_dual_groups_m_not_a_multiple_of_128(shape, dtype, mode, ends, poison_cuda_allocator):
+    """M + 128 G 1x32 scale rows end inside the last row tile: its store is cut at the tensor's end
+    (it ran past it, into the next allocation)."""
+    x = _random_x(shape, dtype, torch.Generator().manual_seed(shape[0] + len(ends)))
+    poison_cuda_allocator()
+    _check_dual(x, group_end_offsets=cuda_offsets(ends), scaling_mode=mode)
+
+
 def test_dual_groups_fp32_and_no_rows():
     gen = torch.Generator().manual_seed(11)
     x = _random_x((2048, 416), torch.float32, gen)

@@ -60,6 +60,18 @@ def test_fp32(experts, n, k, mode, blocked, poison_cuda_allocator):
     _check(w, scaling_mode=mode, blocked_scales=blocked)
 
 
+@pytest.mark.parametrize("blocked", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "experts,n,k", [(1, 1, 32), (3, 50, 64), (2, 129, 96), (5, 200, 1024), (2, 4097, 160)]
+)
+def test_any_n(experts, n, k, dtype, blocked, poison_cuda_allocator):
+    """1x32 blocks run along K, so N need not be a multiple of 32 (scales padded to 128 rows)."""
+    w = _weights(experts, n, k, dtype, experts * 3 + n + k)
+    poison_cuda_allocator()
+    _check(w, scaling_mode="rceil", blocked_scales=blocked)
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_special_values(dtype, mode):

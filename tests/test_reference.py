@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from torch_bindings import checks
 from torch_bindings import reference as ref
 
 # PyTorch core's blocked layout; its module needs `expecttest` (extra `test`, installed by CI).
@@ -660,29 +661,38 @@ def test_empty_inputs():
 
 def expected_pad(x: torch.Tensor, sizes: list[int], a: int):
     rows = a * math.ceil((x.shape[0] + len(sizes) * a) / a)
-    out = torch.zeros(rows, x.shape[1], dtype=x.dtype)
+    bits = ref.BITS_DTYPES[x.element_size()]  # copy bits: some dtypes have no slice assignment
+    out = torch.zeros(rows, x.shape[1], dtype=bits)
     ps, pe = [], []
     src, dst = 0, 0
     for n in sizes:
-        out[dst : dst + n] = x[src : src + n]
+        out[dst : dst + n] = x[src : src + n].view(bits)
         ps.append(dst)
         dst += a * math.ceil(n / a)
         pe.append(dst)
         src += n
-    return out, ps, pe
+    return out.view(x.dtype), ps, pe
 
 
 def rand_bits_tensor(m: int, d: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     """Arbitrary bit patterns (NaN payloads, -0, Inf included): padding must move bits exactly."""
     g = torch.Generator().manual_seed(seed)
     size = torch.empty(0, dtype=dtype).element_size()
-    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[size]
+    if dtype == torch.bool:  # only 0 and 1 are bools
+        return torch.randint(0, 2, (m, d), generator=g).to(torch.bool)
+    ints = ref.BITS_DTYPES[size]
     info = torch.iinfo(ints)
     return torch.randint(info.min, info.max, (m, d), generator=g, dtype=torch.int64).to(ints).view(dtype)
 
 
+BYTE_COPY_DTYPES = [
+    torch.bfloat16, torch.float32, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8,
+    torch.uint8, torch.int32, torch.int64, torch.float64, torch.bool, torch.float8_e8m0fnu,
+]  # fmt: skip
+
+
 @pytest.mark.parametrize("alignment", [16, 32, 64, 128])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("dtype", BYTE_COPY_DTYPES)
 def test_pad_unpad_roundtrip(alignment, dtype):
     rng = random.Random(alignment)
     for trial in range(4):
@@ -714,6 +724,27 @@ def test_padded_group_offsets_helper():
     ps, pe = ref.padded_group_offsets(offsets([0, 1, 32, 33, 0]), 32)
     assert ps.tolist() == [0, 0, 32, 64, 128] and pe.tolist() == [0, 32, 64, 128, 128]
     assert ref.padded_rows(66, 5, 32) == 32 * math.ceil((66 + 5 * 32) / 32)
+
+
+def test_unpad_without_num_tokens_rejects_a_garbage_last_offset():
+    padded = torch.zeros(64, 4)
+    for last in (65, 10**9, -1):
+        with pytest.raises(ValueError, match=r"group_end_offsets\[-1\] = .* must be in \[0, 64\]"):
+            checks.unpad_row_count(last, 64)
+    with pytest.raises(ValueError, match=r"group_end_offsets\[-1\] = 70 must be in \[0, 64\]"):
+        ref.unpad_token_groups(padded, offsets([10, 60]), torch.tensor([0, 4], dtype=torch.int32))
+
+
+def test_3d_1x32_takes_any_n():
+    w = torch.randn(3, 50, 64)
+    q, s = ref.quantize_mxfp8_3d(w, block="1x32")
+    assert q.shape == (3, 50, 64) and s.shape == (3, 128, 4)
+    for e in range(3):
+        q2, s2 = ref.quantize_mxfp8_2d(w[e], block="1x32")
+        assert_bits_equal(q[e], q2)
+        assert_bits_equal(s[e], s2)
+    with pytest.raises(ValueError, match="for block='32x1'"):
+        ref.quantize_mxfp8_3d(w, block="32x1")
 
 
 def test_unpad_rejects_out_of_range_padded_start():

@@ -25,13 +25,14 @@ __all__ = [
     "BLOCK_SIZE",
     "GROUPS",
     "OFFSETS_DTYPE",
-    "PAD_DTYPES",
+    "PAD_ELEMENT_SIZES",
     "QUANT_DTYPES",
     "SCALE_DTYPES",
     "SCALING_MODES",
     "check_alignment",
     "check_backend",
     "check_bool",
+    "check_byte_copy_tensor",
     "check_choice",
     "check_divisible",
     "check_offsets",
@@ -44,6 +45,7 @@ __all__ = [
     "check_swizzle",
     "check_tensor",
     "check_unpad",
+    "unpad_row_count",
     "describe",
 ]
 
@@ -56,8 +58,9 @@ QUANT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
 SCALE_DTYPES: tuple[torch.dtype, ...] = (torch.float8_e8m0fnu, torch.uint8)
 """Accepted dtypes of a scale matrix given to ``swizzle_scales`` (uint8 is read as raw E8M0 bytes)."""
 
-PAD_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
-"""Dtypes the token-group padding ops move (pure data movement, bit-exact)."""
+PAD_ELEMENT_SIZES: tuple[int, ...] = (1, 2, 4, 8)
+"""Element sizes (bytes) the token-group padding ops move: any dtype of these sizes (a byte copy)."""
+
 
 OFFSETS_DTYPE = torch.int32
 BLOCKS: tuple[str, ...] = ("1x32", "32x1")
@@ -255,13 +258,15 @@ def check_quantize_3d(
     *,
     op: str = "quantize_mxfp8_3d",
 ) -> None:
-    """``quantize_mxfp8_3d``: w (E, N, K) bf16/fp32 contiguous with N % 32 == 0 and K % 32 == 0."""
+    """``quantize_mxfp8_3d``: w (E, N, K) bf16/fp32 contiguous, K % 32 == 0, and N % 32 == 0 for
+    ``block="32x1"`` (blocks along N; 1x32 takes any N)."""
     check_tensor("w", w, ndim=3, dtypes=QUANT_DTYPES, op=op)
     check_choice("block", block, BLOCKS, op=op)
     _check_mode(scaling_mode, op)
     check_bool("blocked_scales", blocked_scales, op=op)
     _, n, k = w.shape
-    check_divisible("w.shape[1] (N)", n, BLOCK_SIZE, op=op)
+    if block == "32x1":
+        check_divisible("w.shape[1] (N)", n, BLOCK_SIZE, why="for block='32x1'", op=op)
     check_divisible("w.shape[2] (K)", k, BLOCK_SIZE, op=op)
 
 
@@ -309,10 +314,20 @@ def _check_swizzle_full(scales: Any, group_end_offsets: Any, groups: Any, op: st
         check_offsets("group_end_offsets", group_end_offsets, scales.device, op=op)
 
 
+def check_byte_copy_tensor(name: str, t: Any, *, op: str) -> None:
+    """A 2-D contiguous tensor of any dtype of ``PAD_ELEMENT_SIZES`` bytes (not quantized): what the
+    padding ops copy bit for bit."""
+    if not isinstance(t, torch.Tensor) or t.is_quantized or t.element_size() not in PAD_ELEMENT_SIZES:
+        raise TypeError(
+            f"{_prefix(op)}{name} must be a 2-D tensor of a dtype of 1, 2, 4 or 8 bytes, got {describe(t)}"
+        )
+    check_tensor(name, t, ndim=2, dtypes=(t.dtype,), op=op)
+
+
 def check_pad(x: Any, group_end_offsets: Any, alignment: Any, *, op: str = "pad_token_groups") -> None:
-    """``pad_token_groups``: x (M, D) contiguous of a ``PAD_DTYPES`` dtype; offsets int32 1-D on x's
+    """``pad_token_groups``: x (M, D) contiguous, any dtype of 1, 2, 4 or 8 bytes; offsets int32 1-D on x's
     device; alignment in ``ALIGNMENTS``."""
-    check_tensor("x", x, ndim=2, dtypes=PAD_DTYPES, op=op)
+    check_byte_copy_tensor("x", x, op=op)
     check_offsets("group_end_offsets", group_end_offsets, x.device, op=op)
     check_alignment(alignment, op=op)
 
@@ -327,7 +342,7 @@ def check_unpad(
 ) -> None:
     """``unpad_token_groups``: padded (P, D) contiguous; offsets and padded_start int32 1-D of the same
     length on padded's device; ``num_tokens`` None or an int >= 0 (TypeError for a non-int)."""
-    check_tensor("padded", padded, ndim=2, dtypes=PAD_DTYPES, op=op)
+    check_byte_copy_tensor("padded", padded, op=op)
     check_offsets("group_end_offsets", group_end_offsets, padded.device, op=op)
     check_offsets("padded_start", padded_start, padded.device, op=op)
     check_same_length("padded_start", padded_start, "group_end_offsets", group_end_offsets, op=op)
@@ -338,6 +353,18 @@ def check_unpad(
             )
         if isinstance(num_tokens, int) and num_tokens < 0:
             raise ValueError(f"{_prefix(op)}num_tokens must be >= 0, got {num_tokens}")
+
+
+def unpad_row_count(last_end: int, padded_rows: int, *, op: str = "unpad_token_groups") -> int:
+    """The output row count of ``unpad_token_groups(..., num_tokens=None)``: the last group end, which
+    the caller has read from the device. Valid offsets put it in ``[0, padded rows]`` (padding only
+    adds rows); anything else is garbage and raises ``ValueError`` before it sizes an allocation."""
+    if not 0 <= last_end <= padded_rows:
+        raise ValueError(
+            f"{_prefix(op)}group_end_offsets[-1] = {last_end} must be in [0, {padded_rows}] (the rows of "
+            "padded) when num_tokens is None; pass num_tokens, or check the offsets"
+        )
+    return last_end
 
 
 def check_pad_and_quantize(

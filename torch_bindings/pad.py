@@ -17,22 +17,17 @@ from .kernel_cache import get_kernel, on_clear
 _PAD = "pad_token_groups"
 _UNPAD = "unpad_token_groups"
 _VECTOR_BYTES = (16, 4)  # then one element: must match cute_kernels.pad.vector_widths
-_DTYPE_NAMES = {
-    torch.bfloat16: "bfloat16",
-    torch.float16: "float16",
-    torch.float32: "float32",
-    torch.float8_e4m3fn: "float8_e4m3fn",
-}
 
 _kernels: dict[tuple, object] = {}  # hot-path lookup in front of kernel_cache.get_kernel
 on_clear(_kernels.clear)
 
 
 def _kernel(op: str, dtype: torch.dtype, width: int, arch: str):
+    """Kernel for ``op`` on ``dtype`` (an integer carrier of ``reference.BITS_DTYPES``)."""
     key = (op, dtype, width, arch)
     kernel = _kernels.get(key)
     if kernel is None:
-        name = _DTYPE_NAMES[dtype]
+        name = str(dtype).removeprefix("torch.")
 
         def build():
             from cute_kernels.pad import PadOp, compile_pad
@@ -70,14 +65,15 @@ def _run_pad(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     checks.check_kernel_group_count(_PAD, group_end_offsets)
     num_groups = group_end_offsets.shape[0]
-    out = x.new_empty(padded_shape(x.shape, num_groups, alignment))
+    bits = x.view(reference.BITS_DTYPES[x.element_size()])  # a byte copy: any dtype of its size
+    out = bits.new_empty(padded_shape(x.shape, num_groups, alignment))
     padded_start = group_end_offsets.new_empty(num_groups)
     padded_end = group_end_offsets.new_empty(num_groups)
     width = vector_bytes(x.element_size(), x)  # out: fresh from the caching allocator, 512-byte aligned
-    kernel = _kernel("pad", x.dtype, width, arch)
+    kernel = _kernel("pad", bits.dtype, width, arch)
     # Always launched: CTA 0 writes padded_start / padded_end even when there is no data.
-    kernel(x, out, group_end_offsets, padded_start, padded_end, alignment)
-    return out, padded_start, padded_end
+    kernel(bits, out, group_end_offsets, padded_start, padded_end, alignment)
+    return out.view(x.dtype), padded_start, padded_end
 
 
 @torch.library.custom_op("cute_kernels::pad_token_groups", mutates_args=())
@@ -134,13 +130,14 @@ def _run_unpad(
 ) -> torch.Tensor:
     checks.check_kernel_group_count(_UNPAD, group_end_offsets)
     if num_tokens is None:  # the one syncing path: the row count lives on the device
-        num_tokens = max(int(group_end_offsets[-1]), 0)
-    out = padded.new_empty((num_tokens, padded.shape[1]))
+        num_tokens = checks.unpad_row_count(int(group_end_offsets[-1]), padded.shape[0])
+    bits = padded.view(reference.BITS_DTYPES[padded.element_size()])  # a byte copy
+    out = bits.new_empty((num_tokens, padded.shape[1]))
     if out.numel():
         width = vector_bytes(padded.element_size(), padded)  # out: fresh, 512-byte aligned
-        kernel = _kernel("unpad", padded.dtype, width, arch)
-        kernel(padded, out, group_end_offsets, padded_start)
-    return out
+        kernel = _kernel("unpad", bits.dtype, width, arch)
+        kernel(bits, out, group_end_offsets, padded_start)
+    return out.view(padded.dtype)
 
 
 @torch.library.custom_op("cute_kernels::unpad_token_groups", mutates_args=())

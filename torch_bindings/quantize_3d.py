@@ -79,8 +79,8 @@ def quantize_mxfp8_3d(
     blocked_scales: bool = True,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """MXFP8-quantize expert weights w (E, N, K), bf16 or fp32, contiguous, N and K multiples of 32
-    (SPEC sections 2, 3 and 5).
+    """MXFP8-quantize expert weights w (E, N, K), bf16 or fp32, contiguous, K a multiple of 32, N
+    any for ``"1x32"`` and a multiple of 32 for ``"32x1"`` (SPEC sections 2, 3 and 5).
 
     ``block="1x32"`` (along K): q (E, N, K) ``float8_e4m3fn`` row-major; per-expert scales
     S = (N, K/32). ``block="32x1"`` (along N): q (E, N, K) with strides (N K, 1, N); per-expert
@@ -92,7 +92,7 @@ def quantize_mxfp8_3d(
         (block == "1x32" or block == "32x1")
         and (backend == "auto" or backend == "cute")
         and checks.fast_quantize_ok(w, 3, scaling_mode, blocked_scales)
-        and not w.shape[1] % 32
+        and (block == "1x32" or not w.shape[1] % 32)
     ):
         target = targets.known(w)
         if target is not None and not torch.compiler.is_compiling():  # eager fast path

@@ -73,7 +73,7 @@ TILE_BYTES = TILE_ROWS * TILE_COLS
 
 _CHUNK_ELEMS = 1 << 24  # elements per quantization chunk: bounds the fp32 temporaries (64 MiB each)
 
-_BITS_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+BITS_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _round_up(v, m: int):
@@ -83,7 +83,7 @@ def _round_up(v, m: int):
 
 def _as_bits(t: Tensor) -> Tensor:
     """View ``t`` as a same-size integer dtype (bit-exact data movement, works for fp8 dtypes)."""
-    return t.view(_BITS_DTYPE[t.element_size()])
+    return t.view(BITS_DTYPES[t.element_size()])
 
 
 def _e8m0(bits: Tensor) -> Tensor:
@@ -464,7 +464,8 @@ def quantize_mxfp8_3d(
     scaling_mode: str = "rceil",
     blocked_scales: bool = True,
 ) -> tuple[Tensor, Tensor]:
-    """MXFP8-quantize expert weights w (E, N, K), bf16 or fp32, contiguous, N and K multiples of 32.
+    """MXFP8-quantize expert weights w (E, N, K), bf16 or fp32, contiguous, K a multiple of 32 (N
+    too for ``"32x1"``; ``"1x32"`` takes any N, its scales padded to 128 rows per expert).
 
     ``"1x32"`` (blocks along K): q (E, N, K) row-major; per-expert S (N, K/32): unblocked
     (E, N, K/32), blocked (E, Rp, Cp) with (Rp, Cp) = blocked_shape(N, K/32).
@@ -553,7 +554,7 @@ def unpad_token_groups(
             f"unpad_token_groups: padded_start[{i}] = {int(pstart[i])} with group size "
             f"{int(ends[i] - starts[i])} is outside padded's {nrows} rows"
         )
-    m = int(ends[-1])
+    m = int(ends[-1]) if num_tokens is not None else checks.unpad_row_count(int(ends[-1]), nrows)
     rows = torch.arange(m, dtype=torch.int64, device=padded.device)
     g = _group_of(rows, ends)
     src = pstart[g] + rows - starts[g]
