@@ -44,7 +44,7 @@ from enum import Enum
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float8E8M0FNU, Int32, Uint32
+from cutlass import Float8E8M0FNU, Int32, Uint8, Uint32
 from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import (
@@ -243,6 +243,7 @@ def _load_block(
     first_tile: Int32,
     col_tiles: Int32,
     skew: Int32,
+    tail,
     cols: Int32,
     lo: Int32,
     span: Int32,
@@ -255,19 +256,74 @@ def _load_block(
     Slot ``i`` is staged word ``(r, k)`` (:func:`_slot`). With ``word_loads`` that is tile column
     ``first_tile + k`` of source row ``row0 + r``; otherwise the ``k``-th aligned word of the flat
     source from the one holding byte ``(row0 + r) * cols + lo`` (``skew`` = base address % 4),
-    loaded only if it holds one of the row's ``span`` bytes.
+    loaded only if it holds one of the row's ``span`` bytes. ``tail`` = ``(full_words, tail_word)``
+    (raw loads): words from ``full_words`` on reach past the source's end and are not loaded; the
+    one such word a row can need is ``tail_word`` (:func:`_tail_word`). Only a block whose rows
+    end past word ``full_words`` can need it, so only such a block checks each word index.
     """
-    for i in cutlass.range_constexpr(_slot_count(threads, window_tiles, word_loads)):
-        r, k, exists = _slot(i, tid, threads, window_tiles)
-        value = Uint32(0)
-        if cutlass.const_expr(word_loads):
+    if cutlass.const_expr(word_loads):
+        for i in cutlass.range_constexpr(_slot_count(threads, window_tiles, word_loads)):
+            r, k, _ = _slot(i, tid, threads, window_tiles)
+            value = Uint32(0)
             if r < valid and first_tile + k < col_tiles:
                 value = Uint32(src_words[row0 + r, first_tile + k])
+            regs[i] = value
+    else:
+        full_words, _ = tail
+        rows_end_byte = skew + (row0 + valid) * cols
+        if rows_end_byte > full_words * TILE_COLS:
+            _load_raw_words(
+                regs, src_words, row0, valid, tid, skew, tail, cols, lo, span, threads, window_tiles
+            )
         else:
-            offset = skew + (row0 + r) * cols + lo
-            if exists and r < valid and k * TILE_COLS < (offset & 3) + span:
-                value = Uint32(src_words[(offset >> 2) + k])
+            _load_raw_words(
+                regs, src_words, row0, valid, tid, skew, None, cols, lo, span, threads, window_tiles
+            )
+
+
+@cute.jit
+def _load_raw_words(
+    regs: cute.Tensor,
+    src_words: cute.Tensor,
+    row0: Int32,
+    valid: Int32,
+    tid: Int32,
+    skew: Int32,
+    tail,
+    cols: Int32,
+    lo: Int32,
+    span: Int32,
+    threads: cutlass.Constexpr,
+    window_tiles: cutlass.Constexpr,
+):
+    """The raw-word loads of :func:`_load_block`; ``tail`` None: no word reaches past the source."""
+    for i in cutlass.range_constexpr(_slot_count(threads, window_tiles, False)):
+        r, k, exists = _slot(i, tid, threads, window_tiles)
+        value = Uint32(0)
+        offset = skew + (row0 + r) * cols + lo
+        if exists and r < valid and k * TILE_COLS < (offset & 3) + span:
+            word = (offset >> 2) + k
+            if cutlass.const_expr(tail is None):
+                value = Uint32(src_words[word])
+            else:
+                full_words, value = tail
+                if word < full_words:
+                    value = Uint32(src_words[word])
         regs[i] = value
+
+
+@cute.jit
+def _tail_word(src: cute.Tensor, skew: Int32, nbytes: Int32) -> Uint32:
+    """The last aligned word of the source when the source ends inside it, from byte loads (bytes
+    past the end read as 0; a word load would read up to 3 bytes outside the tensor). ``skew``:
+    the base address % 4; ``nbytes``: the source's size."""
+    src_bytes = cute.make_tensor(cute.recast_ptr(src.iterator, dtype=Uint8), cute.make_layout(nbytes))
+    first = (skew + nbytes) // TILE_COLS * TILE_COLS - skew  # source byte of the word's first byte
+    word = Uint32(0)
+    for j in cutlass.range_constexpr(TILE_COLS):
+        if first + j >= 0 and first + j < nbytes:
+            word = word | ((Uint32(src_bytes[first + j]) & Uint32(0xFF)) << (8 * j))
+    return word
 
 
 def make_swizzle(
@@ -379,6 +435,7 @@ def make_swizzle(
 
         # Raw word loads address aligned words from the aligned-down base; ``skew`` = base % 4.
         skew = Int32(0)
+        tail = None
         if cutlass.const_expr(word_loads):
             src_words = cute.make_tensor(
                 cute.recast_ptr(src.iterator, dtype=Uint32),
@@ -391,6 +448,8 @@ def make_swizzle(
                 cute.make_ptr(Uint32, address - (address & 3), cute.AddressSpace.gmem, assumed_align=4),
                 cute.make_layout((skew + experts * rows * cols + 3) // TILE_COLS),
             )
+            nbytes = experts * rows * cols
+            tail = ((skew + nbytes) // TILE_COLS, _tail_word(src, skew, nbytes))
 
         # Software pipeline: the loads of row block ``block + step`` are in flight while block
         # ``block`` is stored. M-groups: each lane resolves (binary search in shared memory) the
@@ -414,6 +473,7 @@ def make_swizzle(
             first_tile,
             col_tiles,
             skew,
+            tail,
             cols,
             lo,
             span,
@@ -451,6 +511,7 @@ def make_swizzle(
                 first_tile,
                 col_tiles,
                 skew,
+                tail,
                 cols,
                 lo,
                 span,

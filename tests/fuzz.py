@@ -344,7 +344,7 @@ def case_strategy(op: str, limits: Limits = Limits()) -> st.SearchStrategy[Case]
     return strategies[op]()
 
 
-def _input(case: Case, device: str) -> torch.Tensor:
+def _data(case: Case, device: str) -> torch.Tensor:
     if case.op in ("pad", "unpad"):
         return random_bits(case.shape, case.dtype, case.data_seed, device)
     if case.op.startswith("swizzle"):
@@ -352,25 +352,54 @@ def _input(case: Case, device: str) -> torch.Tensor:
     return random_values(case.shape, case.dtype, case.data_seed, device)
 
 
-def _call(module, case: Case, x: torch.Tensor, offsets: torch.Tensor | None, backend: dict) -> tuple:
-    """Call ``case.op`` from ``module`` (``torch_bindings`` or its reference); ``backend`` holds the
-    backend keyword for the public functions (empty for the reference)."""
-    kw = dict(case.kwargs)
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """An op's tensor arguments, made before the no-sync block: ``x`` the data (unpad: the padded
+    tensor), ``offsets`` the group ends (None: ungrouped), and for unpad ``padded_start`` and
+    ``num_tokens``."""
+
+    x: torch.Tensor
+    offsets: torch.Tensor | None
+    padded_start: torch.Tensor | None = None
+    num_tokens: int = 0
+
+
+def make_inputs(case: Case, device: str, garbage: bool = False) -> Inputs:
+    """The inputs of ``case``; ``garbage``: its offsets are garbage (unpad then gets a zero padded
+    tensor and garbage ``padded_start`` too, since the reference cannot pad with such offsets)."""
+    x = _data(case, device)
+    offsets = None if case.ends is None else torch.tensor(case.ends, dtype=torch.int32, device=device)
+    if case.op != "unpad":
+        return Inputs(x, offsets)
+    if garbage:
+        groups = len(case.ends)
+        padded = x.new_zeros(reference.padded_rows(x.shape[0], groups, 32), x.shape[1])
+        start = torch.tensor([(i * 37) % 300 - 50 for i in range(groups)], dtype=torch.int32, device=device)
+        return Inputs(padded, offsets, start, x.shape[0])
+    padded, start, _ = reference.pad_token_groups(x, offsets, **dict(case.kwargs))
+    return Inputs(padded, offsets, start, x.shape[0])
+
+
+def _call(module, case: Case, inputs: Inputs, backend: dict) -> tuple:
+    """Call ``case.op`` from ``module`` (``torch_bindings`` or its reference) on ``inputs``;
+    ``backend`` holds the backend keyword of the public functions (empty for the reference).
+    Returns the outputs with 32x1 data transposed back to memory order (bytes compare as stored)."""
+    kw, x, offsets = dict(case.kwargs), inputs.x, inputs.offsets
     if case.op.startswith("swizzle"):
         return (module.swizzle_scales(x, group_end_offsets=offsets, **kw, **backend),)
     if case.op == "quantize_1x32":
         return module.quantize_mxfp8_2d(x, group_end_offsets=offsets, **kw, **backend)
     if case.op == "quantize_32x1":
         q, s = module.quantize_mxfp8_2d(x, block="32x1", group_end_offsets=offsets, **kw, **backend)
-        return q.t(), s  # (K, M) row-major: the bytes in memory order
+        return q.t(), s
     if case.op == "dual":
         q, s, qt, st_ = module.quantize_mxfp8_2d_dual(x, group_end_offsets=offsets, **kw, **backend)
         return q, s, qt.t(), st_
     if case.op == "pad":
         return module.pad_token_groups(x, offsets, **kw, **backend)
     if case.op == "unpad":
-        padded, start, _ = reference.pad_token_groups(x, offsets, **kw)
-        return (module.unpad_token_groups(padded, offsets, start, num_tokens=x.shape[0], **backend),)
+        start, tokens = inputs.padded_start, inputs.num_tokens
+        return (module.unpad_token_groups(x, offsets, start, num_tokens=tokens, **backend),)
     if case.op == "pad_and_quantize":
         return module.pad_and_quantize_mxfp8_2d(x, offsets, **kw, **backend)
     q, s = module.quantize_mxfp8_3d(x, **kw, **backend)
@@ -380,15 +409,12 @@ def _call(module, case: Case, x: torch.Tensor, offsets: torch.Tensor | None, bac
 def check_case(case: Case, run: Run = Run()) -> None:
     """Run ``case`` through ``run.backend`` on dirty memory with no sync allowed, and compare every
     output byte with the reference."""
-    x = _input(case, run.device)
-    offsets = None
-    if case.ends is not None:
-        offsets = torch.tensor(case.ends, dtype=torch.int32, device=run.device)
-    expected = _call(reference, case, x, offsets, {})
+    inputs = make_inputs(case, run.device)
+    expected = _call(reference, case, inputs, {})
     if run.device == "cuda":
-        dirty_memory(4 * x.numel() * x.element_size() + (1 << 20), case.data_seed)
+        dirty_memory(4 * inputs.x.numel() * inputs.x.element_size() + (1 << 20), case.data_seed)
     with no_sync():
-        actual = _call(torch_bindings, case, x, offsets, {"backend": run.backend})
+        actual = _call(torch_bindings, case, inputs, {"backend": run.backend})
     for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
         assert_same_bytes(a, e, f"{case!r} output {i}")
 
@@ -402,14 +428,12 @@ def check_garbage(op: str, run: Run = Run(), rows: int = 320) -> int:
         ends = tuple(
             rows if v == "total" else rows + int(v[6:]) if isinstance(v, str) else v for v in pattern
         )
-        cols = 64 if not op.startswith("swizzle") else 40
-        case = Case(op, (rows, cols), torch.bfloat16, calls, ends, _garbage_kwargs(op))
-        if op.startswith("swizzle") or op in ("pad", "unpad"):
-            case = dataclasses.replace(case, dtype=torch.int16 if op in ("pad", "unpad") else torch.uint8)
-        x = _input(case, run.device)
-        offsets = torch.tensor(ends, dtype=torch.int32, device=run.device)
+        dtype = {"pad": torch.int16, "unpad": torch.int16, "swizzle_m": torch.uint8, "swizzle_k": torch.uint8}
+        shape = (rows, 40 if op.startswith("swizzle") else 64)
+        case = Case(op, shape, dtype.get(op, torch.bfloat16), calls, ends, _garbage_kwargs(op))
+        inputs = make_inputs(case, run.device, garbage=True)
         with no_sync():
-            outputs = _garbage_call(case, x, offsets, run)
+            outputs = _call(torch_bindings, case, inputs, {"backend": run.backend})
         if run.device == "cuda":
             torch.cuda.synchronize()  # surfaces a fault here, with the pattern in the traceback
         assert all(isinstance(t, torch.Tensor) for t in outputs), (case, outputs)
@@ -422,16 +446,6 @@ def _garbage_kwargs(op: str) -> tuple:
     if op in ("pad", "unpad", "pad_and_quantize"):
         kw = {"alignment": 32}
     return tuple(kw.items())
-
-
-def _garbage_call(case: Case, x: torch.Tensor, offsets: torch.Tensor, run: Run) -> tuple:
-    backend = {"backend": run.backend}
-    if case.op == "unpad":
-        start = torch.tensor([(i * 37) % 300 - 50 for i in range(offsets.numel())], dtype=torch.int32)
-        padded = x.new_zeros(reference.padded_rows(x.shape[0], offsets.numel(), 32), x.shape[1])
-        start = start.to(run.device)
-        return (torch_bindings.unpad_token_groups(padded, offsets, start, num_tokens=x.shape[0], **backend),)
-    return _call(torch_bindings, case, x, offsets, backend)
 
 
 #: Ops fuzzed (all that take group offsets, and the 3D op) and the ops the garbage check covers.

@@ -16,8 +16,8 @@ export PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONUNBUFFERED=1
 # Compile (or load from the disk cache) outside the tools first: the same cases, no sanitizer.
 "$PYTHON" tests/fuzz.py --small --examples "${RACE_EXAMPLES:-2}" --seed "$SEED" >/dev/null
 echo "== memcheck (seed $SEED)"
-"$sanitizer" --tool memcheck --error-exitcode 1 --print-limit 20 \
+"$sanitizer" --tool memcheck --report-api-errors no --error-exitcode 1 --print-limit 50 \
   "$PYTHON" tests/fuzz.py --small --garbage --examples "${EXAMPLES:-8}" --seed "$SEED"
 echo "== racecheck (seed $SEED)"
-"$sanitizer" --tool racecheck --error-exitcode 1 --print-limit 20 \
+"$sanitizer" --tool racecheck --report-api-errors no --error-exitcode 1 --print-limit 50 \
   "$PYTHON" tests/fuzz.py --small --examples "${RACE_EXAMPLES:-2}" --seed "$SEED"
