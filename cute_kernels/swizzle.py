@@ -256,10 +256,11 @@ def _load_block(
     Slot ``i`` is staged word ``(r, k)`` (:func:`_slot`). With ``word_loads`` that is tile column
     ``first_tile + k`` of source row ``row0 + r``; otherwise the ``k``-th aligned word of the flat
     source from the one holding byte ``(row0 + r) * cols + lo`` (``skew`` = base address % 4),
-    loaded only if it holds one of the row's ``span`` bytes. ``tail`` = ``(full_words, tail_word)``
-    (raw loads): words from ``full_words`` on reach past the source's end and are not loaded; the
-    one such word a row can need is ``tail_word`` (:func:`_tail_word`). Only a block whose rows
-    end past word ``full_words`` can need it, so only such a block checks each word index.
+    loaded only if it holds one of the row's ``span`` bytes. ``tail`` (raw loads of a source that
+    ends inside a word; else None) = ``(src, nbytes)``: the source and its size. Words from
+    ``full_words = (skew + nbytes) // 4`` on reach past its end and are not loaded; the one such
+    word a row can need is read as bytes (:func:`_tail_word`). Only a block whose rows end past
+    word ``full_words`` can need it, so only such a block checks word indices.
     """
     if cutlass.const_expr(word_loads):
         for i in cutlass.range_constexpr(_slot_count(threads, window_tiles, word_loads)):
@@ -268,12 +269,15 @@ def _load_block(
             if r < valid and first_tile + k < col_tiles:
                 value = Uint32(src_words[row0 + r, first_tile + k])
             regs[i] = value
+    elif cutlass.const_expr(tail is None):
+        _load_raw_words(regs, src_words, row0, valid, tid, skew, None, cols, lo, span, threads, window_tiles)
     else:
-        full_words, _ = tail
-        rows_end_byte = skew + (row0 + valid) * cols
-        if rows_end_byte > full_words * TILE_COLS:
+        src, nbytes = tail
+        full_words = (skew + nbytes) // TILE_COLS
+        if skew + (row0 + valid) * cols > full_words * TILE_COLS:
+            last = (full_words, _tail_word(src, skew, nbytes))
             _load_raw_words(
-                regs, src_words, row0, valid, tid, skew, tail, cols, lo, span, threads, window_tiles
+                regs, src_words, row0, valid, tid, skew, last, cols, lo, span, threads, window_tiles
             )
         else:
             _load_raw_words(
@@ -296,7 +300,9 @@ def _load_raw_words(
     threads: cutlass.Constexpr,
     window_tiles: cutlass.Constexpr,
 ):
-    """The raw-word loads of :func:`_load_block`; ``tail`` None: no word reaches past the source."""
+    """The raw-word loads of :func:`_load_block`. ``tail``: ``(full_words, tail_word)``, the first
+    word index past the source's whole words and the bytes of that word; None: no word of the
+    block reaches past the source."""
     for i in cutlass.range_constexpr(_slot_count(threads, window_tiles, False)):
         r, k, exists = _slot(i, tid, threads, window_tiles)
         value = Uint32(0)
@@ -332,12 +338,16 @@ def make_swizzle(
     rank: int = 2,
     word_loads: bool = False,
     num_sms: int = DEFAULT_NUM_SMS["sm_90a"],
+    ragged_end: bool = False,
 ):
     """Build the ``@cute.jit`` host launcher ``launch(src, dst, offsets, stream)`` for ``layout``.
 
     ``src``: Float8E8M0FNU (R, C) or, for ``plain`` with ``rank=3``, (E, R, C), row-major.
     ``word_loads`` (needs C % 4 == 0 and a 4-byte aligned src; not for ``k_groups``) loads one
     4-byte word per tile column; without it, aligned words are funnel-shifted (any C, any base).
+    ``ragged_end`` (raw words only; needed when the source ends inside an aligned word, i.e.
+    ``(address + bytes) % 4 != 0``): that last word is read as bytes, never as a word reaching past
+    the tensor (notes/sanitizer-clean-reads.md). Without it the source must end on a word.
     ``dst``: the blocked Float8E8M0FNU output of the same rank, 16-byte aligned (its byte count is
     a multiple of 4). ``offsets``: Int32 (G,) end offsets (rows for ``m_groups``, scale columns for
     ``k_groups``), ``None`` for ``plain``. ``num_sms`` sizes the persistent grid.
@@ -350,6 +360,8 @@ def make_swizzle(
     grouped = layout is not SwizzleLayout.PLAIN
     if word_loads and layout is SwizzleLayout.K_GROUPS:
         raise ValueError("k_groups windows start at arbitrary columns: word loads do not apply")
+    if word_loads and ragged_end:
+        raise ValueError("word loads read whole words of the rows: there is no ragged end")
     if rank == 3 and grouped:
         raise ValueError("grouped layouts take 2-D scales")
     loads_per_thread = _slot_count(threads, window_tiles, word_loads)
@@ -448,8 +460,8 @@ def make_swizzle(
                 cute.make_ptr(Uint32, address - (address & 3), cute.AddressSpace.gmem, assumed_align=4),
                 cute.make_layout((skew + experts * rows * cols + 3) // TILE_COLS),
             )
-            nbytes = experts * rows * cols
-            tail = ((skew + nbytes) // TILE_COLS, _tail_word(src, skew, nbytes))
+            if cutlass.const_expr(ragged_end):
+                tail = (src, experts * rows * cols)
 
         # Software pipeline: the loads of row block ``block + step`` are in flight while block
         # ``block`` is stored. M-groups: each lane resolves (binary search in shared memory) the
@@ -608,18 +620,20 @@ def compile_swizzle(
     options: str = "",
     num_sms: int | None = None,
     wide: bool = False,
+    ragged_end: bool = False,
 ):
     """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream); ``num_sms``
     (default: the arch's usual count) sizes the persistent grid; ``wide`` picks the layout's
     ``_wide`` config (see :func:`wide_window`) when no ``config`` is given."""
     config = config or CONFIGS[arch][layout.value + ("_wide" if wide else "")]
-    launch = make_swizzle(layout, config, rank, word_loads, num_sms or DEFAULT_NUM_SMS[arch])
+    launch = make_swizzle(layout, config, rank, word_loads, num_sms or DEFAULT_NUM_SMS[arch], ragged_end)
     return compile_tvm_ffi(launch, fake_arguments(layout, rank, word_loads), arch, options)
 
 
-def variants() -> list[tuple[SwizzleLayout, int, bool, bool]]:
-    """Every (layout, rank, word_loads, wide) variant the bindings may ask for."""
-    return [
+def variants() -> list[tuple[SwizzleLayout, int, bool, bool, bool]]:
+    """Every (layout, rank, word_loads, wide, ragged_end) variant the bindings may ask for: each raw
+    (not word-load) variant also in its ``ragged_end`` form."""
+    base = [
         (SwizzleLayout.PLAIN, 2, False, False),
         (SwizzleLayout.PLAIN, 2, True, False),
         (SwizzleLayout.PLAIN, 3, False, False),
@@ -631,23 +645,25 @@ def variants() -> list[tuple[SwizzleLayout, int, bool, bool]]:
         (SwizzleLayout.K_GROUPS, 2, False, False),
         (SwizzleLayout.K_GROUPS, 2, False, True),
     ]
+    return [(*v, False) for v in base] + [(*v, True) for v in base if not v[2]]
+
+
+def target_name(layout: SwizzleLayout, rank: int, word_loads: bool, wide: bool, ragged_end: bool) -> str:
+    """``swizzle_<layout>_<rank>d[_words][_ragged][_wide]``."""
+    loads = "_words" if word_loads else "_ragged" if ragged_end else ""
+    return f"swizzle_{layout.value}_{rank}d{loads}{'_wide' if wide else ''}"
 
 
 def sass_targets() -> dict:
-    """SASS-inspection targets of this module: ``swizzle_<layout>_<rank>d[_words]`` -> build(arch)."""
+    """SASS-inspection targets of this module (:func:`target_name`) -> build(arch)."""
     from cute_utils.sass import compile_options
 
-    def target(layout: SwizzleLayout, rank: int, word_loads: bool, wide: bool):
+    def target(layout: SwizzleLayout, rank: int, word_loads: bool, wide: bool, ragged_end: bool):
         return lambda arch: compile_swizzle(
-            layout, arch, rank, word_loads, options=compile_options(arch), wide=wide
+            layout, arch, rank, word_loads, options=compile_options(arch), wide=wide, ragged_end=ragged_end
         )
 
-    return {
-        f"swizzle_{layout.value}_{rank}d{'_words' if word_loads else ''}{'_wide' if wide else ''}": target(
-            layout, rank, word_loads, wide
-        )
-        for layout, rank, word_loads, wide in variants()
-    }
+    return {target_name(*v): target(*v) for v in variants()}
 
 
 __all__ = [

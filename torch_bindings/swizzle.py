@@ -29,6 +29,7 @@ def blocked_output_shape(scales_shape: tuple, num_groups: int | None, groups: st
 _E8M0 = torch.float8_e8m0fnu
 _LAYOUTS = ("plain", "plain", "m_groups", "k_groups")  # by variant // 2 (variant 1: 3-D plain)
 _WIDE = 8  # key bit: the layout's 128-column-window config (cute_kernels.swizzle.wide_window)
+_RAGGED = 16  # key bit: raw-word loads of a source that ends inside an aligned word
 _WIDE_MAX_BYTES = 64 << 20  # cute_kernels.swizzle.WIDE_MAX_BYTES
 
 
@@ -39,18 +40,20 @@ def wide_window(rows: int, cols: int) -> bool:
 
 
 def _make_kernel(target: targets.DeviceTarget, key: int):
-    """Compiled variant ``key = 2 * variant + word_loads (+ _WIDE)`` on ``target``; variant 0: 2-D
-    plain, 1: 3-D plain, 2: M-groups, 3: K-groups."""
+    """Compiled variant ``key = 2 * variant + word_loads (+ _WIDE) (+ _RAGGED)`` on ``target``;
+    variant 0: 2-D plain, 1: 3-D plain, 2: M-groups, 3: K-groups."""
     layout, rank, word_loads = _LAYOUTS[(key & 7) >> 1], 3 if (key & 7) >> 1 == 1 else 2, bool(key & 1)
-    wide = bool(key & _WIDE)
+    wide, ragged = bool(key & _WIDE), bool(key & _RAGGED)
     arch, num_sms = target.arch, target.num_sms
 
     def build():
         from cute_kernels.swizzle import SwizzleLayout, compile_swizzle
 
-        return compile_swizzle(SwizzleLayout(layout), arch, rank, word_loads, num_sms=num_sms, wide=wide)
+        return compile_swizzle(
+            SwizzleLayout(layout), arch, rank, word_loads, num_sms=num_sms, wide=wide, ragged_end=ragged
+        )
 
-    return get_kernel(("swizzle_scales", layout, rank, word_loads, wide, arch, num_sms), build)
+    return get_kernel(("swizzle_scales", layout, rank, word_loads, wide, ragged, arch, num_sms), build)
 
 
 def _run_kernel(
@@ -76,6 +79,8 @@ def _run_kernel(
         # Rows of whole, aligned 4-byte words (one word per tile column) stage with fewer instructions.
         if variant < 6 and not cols & 3 and not scales.data_ptr() & 3:
             variant += 1
+        elif (scales.data_ptr() + scales.numel()) & 3:  # raw words: the source ends inside a word
+            variant += _RAGGED
         if variant >= 4 and wide_window(rows, cols):
             variant += _WIDE
         target.kernel(variant, _make_kernel)(scales, out, group_end_offsets)
