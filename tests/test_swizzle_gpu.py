@@ -176,6 +176,9 @@ def test_no_recompiles_across_sizes_and_offsets():
     torch_bindings.swizzle_scales(_scales((100, 8), gen), group_end_offsets=_offsets([50, 100]))
     torch_bindings.swizzle_scales(_scales((100, 8), gen), group_end_offsets=_offsets([50, 100]), groups="K")
     torch_bindings.swizzle_scales(_scales((100, 8), gen))
+    # The static dims' classes: K-groups sources with R = K % 4 != 0 may end inside a word (raw
+    # loads in their ragged form); M-groups / plain sources with C % 4 == 0 take word loads.
+    torch_bindings.swizzle_scales(_scales((17, 8), gen), group_end_offsets=_offsets([5, 8]), groups="K")
     before = torch_bindings.compile_stats.compiles + torch_bindings.compile_stats.disk_loads
     for rows, cols, num_groups in [(17, 4, 1), (999, 8, 3), (4096, 12, 17), (130, 40, 64), (70001, 8, 5)]:
         ends = _offsets(random_group_ends(rows, num_groups, gen))

@@ -79,7 +79,9 @@ def _run_kernel(
         # Rows of whole, aligned 4-byte words (one word per tile column) stage with fewer instructions.
         if variant < 6 and not cols & 3 and not scales.data_ptr() & 3:
             variant += 1
-        elif (scales.data_ptr() + scales.numel()) & 3:  # raw words: the source ends inside a word
+        elif variant < 6 or rows & 3 or scales.data_ptr() & 3:
+            # Raw words where the source may end inside a word, decided from the static dim (C for
+            # plain and M-groups, R = K for K-groups) and the base, so M never switches kernels.
             variant += _RAGGED
         if variant >= 4 and wide_window(rows, cols):
             variant += _WIDE
