@@ -631,8 +631,11 @@ def compile_swizzle(
 
 
 def variants() -> list[tuple[SwizzleLayout, int, bool, bool, bool]]:
-    """Every (layout, rank, word_loads, wide, ragged_end) variant the bindings may ask for: each raw
-    (not word-load) variant also in its ``ragged_end`` form."""
+    """Every (layout, rank, word_loads, wide, ragged_end) variant the bindings may ask for. Raw
+    (not word-load) plain and M-groups sources are raw only when C % 4 != 0 or the base is not
+    4-byte aligned, so they may end inside a word for some M: only their ``ragged_end`` form is
+    built. K-groups sources (always raw) end on a word when K % 4 == 0 and the base is aligned:
+    both forms."""
     base = [
         (SwizzleLayout.PLAIN, 2, False, False),
         (SwizzleLayout.PLAIN, 2, True, False),
@@ -645,7 +648,9 @@ def variants() -> list[tuple[SwizzleLayout, int, bool, bool, bool]]:
         (SwizzleLayout.K_GROUPS, 2, False, False),
         (SwizzleLayout.K_GROUPS, 2, False, True),
     ]
-    return [(*v, False) for v in base] + [(*v, True) for v in base if not v[2]]
+    return [(*v, False) for v in base if v[2] or v[0] is SwizzleLayout.K_GROUPS] + [
+        (*v, True) for v in base if not v[2]
+    ]
 
 
 def target_name(layout: SwizzleLayout, rank: int, word_loads: bool, wide: bool, ragged_end: bool) -> str:

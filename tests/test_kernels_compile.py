@@ -35,17 +35,13 @@ def test_compiles_with_expected_sass(compiled, target):
 
 def test_registry_names():
     assert set(TARGETS) == {
-        "swizzle_plain_2d",
         "swizzle_plain_2d_words",
-        "swizzle_plain_3d",
         "swizzle_plain_3d_words",
-        "swizzle_m_groups_2d",
         "swizzle_m_groups_2d_words",
-        "swizzle_m_groups_2d_wide",
         "swizzle_m_groups_2d_words_wide",
         "swizzle_k_groups_2d",
         "swizzle_k_groups_2d_wide",
-        # raw-word variants for sources that end inside an aligned word
+        # raw-word variants that read a last, partial word as bytes (plain/M-groups: only these)
         "swizzle_plain_2d_ragged",
         "swizzle_plain_3d_ragged",
         "swizzle_m_groups_2d_ragged",

@@ -77,14 +77,14 @@ def _run_kernel(
     out = scales.new_empty(out_shape)
     if out_shape[0] and out_shape[-2] and out_shape[-1]:
         # Rows of whole, aligned 4-byte words (one word per tile column) stage with fewer instructions.
-        if variant < 6 and not cols & 3 and not scales.data_ptr() & 3:
+        if variant >= 4 and wide_window(rows, cols):  # grouped layouts
+            variant += _WIDE
+        if variant & 7 < 6 and not cols & 3 and not scales.data_ptr() & 3:
             variant += 1
-        elif variant < 6 or rows & 3 or scales.data_ptr() & 3:
+        elif variant & 7 < 6 or rows & 3 or scales.data_ptr() & 3:
             # Raw words where the source may end inside a word, decided from the static dim (C for
             # plain and M-groups, R = K for K-groups) and the base, so M never switches kernels.
             variant += _RAGGED
-        if variant >= 4 and wide_window(rows, cols):
-            variant += _WIDE
         target.kernel(variant, _make_kernel)(scales, out, group_end_offsets)
     return out
 
