@@ -23,7 +23,6 @@ and by ``make sanitize`` (small shapes and garbage offsets under compute-sanitiz
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import itertools
 import os
@@ -40,7 +39,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from conftest import assert_same_bytes  # noqa: E402
+from conftest import assert_same_bytes, no_sync  # noqa: E402
 
 import torch_bindings  # noqa: E402
 from torch_bindings import checks, reference  # noqa: E402
@@ -199,20 +198,6 @@ def dirty_memory(nbytes: int, data_seed: int) -> None:
     for block in blocks:
         block.random_(0, 256, generator=gen)
     del blocks
-
-
-@contextlib.contextmanager
-def no_sync() -> Iterator[None]:
-    """Fail on any host-device synchronization inside the block (no-op without CUDA)."""
-    if not torch.cuda.is_available():
-        yield
-        return
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
 
 
 # ----------------------------------------------------------------------------------------------
