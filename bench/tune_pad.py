@@ -56,13 +56,13 @@ def _inputs(op: PadOp, tokens: int, dim: int, groups: int, device: torch.device)
     out_bytes = padded[0] * dim * 2
 
     def make_pad():
-        x = torch.randn(tokens, dim, dtype=torch.bfloat16, device=device)
-        out = torch.empty(padded, dtype=torch.bfloat16, device=device)
+        x = torch.randn(tokens, dim, dtype=torch.bfloat16, device=device).view(torch.int16)
+        out = torch.empty(padded, dtype=torch.int16, device=device)
         return (x, out, ends, torch.empty_like(ends), torch.empty_like(ends))
 
     def make_unpad():
-        src = torch.randn(padded, dtype=torch.bfloat16, device=device)
-        out = torch.empty(tokens, dim, dtype=torch.bfloat16, device=device)
+        src = torch.randn(padded, dtype=torch.bfloat16, device=device).view(torch.int16)
+        out = torch.empty(tokens, dim, dtype=torch.int16, device=device)
         return (src, out, ends, padded_start)
 
     return (make_pad, x_bytes + out_bytes) if op is PadOp.PAD else (make_unpad, 2 * x_bytes)
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         for config in FULL if args.full else SWEEP:
             kernel = kernels.get((op, config))
             if kernel is None:
-                kernel = kernels[op, config] = compile_pad(op, "bfloat16", 16, arch, config)
+                kernel = kernels[op, config] = compile_pad(op, "int16", 16, arch, config)
             extra = (ALIGNMENT,) if op is PadOp.PAD else ()
             us = time_cuda(lambda *a, k=kernel, e=extra: k(*a, *e), sets)
             exact = _matches_reference(op, sets[0])

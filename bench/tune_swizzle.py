@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         layout = SwizzleLayout(layout_name)
         for shape, groups in shapes:
             word_loads = layout is not SwizzleLayout.K_GROUPS and shape[1] % 4 == 0
+            # as torch_bindings.swizzle picks it: raw plain/M-groups sources, K-groups with K % 4
+            ragged = not word_loads and (layout is not SwizzleLayout.K_GROUPS or shape[0] % 4 != 0)
             group_arg = "K" if layout is SwizzleLayout.K_GROUPS else "M"
             ends = None
             if groups:
@@ -95,11 +97,11 @@ def main(argv: list[str] | None = None) -> int:
                 if in_l2 and (shape not in IN_L2[layout_name] or (config, scale) != CONFIGS[0]):
                     continue
                 sets = rotated[:1] if in_l2 else rotated
-                key = (layout, word_loads, config, scale)
+                key = (layout, word_loads, ragged, config, scale)
                 if key not in kernels:
                     try:
                         kernels[key] = compile_swizzle(
-                            layout, arch, 2, word_loads, config, num_sms=sms * scale
+                            layout, arch, 2, word_loads, config, num_sms=sms * scale, ragged_end=ragged
                         )
                     except Exception as exc:  # noqa: BLE001 - a config that does not compile is skipped
                         progress(f"{layout_name} {config}: {type(exc).__name__}: {exc}")

@@ -27,8 +27,8 @@ Offsets are never trusted: ends are clamped to ``[0, rows]`` (see ``cute_utils.g
 read and write is bounded by the tensors' row counts, unpad clamps ``padded_start`` and zero-fills
 any row whose source would lie outside ``padded``. Garbage offsets give garbage rows, never a fault.
 
-All sizes are symbolic (M, D, P, N, G, the alignment): one compile per (op, dtype, vector width,
-config, arch).
+All sizes are symbolic (M, D, P, N, G, the alignment): one compile per (op, element size, vector
+width, config, arch).
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ CONFIGS = {arch: {"pad": _DEFAULT, "unpad": _DEFAULT} for arch in ("sm_90a", "sm
 
 
 def vector_widths(dtype_name: str) -> tuple[int, ...]:
-    """Vector widths in bytes a kernel for ``dtype_name`` is built for: 16, 4, one element."""
+    """Vector widths in bytes a kernel for ``dtype_name`` is built for: 16, then 4 or the element
+    size if wider (8 for 8-byte elements), then one element."""
     size = DTYPES[dtype_name].width // 8
     return tuple(sorted({VECTOR_BYTES, max(4, size), size}, reverse=True))
 

@@ -23,7 +23,9 @@ before the stores of the current one (software pipelining over a single staging 
 are 4-byte words: with ``word_loads`` (rows of whole, aligned words, no K-groups) one word per tile
 column; otherwise the aligned words covering each row's source bytes of the window (17 per row)
 are staged raw and every tile column is funnel-shifted out of two of them (group column starts,
-odd row lengths and unaligned bases need no byte loads). Every output byte is written exactly
+odd row lengths and unaligned bases need no byte loads). A source that ends inside an aligned word
+takes the ``ragged_end`` variant: the row blocks that reach that last word read it as bytes, so no
+load leaves the tensor (notes/sanitizer-clean-reads.md). Every output byte is written exactly
 once, padding and uncovered bytes as 0.
 
 Grouped layouts keep the per-CTA prologue short, since every CTA of the persistent grid runs it at

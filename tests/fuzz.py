@@ -17,7 +17,7 @@ and by ``make sanitize`` (small shapes and garbage offsets under compute-sanitiz
 
     python tests/fuzz.py --minutes 5 --seed 7          # every op, round robin, progress per batch
     python tests/fuzz.py --ops dual --examples 50 --seed 3
-    python tests/fuzz.py --small --garbage --examples 4  # what make sanitize runs
+    python tests/fuzz.py --small --garbage --examples 8  # what make sanitize runs (memcheck)
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ GARBAGE = (
     (INT32_MIN, INT32_MAX),
     ("total", 7, "total+1", 1),
     (33, 31, 17, "total+129"),
+    *(tuple(random.Random(g).randrange(INT32_MIN, INT32_MAX) for _ in range(g)) for g in (33, 257, 2048)),
 )
 
 
@@ -164,8 +165,8 @@ _SPECIALS = (0.0, -0.0, float("inf"), float("-inf"), float("nan"), 448.0, 480.0,
 
 
 def random_values(shape: tuple, dtype: torch.dtype, data_seed: int, device: str) -> torch.Tensor:
-    """Normal values scaled per row by 10^U(-30, 30) (fp32 reaches subnormals), with a sprinkle of
-    SPEC's special values (zeros, infinities, NaN, 448, 480, the smallest normal, subnormals)."""
+    """Normal values scaled per row by 10^U(-30, 30), with a sprinkle of SPEC's special values
+    (zeros, infinities, NaN, 448, 480, the smallest normal, a bf16 subnormal) in one case of three."""
     gen = torch.Generator(device=device).manual_seed(data_seed)
     x = torch.randn(shape, generator=gen, device=device)
     scale = torch.empty((*shape[:-1], 1), device=device).uniform_(-30, 30, generator=gen)
@@ -193,6 +194,7 @@ def dirty_memory(nbytes: int, data_seed: int) -> None:
     if not torch.cuda.is_available() or os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
         return  # no cache to dirty (compute-sanitizer runs: fresh allocations every time)
     gen = torch.Generator(device="cuda").manual_seed(data_seed)
+    torch.cuda.empty_cache()  # the blocks below become the only free memory the outputs can take
     blocks = [torch.empty(min(max(nbytes, 1 << 21), 1 << 31), dtype=torch.uint8, device="cuda")]
     blocks += [torch.empty((1 << 20) - 512, dtype=torch.uint8, device="cuda") for _ in range(8)]
     for block in blocks:
@@ -208,7 +210,9 @@ def dirty_memory(nbytes: int, data_seed: int) -> None:
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One fuzz case: ``op`` with ``kwargs`` on an input made from ``shape``/``dtype``/``data_seed``;
-    ``ends`` the group end offsets (rows), None for ungrouped calls."""
+    ``ends`` the group end offsets (rows; scale columns for swizzle_k), None for ungrouped calls;
+    ``skew``: the input starts this many bytes into an allocation that ends where the input ends
+    (swizzle, pad, unpad: unaligned bases and sources ending inside a word)."""
 
     op: str
     shape: tuple
@@ -216,6 +220,7 @@ class Case:
     data_seed: int
     ends: tuple | None = None
     kwargs: tuple = ()
+    skew: int = 0
 
     def __repr__(self) -> str:  # short: hypothesis prints it for a failing case
         ends = self.ends
@@ -223,7 +228,7 @@ class Case:
             ends = f"{list(ends[:6])}...{list(ends[-6:])} (G={len(self.ends)})"
         return (
             f"Case(op={self.op!r}, shape={self.shape}, dtype={self.dtype}, data_seed={self.data_seed}, "
-            f"ends={ends}, kwargs={dict(self.kwargs)})"
+            f"ends={ends}, kwargs={dict(self.kwargs)}, skew={self.skew})"
         )
 
 
@@ -283,18 +288,28 @@ def _swizzle_case(draw, limits: Limits, groups: str) -> Case:
     cols = min(cols, 1200)
     total, tile = (rows, 128) if groups == "M" else (cols, 4)
     ends = tuple(draw(group_ends(total, tile=tile)))
-    return Case(
-        f"swizzle_{groups.lower()}", (rows, cols), torch.uint8, draw(_SEEDS), ends, (("groups", groups),)
-    )
+    kwargs, skew = (("groups", groups),), draw(st.sampled_from((0, 0, 1, 2, 3)))
+    return Case(f"swizzle_{groups.lower()}", (rows, cols), torch.uint8, draw(_SEEDS), ends, kwargs, skew)
 
 
 @st.composite
 def _pad_case(draw, limits: Limits, op: str) -> Case:
     """pad / unpad: x (M, D) of any 1, 2, 4 or 8-byte dtype, groups of any sizes, any alignment."""
     rows, cols = draw(matrix_shape(limits, col_multiple=1))
-    alignment = draw(_ALIGNMENTS)
+    alignment, dtype = draw(_ALIGNMENTS), draw(_PAD_DTYPES)
     ends = tuple(draw(group_ends(rows, tile=alignment)))
-    return Case(op, (rows, cols), draw(_PAD_DTYPES), draw(_SEEDS), ends, (("alignment", alignment),))
+    skew = dtype.itemsize * draw(st.sampled_from((0, 0, 1, 2, 3)))
+    return Case(op, (rows, cols), dtype, draw(_SEEDS), ends, (("alignment", alignment),), skew)
+
+
+@st.composite
+def _pad_quantize_case(draw, limits: Limits) -> Case:
+    """Fused pad + quantize: group sizes around the alignment."""
+    alignment = draw(_ALIGNMENTS)
+    rows, cols = draw(matrix_shape(limits))
+    ends = tuple(draw(group_ends(rows, tile=alignment)))
+    kwargs = (("alignment", alignment), ("scaling_mode", draw(_MODES)))
+    return Case("pad_and_quantize", (rows, cols), draw(_QUANT_DTYPES), draw(_SEEDS), ends, kwargs)
 
 
 @st.composite
@@ -321,9 +336,7 @@ def case_strategy(op: str, limits: Limits = Limits()) -> st.SearchStrategy[Case]
         "dual": lambda: _dual_case(limits),
         "pad": lambda: _pad_case(limits, "pad"),
         "unpad": lambda: _pad_case(limits, "unpad"),
-        "pad_and_quantize": lambda: _grouped_rows_case(
-            "pad_and_quantize", limits, row_multiple=1, extra={**modes, "alignment": _ALIGNMENTS}
-        ),
+        "pad_and_quantize": lambda: _pad_quantize_case(limits),
         "quantize_3d": lambda: _quantize_3d_case(limits),
     }
     return strategies[op]()
@@ -335,6 +348,17 @@ def _data(case: Case, device: str) -> torch.Tensor:
     if case.op.startswith("swizzle"):
         return random_bits(case.shape, torch.uint8, case.data_seed, device).view(torch.float8_e8m0fnu)
     return random_values(case.shape, case.dtype, case.data_seed, device)
+
+
+def skewed(t: torch.Tensor, skew: int) -> torch.Tensor:
+    """A contiguous copy of ``t`` that starts ``skew`` bytes (a multiple of its element size) into a
+    fresh allocation of exactly ``skew + t.nbytes`` bytes: it ends where its allocation ends."""
+    if not skew:
+        return t
+    buffer = torch.empty(skew + t.numel() * t.element_size(), dtype=torch.uint8, device=t.device)
+    out = buffer[skew:].view(t.dtype).view(t.shape)
+    out.copy_(t)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,14 +379,14 @@ def make_inputs(case: Case, device: str, garbage: bool = False) -> Inputs:
     x = _data(case, device)
     offsets = None if case.ends is None else torch.tensor(case.ends, dtype=torch.int32, device=device)
     if case.op != "unpad":
-        return Inputs(x, offsets)
+        return Inputs(skewed(x, case.skew), offsets)
     if garbage:
         groups = len(case.ends)
         padded = x.new_zeros(reference.padded_rows(x.shape[0], groups, 32), x.shape[1])
         start = torch.tensor([(i * 37) % 300 - 50 for i in range(groups)], dtype=torch.int32, device=device)
-        return Inputs(padded, offsets, start, x.shape[0])
+        return Inputs(skewed(padded, case.skew), offsets, start, x.shape[0])
     padded, start, _ = reference.pad_token_groups(x, offsets, **dict(case.kwargs))
-    return Inputs(padded, offsets, start, x.shape[0])
+    return Inputs(skewed(padded, case.skew), offsets, start, x.shape[0])
 
 
 def _call(module, case: Case, inputs: Inputs, backend: dict) -> tuple:
@@ -396,12 +420,13 @@ def check_case(case: Case, run: Run = Run()) -> None:
     output byte with the reference."""
     inputs = make_inputs(case, run.device)
     expected = _call(reference, case, inputs, {})
-    if run.device == "cuda":
-        dirty_memory(4 * inputs.x.numel() * inputs.x.element_size() + (1 << 20), case.data_seed)
+    if run.device == "cuda":  # twice the outputs' bytes, so every output lands on dirty bytes
+        dirty_memory(2 * sum(e.numel() * e.element_size() for e in expected) + (1 << 20), case.data_seed)
     with no_sync():
         actual = _call(torch_bindings, case, inputs, {"backend": run.backend})
     for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
         assert_same_bytes(a, e, f"{case!r} output {i}")
+        assert a.numel() == 0 or a.stride() == e.stride(), f"{case!r} output {i}: strides {a.stride()}"
 
 
 def check_garbage(op: str, run: Run = Run(), rows: int = 320) -> int:
@@ -414,7 +439,9 @@ def check_garbage(op: str, run: Run = Run(), rows: int = 320) -> int:
             rows if v == "total" else rows + int(v[6:]) if isinstance(v, str) else v for v in pattern
         )
         dtype = {"pad": torch.int16, "unpad": torch.int16, "swizzle_m": torch.uint8, "swizzle_k": torch.uint8}
-        shape = (rows, 40 if op.startswith("swizzle") else 64)
+        shape = (rows, 64)
+        if op.startswith("swizzle"):  # odd sizes: the raw-word (ragged) kernels
+            shape = (rows + 1, 41) if calls % 2 else (rows, 40)
         case = Case(op, shape, dtype.get(op, torch.bfloat16), calls, ends, _garbage_kwargs(op))
         inputs = make_inputs(case, run.device, garbage=True)
         with no_sync():
@@ -455,9 +482,10 @@ GROUPED_OPS = tuple(op for op in OPS if op != "quantize_3d")
 
 def fuzz(
     op: str, fuzz_seed: int, examples: int, limits: Limits = Limits(), run: Run = Run(), shrink: bool = True
-) -> None:
-    """``examples`` hypothesis cases of ``op`` from ``fuzz_seed``; raises on the first mismatch,
-    naming the case (shrunk first when ``shrink``)."""
+) -> int:
+    """Up to ``examples`` hypothesis cases of ``op`` from ``fuzz_seed`` (returns how many ran);
+    raises on the first mismatch, naming the case (shrunk first when ``shrink``)."""
+    ran = []
 
     @seed(fuzz_seed)
     @settings(
@@ -472,8 +500,10 @@ def fuzz(
     @given(case_strategy(op, limits))
     def one_case(case: Case) -> None:
         check_case(case, run)
+        ran.append(1)
 
     one_case()
+    return len(ran)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -489,13 +519,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _batches(ops: list[str], first_seed: int, minutes: float) -> Iterator[tuple[str, int]]:
-    """(op, seed) batches: one round over ``ops``, then more rounds with new seeds until ``minutes``."""
+    """(op, seed) batches: one round over ``ops``, then more batches with new seeds until ``minutes``
+    have passed (checked before each batch)."""
     deadline = time.monotonic() + 60 * minutes
     for round_ in itertools.count():
         for op in ops:
+            if round_ and time.monotonic() >= deadline:
+                return
             yield op, first_seed + round_
-        if time.monotonic() >= deadline:
-            return
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -520,15 +551,15 @@ def main(argv: list[str] | None = None) -> int:
             report(f"{op}: {check_garbage(op, run)} garbage-offset calls, no fault")
     for op, fuzz_seed in _batches(ops, first_seed, args.minutes):
         try:
-            fuzz(op, fuzz_seed, args.examples, limits, run)
+            ran = fuzz(op, fuzz_seed, args.examples, limits, run)
         except Exception:
             report(
                 f"FAILED {op} seed {fuzz_seed}; reproduce: python tests/fuzz.py --ops {op} "
                 f"--seed {fuzz_seed} --examples {args.examples}{' --small' if args.small else ''}"
             )
             raise
-        cases += args.examples
-        report(f"{op}: seed {fuzz_seed}, {args.examples} cases match the reference ({cases} in all)")
+        cases += ran
+        report(f"{op}: seed {fuzz_seed}, {ran} cases match the reference ({cases} in all)")
     print(f"fuzz: {cases} passed, 0 failed", flush=True)
     return 0
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -102,3 +105,44 @@ def test_swizzle_wide_window_rule_matches_kernel_module(rows, cols):
     for layout in (SwizzleLayout.M_GROUPS, SwizzleLayout.K_GROUPS):
         assert binding_rule(rows, cols) == wide_window(layout, rows, cols)
     assert not wide_window(SwizzleLayout.PLAIN, rows, cols)
+
+
+def test_swizzle_kernel_choice(monkeypatch):
+    """The binding's variant key, over shapes x base offsets x layouts: always a built variant; word
+    loads only for whole, aligned words; the raw (non-ragged) form only for sources ending on a
+    word; the form depends on the static dim and the base, never on M (rows of plain / M-groups,
+    columns of K-groups)."""
+    from cute_kernels.swizzle import SwizzleLayout, variants
+    from torch_bindings import swizzle as binding
+
+    built = set(variants())
+    monkeypatch.setattr(binding, "get_kernel", lambda key, build: key)
+
+    class Target:
+        arch, num_sms = "sm_90a", 132
+
+        def kernel(self, key, make):
+            return lambda *args: chosen.append(make(self, key))
+
+    base = torch.zeros(1 << 21, dtype=torch.uint8)
+    for (rows, cols), skew, groups in itertools.product(
+        [(1, 1), (17, 5), (100, 8), (129, 161), (300, 40), (4099, 90), (64, 224)], range(4), [None, "M", "K"]
+    ):
+        for dims in ((rows, cols), (3, rows, cols)) if groups is None else ((rows, cols),):
+            n = math.prod(dims)
+            scales = base[skew : skew + n].view(dims)
+            ends = (
+                None
+                if groups is None
+                else torch.tensor([dims[-2] if groups == "M" else cols], dtype=torch.int32)
+            )
+            chosen = []
+            binding._run_kernel(scales, ends, groups or "M", Target())
+            _, layout, rank, words, wide, ragged, *_ = chosen[0]
+            assert (SwizzleLayout(layout), rank, words, wide, ragged) in built, chosen
+            if words:
+                assert cols % 4 == 0 and skew == 0
+            elif not ragged:
+                assert (skew + n) % 4 == 0 and layout == "k_groups" and rows % 4 == 0 and skew == 0
+            if layout != "k_groups" and not words:
+                assert ragged  # whatever M is

@@ -190,6 +190,26 @@ def test_no_recompiles_across_sizes_and_offsets():
     assert after == before
 
 
+@pytest.mark.parametrize("cols", [5, 161])
+def test_ragged_sources_do_not_recompile_across_rows(cols):
+    """C % 4 != 0: raw-word (ragged) kernels whatever M is, so after one call per layout no row
+    count, even or odd, compiles another kernel."""
+    gen = torch.Generator().manual_seed(cols)
+
+    def calls(rows):
+        torch_bindings.swizzle_scales(
+            _scales((rows, cols), gen), group_end_offsets=_offsets([rows // 2, rows])
+        )
+        torch_bindings.swizzle_scales(_scales((rows, cols), gen))
+        torch_bindings.swizzle_scales(_scales((3, rows, cols), gen))
+
+    calls(64)
+    before = torch_bindings.compile_stats.compiles + torch_bindings.compile_stats.disk_loads
+    for rows in (17, 999, 4097, 70001, 70000):
+        calls(rows)
+    assert torch_bindings.compile_stats.compiles + torch_bindings.compile_stats.disk_loads == before
+
+
 def test_disk_cache_second_process(tmp_path):
     """A fresh process with a warm disk cache loads instead of compiling; report both times."""
     script = textwrap.dedent(

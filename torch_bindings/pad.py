@@ -3,7 +3,8 @@
 One launch per call, no host-device sync (except ``unpad_token_groups(..., num_tokens=None)``, which
 must read the output row count from the device: training loops pass ``num_tokens``). Each call picks
 the widest vector (16 bytes, 4 bytes or one element) that divides the row size in bytes and both
-data pointers; kernels are compiled once per (op, dtype, vector width, arch) with symbolic sizes.
+data pointers; kernels are compiled once per (op, element size, vector width, arch) with symbolic
+sizes: padding copies bytes, so every dtype of 1, 2, 4 or 8 bytes runs as the integer type of its size.
 """
 
 from __future__ import annotations
@@ -171,7 +172,8 @@ def unpad_token_groups(
     ``num_tokens``: the output row count (the M given to ``pad_token_groups``); rows past the last
     group's end are zero. Pass it: with ``num_tokens=None`` the count is read from
     ``group_end_offsets[-1]`` on the device, **a host-device sync** (and a data-dependent shape under
-    ``torch.compile``). Otherwise no sync. Offsets are clamped to ``[0, num_tokens]`` and
+    ``torch.compile``); a value outside ``[0, padded.shape[0]]`` raises ``ValueError``. Otherwise no
+    sync. Offsets are clamped to ``[0, num_tokens]`` and
     ``padded_start`` values are never trusted: a row whose source lies outside ``padded`` is zero.
     """
     checks.check_unpad(padded, group_end_offsets, padded_start, num_tokens=num_tokens)

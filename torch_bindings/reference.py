@@ -538,8 +538,8 @@ def unpad_token_groups(
 
     Returns (M, D) in padded's dtype with M = ``num_tokens`` when given (rows past the last group's
     end are zero; the last end must be <= num_tokens), else M = ``group_end_offsets[-1]`` (read from
-    the device: the reference syncs). Raises ``ValueError`` if a group's padded range is outside
-    ``padded``.
+    the device: the reference syncs; it must lie in ``[0, padded rows]``). Raises ``ValueError`` if a
+    group's padded range is outside ``padded``, or that last end is.
     """
     checks.check_unpad(padded, group_end_offsets, padded_start, num_tokens=num_tokens)
     check_group_end_offsets(group_end_offsets, num_tokens)

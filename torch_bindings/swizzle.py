@@ -76,9 +76,9 @@ def _run_kernel(
             variant, out_shape = 6, ((rows + 127) & -128, cols + 4 * num_groups)
     out = scales.new_empty(out_shape)
     if out_shape[0] and out_shape[-2] and out_shape[-1]:
-        # Rows of whole, aligned 4-byte words (one word per tile column) stage with fewer instructions.
         if variant >= 4 and wide_window(rows, cols):  # grouped layouts
             variant += _WIDE
+        # Rows of whole, aligned 4-byte words (one word per tile column) stage with fewer instructions.
         if variant & 7 < 6 and not cols & 3 and not scales.data_ptr() & 3:
             variant += 1
         elif variant & 7 < 6 or rows & 3 or scales.data_ptr() & 3:
