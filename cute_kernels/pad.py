@@ -92,7 +92,7 @@ class PadConfig:
         return _WARP * self.vectors_per_lane
 
 
-# Picked with bench/tune_pad.py on an H200 (bench/README.md, session 5): 0.94-0.99 of copy on
+# Picked with bench/tune_pad.py on an H200 (notes/pad-unpad-grid.md): 0.94-0.99 of copy on
 # seed 000's shapes, against 0.89-0.93 for the persistent grid of 4 x 256-thread CTAs per SM.
 _DEFAULT = PadConfig()
 CONFIGS = {arch: {"pad": _DEFAULT, "unpad": _DEFAULT} for arch in ("sm_90a", "sm_100a")}

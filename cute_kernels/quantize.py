@@ -126,7 +126,7 @@ class QuantizeConfig:
             raise ValueError(f"stages={self.stages} must be >= 2")
 
 
-# Picked with bench/tune_quantize.py on an H200 (bench/README.md): 2 vectors per unit and 3 stages
+# Picked with bench/tune_quantize.py on an H200 (notes/quantize-1x32.md): 2 vectors per unit and 3 stages
 # (4 KB in flight per warp); warps side by side along K (1 KB runs per row, +2-4% at
 # M K >= 32768 x 7168); a grid of ~32768 CTAs (many short CTAs: less tail at the last wave),
 # numbered run-fastest (+4-6% at 131072 x 7168, and the grouped layouts' zero blocks run last);

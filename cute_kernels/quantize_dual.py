@@ -26,17 +26,17 @@ layout: stores) their bytes and hands out the inverse scales by shuffles.
 Stores: each lane puts its 8-byte runs of q rows and of q^T rows into two shared-memory staging
 tiles (128 x 128 bytes each, 16-byte chunks permuted so a warp's stores hit distinct banks);
 after a CTA barrier every thread copies 16-byte chunks out, 8 threads per 128-byte line. q^T from
-registers would leave as 32-byte pieces per warp (one 32x1 block of rows): 2-3% slower (session 7).
+registers would leave as 32-byte pieces per warp (one 32x1 block of rows): 2-3% slower.
 The blocked and grouped scale bytes are staged the same way (1 KiB: one blocked tile of each scale
 matrix per step) and leave as 64 16-byte stores; byte stores from every lane were 1-4% slower
-(session 9).
+(notes/quantize-dual-kernel.md).
 With ``DualConfig.spread_rows`` (the bf16 configs) CTAs take their 128-row tiles in
 :func:`~cute_utils.occupancy.spread_row_tile` order: where M is a multiple of 2^17, two runs of tiles
 at once, so the q^T lines written at once lie at two places of each q^T row (1.5-3% faster there,
-bench/README.md, session 10).
+notes/quantize-dual-row-order.md).
 Grouped CTAs find their tile with a group scan (up to 32 groups a warp scan in registers, more in
 shared memory, in the staging bytes) before their first load. An L2 prefetch of guessed rows
-during the scan gained 1-2% in session 8 but lost 0-1.5% with one tile per CTA (session 10).
+during the scan gained 1-2% with 2 tiles per CTA but lost 0-1.5% with one (same note).
 
 Loads go through a per-lane ``cp.async`` ring in shared memory (``stages`` tiles per warp; each
 lane reads back only what it copied, so completion is its own ``wait_group``, no barrier). A tile
@@ -117,16 +117,16 @@ class DualConfig:
             raise ValueError(f"stages={self.stages} and tiles_per_cta={self.tiles_per_cta} must be >= 1")
 
 
-# Picked with bench/tune_quantize_dual.py on an H200 (bench/README.md, sessions 7-10). bf16: one
-# tile per CTA and no ring beyond it (65 KiB of shared memory with the staging tiles: 3 CTAs per SM
-# at the 80-register cap); longer CTAs lost 2-10% ungrouped. Grouped, with the staged scale tiles
-# (session 9, G = 8, two runs): one tile per CTA 0.82-0.92 of copy, worst 1.39x the two single
-# calls; 2 tiles with a 2-stage ring 0.80-0.91, but 0.85-0.86 at 131072 x 7168 (1.41-1.42x).
-# The spread row-tile order (session 10): 131072 x 5120 / 7168 0.874-0.898 -> 0.899-0.912 of copy,
-# grouped and not; no change elsewhere. fp32 (tuned ungrouped only): one tile per CTA; grouped, 2
-# tiles and no ring (a 2-stage ring of fp32 tiles would leave one CTA per SM); tiles in order (the
-# spread order's one register more spills the blocked variant at the cap; grouped fp32 with it,
-# and without the L2 prefetch removed in session 10, is not measured).
+# Picked with bench/tune_quantize_dual.py on an H200 (notes/quantize-dual-kernel.md,
+# notes/quantize-dual-row-order.md). bf16: one tile per CTA and no ring beyond it (65 KiB of shared
+# memory with the staging tiles: 3 CTAs per SM at the 80-register cap); longer CTAs lost 2-10%
+# ungrouped. Grouped, with the staged scale tiles (G = 8, two runs): one tile per CTA 0.82-0.92 of
+# copy, worst 1.39x the two single calls; 2 tiles with a 2-stage ring 0.80-0.91, but 0.84-0.86 at
+# 131072 x 7168. The spread row-tile order: 131072 x 5120 / 7168 0.874-0.898 -> 0.899-0.912 of
+# copy, grouped and not; no change elsewhere. fp32 (tuned ungrouped only): one tile per CTA;
+# grouped, 2 tiles and no ring (a 2-stage ring of fp32 tiles would leave one CTA per SM); tiles in
+# order (the spread order's one register more spills the blocked variant at the cap; grouped fp32
+# with it, and without the grouped L2 prefetch, is not measured).
 _ONE_TILE = DualConfig(stages=1, tiles_per_cta=1)
 _FP32_ONE_TILE = DualConfig(stages=1, tiles_per_cta=1, spread_rows=False)
 CONFIGS = {arch: {"bfloat16": _ONE_TILE, "float32": _FP32_ONE_TILE} for arch in ("sm_90a", "sm_100a")}

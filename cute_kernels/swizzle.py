@@ -105,12 +105,12 @@ class SwizzleConfig:
             raise ValueError(f"ctas_per_sm={self.ctas_per_sm} x {self.threads} threads do not fit on an SM")
 
 
-# Picked with bench/tune_swizzle.py on an H200 (bench/README.md, 2026-11-21 second section): a
-# 128-column window is faster for C >= 160 but slower at C = 64 and at 524288 x 224, and it spills
-# registers in the 3-D variants; 2 CTAs per SM, and 128-thread CTAs (8 per SM) but for plain
-# 131072 x 224, were slower. Session 5: the grouped layouts take the 128-column window when the
-# scales have more than 64 columns and at most ``WIDE_MAX_BYTES`` (M-groups +3-5%, K-groups +1-4%
-# up to ~34 MB; at 117 MB it is 7% slower; no spills: 54-64 registers).
+# Picked with bench/tune_swizzle.py on an H200 (notes/swizzle-persistent-grid.md): a 128-column
+# window is faster for C >= 160 but slower at C = 64 and at 524288 x 224, and it spills registers
+# in the 3-D variants; 2 CTAs per SM, and 128-thread CTAs (8 per SM) but for plain 131072 x 224,
+# were slower. The grouped layouts take the 128-column window when the scales have more than 64
+# columns and at most ``WIDE_MAX_BYTES`` (M-groups +3-5%, K-groups +1-4% up to ~34 MB; at 117 MB it
+# is 7% slower; no spills: 54-64 registers; notes/swizzle-grouped-window-and-prefetch.md).
 _DEFAULT = SwizzleConfig()
 _WIDE = SwizzleConfig(window_cols=128)
 CONFIGS = {
