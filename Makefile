@@ -1,5 +1,6 @@
 # cute-kernels developer commands. Every target installs what it needs into $(VENV) first.
-# TORCH_SPEC picks the torch build installed when the venv has none (CI pins the local CPU wheel).
+# TORCH_SPEC: the pip arguments that install torch when the venv has none (CI pins a version); on a
+# machine without a GPU, TORCH_SPEC='torch --index-url <PyTorch CPU wheel index>' skips the CUDA build.
 PY ?= python3
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
@@ -14,14 +15,14 @@ SEED ?=
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
-	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH_SPEC)"
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q $(TORCH_SPEC)
 	$(PYTHON) -m pip install -q -e ".[test,sass,bench,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
 test: $(STAMP)
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -rs
 
 test-gpu: $(STAMP)
 	$(PYTHON) -m pytest -q -m gpu

@@ -146,3 +146,14 @@ def test_swizzle_kernel_choice(monkeypatch):
                 assert (skew + n) % 4 == 0 and layout == "k_groups" and rows % 4 == 0 and skew == 0
             if layout != "k_groups" and not words:
                 assert ragged  # whatever M is
+
+
+def test_cpu_demo_checks_the_contract(capsys):
+    """make demo without a GPU: reference run, checks against the SPEC table and PyTorch's
+    to_blocked, a few kernels' SASS lines; exit status 0 and a short output."""
+    from bench import demo
+
+    assert demo.cpu_demo() == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and out.count(" ok ") >= 8
+    assert len(out.splitlines()) < 40
