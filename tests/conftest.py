@@ -76,6 +76,19 @@ def random_group_ends(
     return ends
 
 
+def random_bits(shape: tuple, dtype: torch.dtype, seed: int, device: str = "cpu") -> torch.Tensor:
+    """Arbitrary bit patterns of ``dtype`` (NaN payloads, -0, Inf, subnormals; bool: 0 or 1): what
+    a byte copy must move exactly."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=gen, device=device).to(torch.bool)
+    from torch_bindings.reference import BITS_DTYPES
+
+    bits = BITS_DTYPES[dtype.itemsize]
+    info = torch.iinfo(bits)
+    return torch.randint(info.min, info.max, shape, generator=gen, device=device, dtype=bits).view(dtype)
+
+
 def assert_same_bytes(actual: torch.Tensor, expected: torch.Tensor, what: str = "") -> None:
     """Shapes, dtypes and every byte equal (``expected`` may live on another device)."""
     assert actual.shape == expected.shape and actual.dtype == expected.dtype, (

@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from conftest import assert_same_bytes, no_sync  # noqa: E402
+from conftest import assert_same_bytes, no_sync, random_bits  # noqa: E402
 
 import torch_bindings  # noqa: E402
 from torch_bindings import checks, reference  # noqa: E402
@@ -176,16 +176,6 @@ def random_values(shape: tuple, dtype: torch.dtype, data_seed: int, device: str)
         where = torch.rand(shape, generator=gen, device=device) < 0.002
         x = torch.where(where, torch.tensor(_SPECIALS, device=device)[picks], x)
     return x.to(dtype)
-
-
-def random_bits(shape: tuple, dtype: torch.dtype, data_seed: int, device: str) -> torch.Tensor:
-    """Arbitrary bit patterns of ``dtype`` (bool: 0 or 1)."""
-    gen = torch.Generator(device=device).manual_seed(data_seed)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=gen, device=device).to(torch.bool)
-    bits = reference.BITS_DTYPES[dtype.itemsize]
-    info = torch.iinfo(bits)
-    return torch.randint(info.min, info.max, shape, generator=gen, device=device, dtype=bits).view(dtype)
 
 
 def dirty_memory(nbytes: int, data_seed: int) -> None:

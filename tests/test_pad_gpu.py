@@ -5,26 +5,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import no_sync, random_group_ends
+from conftest import no_sync, random_bits, random_group_ends
 
 import torch_bindings
 from torch_bindings import reference
 
 pytestmark = pytest.mark.gpu
 
-_BITS = reference.BITS_DTYPES
 _SPECIAL = (0, 1, 31, 33, 0, 127, 129, 1)  # empty groups, 1 row, just under / over an alignment
 
 
 def _data(rows: int, cols: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     """Random bit patterns (NaN payloads, -0, Inf, subnormals included) of ``dtype`` on the GPU."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    bits = _BITS[dtype.itemsize]
-    info = torch.iinfo(bits)
-    if dtype == torch.bool:  # only 0 and 1 are bools
-        return torch.randint(0, 2, (rows, cols), device="cuda", generator=gen).to(torch.bool)
-    raw = torch.randint(info.min, info.max, (rows, cols), dtype=bits, device="cuda", generator=gen)
-    return raw.view(dtype)
+    return random_bits((rows, cols), dtype, seed, "cuda")
 
 
 def _offsets(ends) -> torch.Tensor:

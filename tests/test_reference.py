@@ -16,6 +16,7 @@ import struct
 import numpy as np
 import pytest
 import torch
+from conftest import random_bits
 
 from torch_bindings import checks
 from torch_bindings import reference as ref
@@ -674,17 +675,6 @@ def expected_pad(x: torch.Tensor, sizes: list[int], a: int):
     return out.view(x.dtype), ps, pe
 
 
-def rand_bits_tensor(m: int, d: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """Arbitrary bit patterns (NaN payloads, -0, Inf included): padding must move bits exactly."""
-    g = torch.Generator().manual_seed(seed)
-    size = torch.empty(0, dtype=dtype).element_size()
-    if dtype == torch.bool:  # only 0 and 1 are bools
-        return torch.randint(0, 2, (m, d), generator=g).to(torch.bool)
-    ints = ref.BITS_DTYPES[size]
-    info = torch.iinfo(ints)
-    return torch.randint(info.min, info.max, (m, d), generator=g, dtype=torch.int64).to(ints).view(dtype)
-
-
 BYTE_COPY_DTYPES = [
     torch.bfloat16, torch.float32, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8,
     torch.uint8, torch.int32, torch.int64, torch.float64, torch.bool, torch.float8_e8m0fnu,
@@ -699,7 +689,7 @@ def test_pad_unpad_roundtrip(alignment, dtype):
         g = rng.choice([1, 2, 7, 64])
         sizes = [rng.choice([0, 1, alignment, alignment + 1, rng.randrange(0, 200)]) for _ in range(g)]
         tail = trial * 3
-        x = rand_bits_tensor(sum(sizes) + tail, 24, dtype, seed=trial)
+        x = random_bits((sum(sizes) + tail, 24), dtype, seed=trial)
         offs = offsets(sizes)
         padded, ps, pe = ref.pad_token_groups(x, offs, alignment=alignment)
         want, ps_want, pe_want = expected_pad(x, sizes, alignment)
