@@ -321,6 +321,33 @@ def _load_raw_words(
 
 
 @cute.jit
+def _source_words(
+    src: cute.Tensor, rows: Int32, cols: Int32, word_loads: cutlass.Constexpr, ragged_end: cutlass.Constexpr
+):
+    """The source seen as 4-byte words: ``(src_words, skew, tail)`` for :func:`_load_block`.
+    ``word_loads``: (rows, C / 4) words of an aligned source, ``skew`` 0. Otherwise the flat aligned
+    words from the aligned-down base, ``skew`` = base address % 4, and ``tail`` = ``(src, bytes)``
+    when ``ragged_end`` (else None). ``rows``: all rows (3-D: experts x rows)."""
+    skew = Int32(0)
+    tail = None
+    if cutlass.const_expr(word_loads):
+        src_words = cute.make_tensor(
+            cute.recast_ptr(src.iterator, dtype=Uint32),
+            cute.make_layout((rows, cols // TILE_COLS), stride=(cols // TILE_COLS, 1)),
+        )
+    else:
+        address = src.iterator.toint()
+        skew = Int32(address & 3)
+        src_words = cute.make_tensor(
+            cute.make_ptr(Uint32, address - (address & 3), cute.AddressSpace.gmem, assumed_align=4),
+            cute.make_layout((skew + rows * cols + 3) // TILE_COLS),
+        )
+        if cutlass.const_expr(ragged_end):
+            tail = (src, rows * cols)
+    return src_words, skew, tail
+
+
+@cute.jit
 def _tail_word(src: cute.Tensor, skew: Int32, nbytes: Int32) -> Uint32:
     """The last aligned word of the source when the source ends inside it, from byte loads (bytes
     past the end read as 0; a word load would read up to 3 bytes outside the tensor). ``skew``:
@@ -447,23 +474,7 @@ def make_swizzle(
                 lo = Int32(0)
                 span = Int32(0)
 
-        # Raw word loads address aligned words from the aligned-down base; ``skew`` = base % 4.
-        skew = Int32(0)
-        tail = None
-        if cutlass.const_expr(word_loads):
-            src_words = cute.make_tensor(
-                cute.recast_ptr(src.iterator, dtype=Uint32),
-                cute.make_layout((experts * rows, cols // TILE_COLS), stride=(cols // TILE_COLS, 1)),
-            )
-        else:
-            address = src.iterator.toint()
-            skew = Int32(address & 3)
-            src_words = cute.make_tensor(
-                cute.make_ptr(Uint32, address - (address & 3), cute.AddressSpace.gmem, assumed_align=4),
-                cute.make_layout((skew + experts * rows * cols + 3) // TILE_COLS),
-            )
-            if cutlass.const_expr(ragged_end):
-                tail = (src, experts * rows * cols)
+        src_words, skew, tail = _source_words(src, experts * rows, cols, word_loads, ragged_end)
 
         # Software pipeline: the loads of row block ``block + step`` are in flight while block
         # ``block`` is stored. M-groups: each lane resolves (binary search in shared memory) the
