@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fuzz
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -45,3 +46,10 @@ def test_group_patterns_reach_the_edges():
 @pytest.mark.parametrize("op", fuzz.OPS)
 def test_harness_runs_through_the_reference(op):
     fuzz.fuzz(op, fuzz_seed=0, examples=4, limits=fuzz.SMALL, run=fuzz.Run("cpu", "reference"))
+
+
+def test_strides_compare_only_dims_that_address_memory():
+    column = torch.zeros(32, 1)
+    assert fuzz.same_strides(column, torch.zeros(1, 32).t())  # (1, 1) vs (1, 32): size-1 dim
+    assert not fuzz.same_strides(torch.zeros(4, 8), torch.zeros(8, 4).t())
+    assert fuzz.same_strides(torch.zeros(0, 8), torch.zeros(8, 0).t())
