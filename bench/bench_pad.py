@@ -2,9 +2,9 @@
 
 Shapes: torchao's padding table (seed 000: 16384 tokens x D in {1536, 2048, 5120, 7168} x G in
 {1, 4, 8, 16}, bf16, alignment 32) plus 131072 x 7168 with G = 8; group sizes are skewed and
-unaligned (``common.skewed_group_sizes``). ``P = 32 * ceil((M + 32 G) / 32)`` is the padded row
-count (the static bound). Ops, with the bytes each must move (read + written, the fewest any
-implementation must move):
+unaligned (``bench.common.groups.skewed_group_sizes``). ``P = 32 * ceil((M + 32 G) / 32)`` is the
+padded row count (the static bound). Ops, with the bytes each must move (read + written, the fewest
+any implementation must move):
 
 * ``pad``: ``pad_token_groups`` reads the M rows and the offsets and writes all P output rows
   (zero rows included) and both padded offset arrays.
@@ -22,9 +22,9 @@ Every op is first checked against ``torch_bindings.reference`` (bytes equal); th
 torchao's padding (``pad``/``unpad`` only, when ``torchao`` imports: its fused CUDA kernel when
 built, else its torch-native ``torch_pad_token_groups`` / ``torch_unpad_token_groups``, which sync
 and so are timed eagerly, not in a CUDA graph) and a device copy of the same number of bytes
-(:func:`bench.common.measure_copy`) are timed with :func:`bench.common.time_cuda_detailed`
-(CUDA-graph replays, inputs rotated beyond L2). While the fused kernel is not built
-(``torch_bindings.KERNEL_STATUS``), its rows say ``kernel not built (issue #5)``.
+(:func:`bench.common.baselines.measure_copy`) are timed with
+:func:`bench.common.timing.time_cuda_detailed` (CUDA-graph replays, inputs rotated beyond L2). An
+op that raises gets a ``FAIL`` row saying so.
 
 Goals (issue 5): pad and unpad >= 0.90 of copy; fused >= 0.85 of copy and >= 1.8x faster than
 pad-then-quantize.
@@ -47,30 +47,14 @@ from typing import Any
 
 import torch
 
-from bench.common import (
-    BASELINE_COLUMNS,
-    RATE_COLUMNS,
-    RATE_SERIES,
-    RowLog,
-    add_bench_args,
-    copy_suspect_note,
-    cuda_or_none,
-    diff_bytes,
-    finish,
-    kernel_pending,
-    make_parser,
-    make_rotating_inputs,
-    make_row,
-    measure_copy,
-    not_built_status,
-    output_paths,
-    progress,
-    progress_row,
-    report,
-    short_error,
-    skewed_group_ends,
-    timing_kwargs,
-)
+from bench.common.baselines import copy_suspect_note, measure_copy
+from bench.common.cli import add_bench_args, make_parser, output_paths, progress, timing_kwargs
+from bench.common.device import cuda_or_none
+from bench.common.groups import skewed_group_ends
+from bench.common.report import report
+from bench.common.rowlog import RowLog, diff_bytes, finish, progress_row, short_error
+from bench.common.rows import BASELINE_COLUMNS, RATE_COLUMNS, RATE_SERIES, make_row
+from bench.common.timing import make_rotating_inputs
 
 SEED_TOKENS = 16384
 SEED_DIMS: tuple[int, ...] = (1536, 2048, 5120, 7168)
@@ -80,7 +64,6 @@ ALIGNMENT = 32
 BLOCK = 32
 OPS: tuple[str, ...] = ("pad", "unpad", "fused", "pad+quant")
 MODES: tuple[str, ...] = ("floor", "rceil")
-FUSED_OP = "pad_and_quantize_mxfp8_2d"
 #: Goals of issue 5.
 GOAL_RATIO = 0.9
 GOAL_FUSED_RATIO = 0.85
@@ -290,13 +273,6 @@ def prepare(
     return Prepared(fn=fused, make=lambda: (x.clone(), ends), check=check)
 
 
-def _not_built(case: PadCase, backend: str) -> str | None:
-    """``kernel not built (issue #N)`` when the fused row's kernel is pending, else ``None``."""
-    if case.op != "fused" or backend == "reference":
-        return None
-    return not_built_status(FUSED_OP) if kernel_pending(FUSED_OP) is not None else None
-
-
 def _prepare_or_log(
     case: PadCase,
     tb: Any,
@@ -317,16 +293,13 @@ def _prepare_or_log(
 
 
 def _run_check(prep: Prepared, log: RowLog, check: bool) -> bool:
-    """Run our op once against the reference; whether it ran (a missing kernel is not a FAIL)."""
+    """Run our op once against the reference; whether it ran (if it raised, the row FAILs)."""
     try:
         why = prep.check() if check else None
         if not check:
             prep.fn(*prep.make())
             log.note("not checked")
         torch.cuda.synchronize()
-    except (NotImplementedError, ImportError) as exc:
-        log.status = f"kernel not built: {short_error(exc, 120)}"
-        return False
     except Exception as exc:  # noqa: BLE001
         log.fail(f"raised {short_error(exc)}")
         traceback.print_exc(file=sys.stderr)
@@ -354,18 +327,14 @@ def bench_case(
     log = RowLog()
     our_us: float | None = None
     base_us: float | None = None
-    pending = _not_built(case, backend)
-    if pending is not None:
-        log.status = pending
-    else:
-        prep = _prepare_or_log(case, tb, ref_mod, x, ends, baselines, backend, log)
-        if prep is not None and _run_check(prep, log, check):
-            sets = make_rotating_inputs(prep.make, bytes_per_set=case.nbytes_moved)
-            if log.status == "ok":
-                our_us = log.time("ours", prep.fn, sets, timing, fatal=True)
-            if prep.baseline is not None:
-                base_us = log.time("torchao", prep.baseline, sets, timing)
-            del sets
+    prep = _prepare_or_log(case, tb, ref_mod, x, ends, baselines, backend, log)
+    if prep is not None and _run_check(prep, log, check):
+        sets = make_rotating_inputs(prep.make, bytes_per_set=case.nbytes_moved)
+        if log.status == "ok":
+            our_us = log.time("ours", prep.fn, sets, timing, fatal=True)
+        if prep.baseline is not None:
+            base_us = log.time("torchao", prep.baseline, sets, timing)
+        del sets
     del x
     copy_us, tried = measure_copy(case.nbytes_moved, device, timing, copy_tries, log)
     row = make_row(

@@ -7,16 +7,16 @@ every shape and scaling mode (``rceil`` by default; ``--modes floor rceil``) two
 * **ungrouped**: ``quantize_mxfp8_2d(x)`` -> q (M, K) ``float8_e4m3fn`` and blocked scales
   (Rp, Cp) = (128*ceil(M/128), 4*ceil(K/128));
 * **grouped** (``G`` = ``--groups``, 8 by default): ``group_end_offsets`` of skewed, unaligned group
-  sizes (``common.skewed_group_sizes``; the last end is M) -> scales in the M-groups
+  sizes (``bench.common.groups.skewed_group_sizes``; the last end is M) -> scales in the M-groups
   layout (M + 128*G, Cp).
 
 Bytes moved = x bytes read + q bytes written + scale bytes written. Before timing, our output is
 compared byte for byte with ``torch_bindings.reference.quantize_mxfp8_2d`` (same arguments); a
 mismatch marks the row ``FAIL`` (the row is still timed). Everything is timed with
-:func:`bench.common.time_cuda_detailed` (CUDA-graph replays, inputs rotated past the L2) next to
-a device copy of the same number of bytes, in the same run. The copy is
-:func:`bench.common.copy_baseline_best`: the fastest of ``--copy-tries`` copies of that size and of
-a size 112 KiB larger (scaled back), because on an H200 the 1358 MiB-each-way copy of the
+:func:`bench.common.timing.time_cuda_detailed` (CUDA-graph replays, inputs rotated past the L2)
+next to a device copy of the same number of bytes, in the same run. The copy is
+:func:`bench.common.baselines.copy_baseline_best`: the fastest of ``--copy-tries`` copies of that
+size and of a size 112 KiB larger (scaled back), because on an H200 the 1358 MiB-each-way copy of the
 (131072, 7168) ungrouped row ran at 2.77 TB/s run after run, and 112 KiB more at 4.3 TB/s.
 
 Baselines
@@ -70,30 +70,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.common import (
-    BASELINE_COLUMNS,
-    RATE_COLUMNS,
-    RATE_SERIES,
-    add_bench_args,
-    copy_baseline_best,
-    copy_suspect_note,
-    cuda_or_none,
-    diff_bytes,
-    finish,
-    is_fail,
-    make_parser,
-    make_rotating_inputs,
-    make_row,
-    output_paths,
-    progress,
-    progress_row,
-    raise_recompile_limit,
-    report,
-    short_error,
-    skewed_group_sizes,
-    time_cuda_detailed,
-    timing_kwargs,
-)
+from bench.common.baselines import copy_baseline_best, copy_suspect_note, raise_recompile_limit
+from bench.common.cli import add_bench_args, make_parser, output_paths, progress, timing_kwargs
+from bench.common.device import cuda_or_none
+from bench.common.groups import skewed_group_sizes
+from bench.common.report import report
+from bench.common.rowlog import diff_bytes, finish, progress_row, short_error
+from bench.common.rows import BASELINE_COLUMNS, RATE_COLUMNS, RATE_SERIES, is_fail, make_row
+from bench.common.timing import make_rotating_inputs, time_cuda_detailed
 from torch_bindings.quantize import scales_shape_1x32
 
 ACT_M: tuple[int, ...] = (8192, 32768, 131072)
@@ -579,6 +563,85 @@ def _spread(t: Any) -> dict[str, Any]:
     }
 
 
+def _time_compiled_ref(
+    compiled_ref: dict[str, Callable[..., Any]],
+    case: QuantCase,
+    x: torch.Tensor,
+    offs: torch.Tensor | None,
+    ref: tuple[torch.Tensor, torch.Tensor] | None,
+    sets: Sequence[tuple[Any, ...]],
+    timing: dict[str, Any],
+    methods: dict[str, str],
+    notes: list[str],
+) -> float | None:
+    """Microseconds of ``torch.compile(reference)`` for ``case`` (``None`` if it raised, noted);
+    its output is compared with ``ref`` (a difference is a note)."""
+    mode = case.mode
+    if case.groups > 0:
+
+        def cfn(xx: torch.Tensor) -> Any:
+            return compiled_ref["grouped"](xx, offs, mode)
+    else:
+
+        def cfn(xx: torch.Tensor) -> Any:
+            return compiled_ref["ungrouped"](xx, mode)
+
+    try:
+        t0 = time.perf_counter()
+        cout = cfn(x)
+        torch.cuda.synchronize()
+        first_s = time.perf_counter() - t0
+        if first_s > 2.0:
+            progress(f"    torch.compile(reference) first call (compile) {first_s:.1f} s")
+        if ref is not None:
+            why = diff_bytes(cout[0], ref[0]) or diff_bytes(cout[1], ref[1], case.scale_shape)
+            if why:
+                notes.append(f"compile(ref) output differs: {why}")
+        del cout
+        t = time_cuda_detailed(cfn, sets, **timing)
+        methods["compile"] = t.method
+        return t.us
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"compile(ref) n/a: {short_error(exc)}")
+        progress(f"    torch.compile(reference) n/a: {short_error(exc)}")
+        return None
+
+
+def _time_torchao(
+    torchao: TorchaoBaselines,
+    case: QuantCase,
+    x: torch.Tensor,
+    offs: torch.Tensor | None,
+    ref: tuple[torch.Tensor, torch.Tensor] | None,
+    sets: Sequence[tuple[Any, ...]],
+    timing: dict[str, Any],
+    methods: dict[str, str],
+    notes: list[str],
+) -> tuple[float | None, str | None]:
+    """torchao's microseconds and path name for ``case`` (``None`` us where it cannot run, noted);
+    its output is compared with ``ref`` (a difference is a note)."""
+    base_name, base_fn, bout = torchao.run_first(case.groups > 0, case.mode, x, offs)
+    if base_fn is None:
+        notes.append("torchao n/a (see meta.torchao.unavailable)")
+        return None, base_name
+    try:
+        if ref is not None:
+            why = diff_bytes(bout[0], ref[0]) or diff_bytes(bout[1], ref[1])
+            if why:
+                notes.append(f"torchao output differs: {why}")
+        del bout
+
+        def tfn(xx: torch.Tensor) -> Any:
+            return base_fn(xx, offs)
+
+        t = time_cuda_detailed(tfn, sets, **timing)
+        methods["torchao"] = t.method
+        return t.us, base_name
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"torchao n/a: {short_error(exc)}")
+        return None, base_name
+
+
 def bench_variant(
     case: QuantCase,
     x: torch.Tensor,
@@ -652,56 +715,12 @@ def bench_variant(
 
     compile_us: float | None = None
     if compiled_ref is not None:
-        if grouped:
-
-            def cfn(xx: torch.Tensor) -> Any:
-                return compiled_ref["grouped"](xx, offs, mode)
-        else:
-
-            def cfn(xx: torch.Tensor) -> Any:
-                return compiled_ref["ungrouped"](xx, mode)
-
-        try:
-            t0 = time.perf_counter()
-            cout = cfn(x)
-            torch.cuda.synchronize()
-            first_s = time.perf_counter() - t0
-            if first_s > 2.0:
-                progress(f"    torch.compile(reference) first call (compile) {first_s:.1f} s")
-            if ref is not None:
-                why = diff_bytes(cout[0], ref[0]) or diff_bytes(cout[1], ref[1], expected_scales)
-                if why:
-                    notes.append(f"compile(ref) output differs: {why}")
-            del cout
-            t = time_cuda_detailed(cfn, sets, **timing)
-            compile_us = t.us
-            methods["compile"] = t.method
-        except Exception as exc:  # noqa: BLE001
-            notes.append(f"compile(ref) n/a: {short_error(exc)}")
-            progress(f"    torch.compile(reference) n/a: {short_error(exc)}")
+        compile_us = _time_compiled_ref(compiled_ref, case, x, offs, ref, sets, timing, methods, notes)
 
     base_us: float | None = None
     base_name: str | None = None
     if torchao is not None:
-        base_name, base_fn, bout = torchao.run_first(grouped, mode, x, offs)
-        if base_fn is not None:
-            try:
-                if ref is not None:
-                    why = diff_bytes(bout[0], ref[0]) or diff_bytes(bout[1], ref[1])
-                    if why:
-                        notes.append(f"torchao output differs: {why}")
-                del bout
-
-                def tfn(xx: torch.Tensor) -> Any:
-                    return base_fn(xx, offs)
-
-                t = time_cuda_detailed(tfn, sets, **timing)
-                base_us = t.us
-                methods["torchao"] = t.method
-            except Exception as exc:  # noqa: BLE001
-                notes.append(f"torchao n/a: {short_error(exc)}")
-        else:
-            notes.append("torchao n/a (see meta.torchao.unavailable)")
+        base_us, base_name = _time_torchao(torchao, case, x, offs, ref, sets, timing, methods, notes)
 
     del ref
     torch.cuda.empty_cache()

@@ -3,8 +3,8 @@
 bf16 x (M, K), M in (8192, 32768, 131072), K in (2048, 5120, 7168), rceil, blocked scales, no groups
 and G = 8 row groups (sizes multiples of 32). Bytes moved = x read + q written + scales written
 (dual: both q and both scale tensors). Ratio to copy = copy us / our us for the same bytes, copy
-timed in the same run (:func:`bench.common.copy_baseline_best`). The dual row also shows the time
-of the two single calls and the speedup of the dual op over them.
+timed in the same run (:func:`bench.common.baselines.copy_baseline_best`). The dual row also shows
+the time of the two single calls and the speedup of the dual op over them.
 
 Goals (issue 6): 32x1 ratio to copy >= 0.85 for M*K >= 32768*2048; dual >= 1.4x faster than the
 two single calls.
@@ -19,16 +19,12 @@ from __future__ import annotations
 import torch
 
 import torch_bindings
-from bench.common import (
-    block_group_ends,
-    copy_baseline_best,
-    gbps,
-    make_parser,
-    make_rotating_inputs,
-    output_paths,
-    report,
-    time_cuda,
-)
+from bench.common.baselines import copy_baseline_best
+from bench.common.cli import make_parser, output_paths
+from bench.common.groups import block_group_ends
+from bench.common.report import report
+from bench.common.rows import gbps
+from bench.common.timing import make_rotating_inputs, time_cuda
 
 ROWS = (8192, 32768, 131072)
 COLS = (2048, 5120, 7168)

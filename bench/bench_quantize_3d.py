@@ -11,12 +11,11 @@ along K. For every shape, block and scaling mode (``rceil`` by default; ``--mode
 Bytes moved = w read (2 B/element) + q written (1 B/element) + blocked scales written
 (E x Rp x Cp). Before timing, our output is compared byte for byte with
 ``torch_bindings.reference.quantize_mxfp8_3d`` on the first and last experts (each expert is
-quantized independently, SPEC section 3); a mismatch marks the row ``FAIL``. Ours is timed with
-:func:`bench.common.time_cuda_detailed` (CUDA-graph replays, inputs rotated past the L2) next to
-a device copy of the same number of bytes in the same run (:func:`bench.common.measure_copy`).
-While the kernel is not built (``torch_bindings.KERNEL_STATUS``, or the call raises
-``NotImplementedError``/``ImportError``), the row says ``kernel not built`` and only the copy
-(and torchao) are timed.
+quantized independently, SPEC section 3); a mismatch marks the row ``FAIL``, and so does a call
+that raises (then only the copy and torchao are timed). Ours is timed with
+:func:`bench.common.timing.time_cuda_detailed` (CUDA-graph replays, inputs rotated past the L2)
+next to a device copy of the same number of bytes in the same run
+(:func:`bench.common.baselines.measure_copy`).
 
 torchao baseline (when it imports), the first of these that runs here, per block and mode:
 
@@ -48,31 +47,13 @@ from typing import Any
 
 import torch
 
-from bench.common import (
-    BASELINE_COLUMNS,
-    RATE_COLUMNS,
-    RATE_SERIES,
-    RowLog,
-    add_bench_args,
-    copy_suspect_note,
-    cuda_or_none,
-    diff_bytes,
-    finish,
-    is_fail,
-    kernel_pending,
-    make_parser,
-    make_rotating_inputs,
-    make_row,
-    measure_copy,
-    not_built_status,
-    output_paths,
-    progress,
-    progress_row,
-    raise_recompile_limit,
-    report,
-    short_error,
-    timing_kwargs,
-)
+from bench.common.baselines import copy_suspect_note, measure_copy, raise_recompile_limit
+from bench.common.cli import add_bench_args, make_parser, output_paths, progress, timing_kwargs
+from bench.common.device import cuda_or_none
+from bench.common.report import report
+from bench.common.rowlog import RowLog, diff_bytes, finish, progress_row, short_error
+from bench.common.rows import BASELINE_COLUMNS, RATE_COLUMNS, RATE_SERIES, is_fail, make_row
+from bench.common.timing import make_rotating_inputs
 from torch_bindings.quantize_3d import scales_shape_3d
 
 OP = "quantize_mxfp8_3d"
@@ -311,13 +292,10 @@ def _reference_experts(
 def _run_ours(
     ours: Callable[[torch.Tensor], Any], w: torch.Tensor, want: dict[int, Any] | None, log: RowLog
 ) -> bool:
-    """Run our op once and compare it with ``want``; whether it ran (a missing kernel is no FAIL)."""
+    """Run our op once and compare it with ``want``; whether it ran (if it raised, the row FAILs)."""
     try:
         out = ours(w)
         torch.cuda.synchronize()
-    except (NotImplementedError, ImportError) as exc:
-        log.status = f"kernel not built: {short_error(exc, 120)}"
-        return False
     except Exception as exc:  # noqa: BLE001
         log.fail(f"raised {short_error(exc)}")
         traceback.print_exc(file=sys.stderr)
@@ -374,12 +352,7 @@ def bench_case(
         return tb.quantize_mxfp8_3d(v, block=case.block, scaling_mode=case.mode, backend=backend)
 
     want = _reference_experts(ref_mod, w, case) if check else None
-    pending = kernel_pending(OP) if backend != "reference" else None
-    ran = False
-    if pending is not None:
-        log.status = not_built_status(OP, pending)
-    else:
-        ran = _run_ours(ours, w, want, log)
+    ran = _run_ours(ours, w, want, log)
 
     first = [True]
 
@@ -475,10 +448,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if torchao is not None:
         for what, err in torchao.info["errors"].items():
             progress(f"torchao {what} unavailable: {err}")
-    pending = kernel_pending(OP)
-    if pending is not None and args.backend != "reference":
-        progress(f"{OP}: {not_built_status(OP, pending)}; timing the copy (and torchao) only")
-
     timing = timing_kwargs(args)
     rows: list[dict[str, Any]] = []
     w: torch.Tensor | None = None
@@ -510,7 +479,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta={
             "benchmark": "quantize_3d",
             "backend": args.backend,
-            "kernel_pending_issue": pending,
             "torchao": None if torchao is None else torchao.info,
             "goal": summary,
             "quick": args.quick,

@@ -7,7 +7,7 @@ Layouts: plain 2D ``(R, C) -> (Rp, Cp)``, M-groups ``(R, C) -> (R + 128*G, Cp)``
 For every shape the script checks our output against ``torch_bindings.reference.swizzle_scales``
 (bytes equal) once before timing, then times ours, torchao's Triton rearrange kernel for the
 same layout (when ``torchao`` imports) and a device-to-device copy of the same number of bytes,
-all with :func:`bench.common.time_cuda` (CUDA-graph replays, inputs rotated beyond L2).
+all with :func:`bench.common.timing.time_cuda` (CUDA-graph replays, inputs rotated beyond L2).
 
 torchao 0.18 baselines (all take 1-byte scales; we pass ``scales.view(torch.uint8)``):
 
@@ -41,28 +41,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.common import (
-    BASELINE_COLUMNS,
-    RATE_COLUMNS,
-    RATE_SERIES,
-    RowLog,
-    add_bench_args,
-    copy_suspect_note,
-    cuda_or_none,
-    diff_bytes,
-    finish,
-    make_parser,
-    make_rotating_inputs,
-    make_row,
-    measure_copy,
-    output_paths,
-    progress,
-    progress_row,
-    report,
-    short_error,
-    skewed_group_sizes,
-    timing_kwargs,
-)
+from bench.common.baselines import copy_suspect_note, measure_copy
+from bench.common.cli import add_bench_args, make_parser, output_paths, progress, timing_kwargs
+from bench.common.device import cuda_or_none
+from bench.common.groups import skewed_group_sizes
+from bench.common.report import report
+from bench.common.rowlog import RowLog, diff_bytes, finish, progress_row, short_error
+from bench.common.rows import BASELINE_COLUMNS, RATE_COLUMNS, RATE_SERIES, make_row
+from bench.common.timing import make_rotating_inputs
 from torch_bindings.swizzle import blocked_output_shape
 
 # Activations: M tokens x K hidden (scales are (M, K/32)); DeepSeek-/Llama-like hidden sizes.

@@ -6,9 +6,7 @@ M-groups blocked scales of the padded groups in one pass), the 8 experts' (N, K)
 weights through ``quantize_mxfp8_3d`` (1x32 and 32x1), and the scales of the activations
 (M-groups), of the weight-gradient operands (K-groups) and of the expert weights (3D) through the
 blocked-scale kernel. Each result is checked byte for byte against the reference and timed next
-to a device copy of the same bytes. An op whose kernel is not built yet
-(``torch_bindings.KERNEL_STATUS``, or a call that raises ``NotImplementedError``) gets a row that
-says so instead of a timing.
+to a device copy of the same bytes; a call that raises gets a failing row instead of a timing.
 
 Without a GPU: says so, runs the reference on a smaller batch, checks it against numbers stated
 outside it (SPEC section 2's scale table, PyTorch's ``to_blocked``), and prints a one-line sm_100a
@@ -50,19 +48,15 @@ def _same_all(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> 
 def _demo_row(name: str, what: str, op: str, run, want, inputs: tuple[torch.Tensor, ...]) -> dict:
     """Check ``run()`` against ``want()`` and time it next to a copy of its bytes (read + written).
 
-    ``op`` is the public op whose kernel runs; a pending kernel (``KERNEL_STATUS``, or
-    ``NotImplementedError``/``ImportError`` from the call) gives a row saying so.
+    ``op`` is the public op whose kernel runs (the job name says it too); a call that raises
+    gives a failing row.
     """
-    from bench.common import copy_baseline_us, gbps, kernel_pending, not_built_status, short_error, time_cuda
+    from bench.common import copy_baseline_us, gbps, short_error, time_cuda
 
     row = {"job": name, "shape": what, "MB": None, "us": None, "GB/s": None, "copy GB/s": None, "ratio": None}
-    if kernel_pending(op) is not None:
-        return {**row, "bit-exact": not_built_status(op)}
     try:
         out = run()
         torch.cuda.synchronize()
-    except (NotImplementedError, ImportError) as exc:
-        return {**row, "bit-exact": f"kernel not built: {short_error(exc, 80)}"}
     except Exception as exc:  # noqa: BLE001 - a row, not a crash; counted as a failure
         return {**row, "bit-exact": f"NO: raised {short_error(exc, 80)}"}
     ok = _same_all(out, want())

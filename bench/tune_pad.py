@@ -1,7 +1,7 @@
 """Sweep ``PadConfig`` choices (threads, vectors per lane, row chunks per warp, register cap) for
 ``pad`` and ``unpad`` on seed 000's shapes (bf16, A = 32, skewed unaligned groups); prints time, ratio
 to a copy of the same bytes (read + written) and whether the output matches the reference. Used to
-pick ``cute_kernels.pad.CONFIGS``. ``--full``: the whole threads x vectors x items grid.
+pick the pad/unpad configs of ``cute_kernels.configs``. ``--full``: the whole threads x vectors x items grid.
 """
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ from bench.common import (
     skewed_group_ends,
     time_cuda,
 )
-from cute_kernels.pad import PadConfig, PadOp, compile_pad
+from cute_kernels import registry
+from cute_kernels.pad import PadConfig, RowGatherVariant
 from torch_bindings import reference
 from torch_bindings.backend import kernel_arch
 from torch_bindings.pad import padded_shape
 
 ALIGNMENT = 32
+_VARIANT = RowGatherVariant("int16", 16)  # bf16 rows as 16-byte vectors
 SHAPES = [(16384, 1536, 8), (16384, 7168, 8), (16384, 2048, 16), (131072, 7168, 8)]
 QUICK_SHAPES = SHAPES[:2]
 FULL = [
@@ -44,7 +46,7 @@ SWEEP = [
 ]
 
 
-def _inputs(op: PadOp, tokens: int, dim: int, groups: int, device: torch.device):
+def _inputs(op: str, tokens: int, dim: int, groups: int, device: torch.device):
     """``(make, nbytes)``: a factory of one argument set of the ``op`` kernel and its bytes moved."""
     ends = torch.tensor(skewed_group_ends(tokens, groups), dtype=torch.int32, device=device)
     padded = padded_shape((tokens, dim), groups, ALIGNMENT)
@@ -65,12 +67,12 @@ def _inputs(op: PadOp, tokens: int, dim: int, groups: int, device: torch.device)
         out = torch.empty(tokens, dim, dtype=torch.int16, device=device)
         return (src, out, ends, padded_start)
 
-    return (make_pad, x_bytes + out_bytes) if op is PadOp.PAD else (make_unpad, 2 * x_bytes)
+    return (make_pad, x_bytes + out_bytes) if op == "pad" else (make_unpad, 2 * x_bytes)
 
 
-def _matches_reference(op: PadOp, args: tuple) -> bool:
+def _matches_reference(op: str, args: tuple) -> bool:
     """Whether the kernel's output in ``args`` (after it ran on them) equals the reference, bytewise."""
-    if op is PadOp.PAD:
+    if op == "pad":
         x, out, ends, *_ = args
         expected = reference.pad_token_groups(x, ends, alignment=ALIGNMENT)[0]
     else:
@@ -87,20 +89,21 @@ def main(argv: list[str] | None = None) -> int:
     arch, _ = kernel_arch(device)
     rows = []
     kernels = {}
-    for op, (tokens, dim, groups) in itertools.product(PadOp, QUICK_SHAPES if args.quick else SHAPES):
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    for op, (tokens, dim, groups) in itertools.product(("pad", "unpad"), shapes):
         make, nbytes = _inputs(op, tokens, dim, groups, device)
         sets = make_rotating_inputs(make, bytes_per_set=nbytes)
         copy = copy_baseline_us(nbytes, device)
         for config in FULL if args.full else SWEEP:
             kernel = kernels.get((op, config))
             if kernel is None:
-                kernel = kernels[op, config] = compile_pad(op, "int16", 16, arch, config)
-            extra = (ALIGNMENT,) if op is PadOp.PAD else ()
+                kernel = kernels[op, config] = registry.entry(op).compile(_VARIANT, arch, config=config)
+            extra = (ALIGNMENT,) if op == "pad" else ()
             us = time_cuda(lambda *a, k=kernel, e=extra: k(*a, *e), sets)
             exact = _matches_reference(op, sets[0])
             rows.append(
                 {
-                    "op": op.value,
+                    "op": op,
                     "shape": (tokens, dim),
                     "G": groups,
                     "threads": config.threads,

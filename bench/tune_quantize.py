@@ -1,7 +1,7 @@
 """Sweep ``QuantizeConfig`` choices (vectors per unit, pipeline stages, grid size, warps along K)
 for the 1x32 quantization on the issue's shapes (``--padded``: the fused-padding variant;
 ``--dual``: the dual 1x32 + 32x1 variant); prints time and ratio to a copy of the same bytes
-(inputs rotated past L2). Used to pick ``cute_kernels.quantize.CONFIGS`` and ``DUAL_CONFIGS``.
+(inputs rotated past L2). Used to pick the ``quantize_1x32`` configs in ``cute_kernels/configs/sm90.py``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,21 @@ from bench.common import (
     require_cuda,
     time_cuda,
 )
-from cute_kernels.quantize import QuantizeConfig, ScaleLayout, compile_quantize
+from cute_kernels import registry
+from cute_kernels.quantize import Quantize1x32Variant, QuantizeConfig, ScaleLayout
+from cute_utils.constants import MAX_GROUPS
 from torch_bindings.backend import kernel_arch
 from torch_bindings.quantize import scales_shape_1x32
+
+
+def compile_1x32(
+    dtype_name: str, mode: str, layout: ScaleLayout, arch: str, config: QuantizeConfig | None = None
+):
+    """The registry's 1x32 kernel of one variant for ``arch`` with ``config`` (``None``: the arch's
+    tuned one); the variant's group capacity is the config's, its SM count the arch's usual one."""
+    variant = Quantize1x32Variant(dtype_name, mode, layout, config.max_groups if config else MAX_GROUPS)
+    return registry.entry("quantize_1x32").compile(variant, arch, config=config)
+
 
 SHAPES = [(8192, 2048), (8192, 7168), (32768, 2048), (32768, 7168), (131072, 7168)]
 GROUPS = 8
@@ -56,7 +68,7 @@ def _padded_sweep(configs, arch, device) -> list[dict]:
 
     rows = []
     for config in configs:
-        kernel = compile_quantize("bfloat16", "rceil", ScaleLayout.PADDED, arch, config)
+        kernel = compile_1x32("bfloat16", "rceil", ScaleLayout.PADDED, arch, config)
         shapes = (((16384, 1536), 16), ((16384, 2048), 8), ((16384, 2048), 16), ((16384, 7168), 16))
         for shape, groups in shapes:
             ends = (torch.arange(1, groups + 1, device=device) * shape[0] // groups - 37).clamp(min=0)
@@ -118,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = _padded_sweep(configs, arch, device) if args.padded else []
     for config in [] if args.padded else configs:
         kernels = {
-            grouped: compile_quantize(
+            grouped: compile_1x32(
                 args.dtype, "rceil", ScaleLayout.M_GROUPS if grouped else ScaleLayout.BLOCKED, arch, config
             )
             for grouped in (False, True)

@@ -14,7 +14,8 @@ import argparse
 import torch
 
 from bench.common import block_group_ends, copy_baseline_best, make_rotating_inputs, time_cuda
-from cute_kernels.quantize_32x1 import Quantize32x1Config, ScaleLayout, compile_quantize_32x1
+from cute_kernels import registry
+from cute_kernels.quantize_32x1 import Quantize32x1Config, Quantize32x1Variant, ScaleLayout
 from torch_bindings.quantize_32x1 import scales_shape_32x1
 
 CANDIDATES = {
@@ -41,7 +42,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     candidates = GROUP_CANDIDATES if args.groups else CANDIDATES
     layout = ScaleLayout.K_GROUPS if args.groups else ScaleLayout.BLOCKED
+    variant = Quantize32x1Variant("bfloat16", "rceil", layout)
     arch = {9: "sm_90a", 10: "sm_100a"}[torch.cuda.get_device_capability()[0]]
+    entry = registry.entry("quantize_32x1")
     print(f"device: {torch.cuda.get_device_name()}")
     for rows, cols in SHAPES:
         ends = block_group_ends(rows, args.groups) if args.groups else None
@@ -57,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         copy_us = copy_baseline_best(moved)[0].us
         reference = None
         for name, config in candidates.items():
-            kernel = compile_quantize_32x1("bfloat16", "rceil", layout, arch, config)
+            kernel = entry.compile(variant, arch, config=config)
             x, q, s = sets[0]
             kernel(x[None], q[None], s[None], ends)
             out = (q.view(torch.uint8).clone(), s.view(torch.uint8).clone())

@@ -1,5 +1,7 @@
 """Tune the dual quantization kernel's config (``cute_kernels.quantize_dual.DualConfig``).
 
+The chosen configs go to ``cute_kernels/configs/sm90.py`` (``quantize_dual``).
+
 Compiles each candidate config, times it on bf16 (``--dtype float32``: fp32) shapes (blocked rceil
 scales; ``--groups G``: the grouped layout) next to a copy of the same bytes and the two single
 calls (``quantize_mxfp8_2d`` 1x32 then 32x1), checks every output against the single calls' bytes,
@@ -16,7 +18,8 @@ import torch
 
 import torch_bindings
 from bench.common import block_group_ends, copy_baseline_best, make_rotating_inputs, progress, time_cuda
-from cute_kernels.quantize_dual import DualConfig, ScaleLayout, compile_quantize_dual
+from cute_kernels import registry
+from cute_kernels.quantize_dual import DualConfig, DualVariant, ScaleLayout
 
 CANDIDATES = {
     "s1_n1": DualConfig(stages=1, tiles_per_cta=1),
@@ -61,10 +64,12 @@ def main(argv: list[str] | None = None) -> None:
     layout = ScaleLayout.GROUPS if args.groups else ScaleLayout.BLOCKED
     arch = {9: "sm_90a", 10: "sm_100a"}[torch.cuda.get_device_capability()[0]]
     print(f"device: {torch.cuda.get_device_name()}")
+    entry = registry.entry("quantize_dual")
+    variant = DualVariant(args.dtype, "rceil", layout)
     kernels = {}
     for name, config in candidates.items():
         progress(f"compiling {name}")
-        kernels[name] = compile_quantize_dual(args.dtype, "rceil", layout, arch, config)
+        kernels[name] = entry.compile(variant, arch, config=config)
     for rows, cols in SHAPES:
         if args.rows and rows not in args.rows:
             continue

@@ -1,10 +1,10 @@
 """Tune the TMA 1x32 quantization kernel against the cp.async one (bf16, blocked scales).
 
-Times ``cute_kernels.quantize_tma`` for a few ``TmaQuantizeConfig`` choices next to the cp.async kernel
-(``cute_kernels.quantize`` with its tuned config) on (8192 | 32768 | 131072) x (2048 | 7168); prints
-time, ratio to a copy of the same bytes (inputs rotated past L2) and speedup over cp.async, and checks
-once per shape that every TMA config writes the same bytes as the cp.async kernel.
-"""
+Times ``cute_kernels.experimental.quantize_tma`` for a few ``TmaQuantizeConfig`` choices next to the
+cp.async kernel (``cute_kernels.quantize`` with its tuned config) on (8192 | 32768 | 131072) x
+(2048 | 7168); prints time, ratio to a copy of the same bytes (inputs rotated past L2) and speedup
+over cp.async, and checks once per shape that every TMA config writes the same bytes as the cp.async
+kernel. Both compile through ``cute_kernels.registry``."""
 
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ from bench.common import (
     time_cuda,
     timing_kwargs,
 )
-from bench.tune_quantize import quantize_inputs
-from cute_kernels.quantize import ScaleLayout, compile_quantize
-from cute_kernels.quantize_tma import TmaQuantizeConfig, compile_quantize_tma
+from bench.tune_quantize import compile_1x32, quantize_inputs
+from cute_kernels import registry
+from cute_kernels.experimental.quantize_tma import TmaQuantizeConfig, TmaVariant
+from cute_kernels.quantize import ScaleLayout
 from torch_bindings.backend import kernel_arch
 from torch_bindings.quantize import scales_shape_1x32
 
@@ -93,8 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     arch, _ = kernel_arch(device)
     timing = timing_kwargs(args)
     configs = QUICK_CONFIGS if args.quick else CONFIGS
-    baseline = compile_quantize("bfloat16", args.mode, ScaleLayout.BLOCKED, arch)
-    kernels = [(c, compile_quantize_tma("bfloat16", args.mode, "blocked", arch, c)) for c in configs]
+    baseline = compile_1x32("bfloat16", args.mode, ScaleLayout.BLOCKED, arch)
+    variant, tma_entry = (
+        TmaVariant("bfloat16", args.mode, ScaleLayout.BLOCKED),
+        registry.entry("quantize_tma"),
+    )
+    kernels = [(c, tma_entry.compile(variant, arch, config=c)) for c in configs]
     rows = []
     for shape in QUICK_SHAPES if args.quick else SHAPES:
         sets, nbytes = quantize_inputs(shape, torch.bfloat16, False, device)  # (x, q, scales, None) sets

@@ -1,5 +1,6 @@
 """Sweep ``SwizzleConfig`` choices (threads, window, resident CTAs per SM) on representative shapes of
-each layout and load mode; prints time and ratio to a copy of the same bytes. Used to pick ``CONFIGS``.
+each layout and load mode; prints time and ratio to a copy of the same bytes. Used to pick the
+configs of ``cute_kernels/configs/sm90.py`` (``swizzle``).
 
 Inputs are rotated past the L2 like in ``bench_swizzle``; the ``IN_L2`` shapes are also timed on a
 single, L2-resident input set (``--quick``: the default config and one alternative only).
@@ -22,7 +23,8 @@ from bench.common import (
     require_cuda,
     time_cuda,
 )
-from cute_kernels.swizzle import SwizzleConfig, SwizzleLayout, compile_swizzle
+from cute_kernels import registry
+from cute_kernels.swizzle import SwizzleConfig, SwizzleLayout, SwizzleVariant
 from torch_bindings.backend import kernel_arch, num_sms
 from torch_bindings.swizzle import blocked_output_shape
 
@@ -97,19 +99,20 @@ def main(argv: list[str] | None = None) -> int:
                 if in_l2 and (shape not in IN_L2[layout_name] or (config, scale) != CONFIGS[0]):
                     continue
                 sets = rotated[:1] if in_l2 else rotated
-                key = (layout, word_loads, ragged, config, scale)
+                # The SM count is a launch argument: one compile per config, any grid scale.
+                key = (layout, word_loads, ragged, config)
                 if key not in kernels:
+                    variant = SwizzleVariant(layout, 2, word_loads, ragged_end=ragged)
                     try:
-                        kernels[key] = compile_swizzle(
-                            layout, arch, 2, word_loads, config, num_sms=sms * scale, ragged_end=ragged
-                        )
+                        kernels[key] = registry.entry("swizzle").compile(variant, arch, config=config)
                     except Exception as exc:  # noqa: BLE001 - a config that does not compile is skipped
                         progress(f"{layout_name} {config}: {type(exc).__name__}: {exc}")
                         kernels[key] = None
                 kernel = kernels[key]
                 if kernel is None:
                     continue
-                us = time_cuda(lambda s, o, k=kernel, e=ends: k(s, o, e), sets)
+                grid_sms = sms * scale
+                us = time_cuda(lambda s, o, k=kernel, e=ends, n=grid_sms: k(s, o, e, n), sets)
                 rows.append(
                     {
                         "layout": layout_name,

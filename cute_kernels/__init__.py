@@ -1,26 +1,23 @@
-"""CuTeDSL kernels of cute-kernels, one module per kernel, each with its config space.
+"""CuTeDSL kernels of cute-kernels: one kernel class per module, found through one registry.
 
-``sass_targets()`` is the registry ``python -m cute_utils.sass`` and the CI SASS tests compile:
-target name -> function(arch) returning a ``cute.compile`` result that keeps its cubin. Each kernel
-module contributes its variants through its own ``sass_targets()``.
+``cute_kernels.registry`` lists every kernel (name, module, class, production or experimental);
+each class carries its variants, fake arguments, compile and limits (``cute_kernels.base``), and
+its launch configs live per arch in ``cute_kernels.configs``. ``sass_targets()`` is what
+``python -m cute_utils.sass`` and the CI SASS tests compile: target name -> function(arch) returning
+a ``cute.compile`` result that keeps its cubin. Importing this package imports no DSL.
 """
 
-import importlib
 from collections.abc import Callable
 
-#: Kernel modules that register SASS targets (each defines ``sass_targets() -> dict``).
-KERNEL_MODULES = ("swizzle", "quantize", "pad", "quantize_32x1", "quantize_tma", "quantize_dual")
+from .registry import KERNELS, entry
 
 
 def sass_targets() -> dict[str, Callable[[str], object]]:
-    """Every kernel variant of the toolkit, compiled for inspection on a chosen arch."""
-    targets: dict[str, Callable[[str], object]] = {}
-    for name in KERNEL_MODULES:
-        try:
-            module = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as error:
-            if error.name != f"{__name__}.{name}":
-                raise
-            continue  # kernel not written yet
-        targets.update(module.sass_targets())
-    return targets
+    """Every variant of every registered kernel (experimental ones included), compiled for
+    inspection on a chosen arch."""
+    from .registry import sass_targets as _targets
+
+    return _targets()
+
+
+__all__ = ["KERNELS", "entry", "sass_targets"]

@@ -34,11 +34,25 @@ width, config, arch).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int16, Int32, Int64, Uint8, Uint16, Uint32
+from cutlass import (
+    BFloat16,
+    Float8E4M3FN,
+    Float8E5M2,
+    Float8E8M0FNU,
+    Float16,
+    Float32,
+    Float64,
+    Int8,
+    Int16,
+    Int32,
+    Int64,
+    Uint8,
+    Uint16,
+    Uint32,
+)
 from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import ceil_div
@@ -49,19 +63,30 @@ from cute_utils.groups import (
     scan_group_sizes,
     smem_group_bounds,
 )
-from cute_utils.jit import compile_tvm_ffi
+
+from .base import Kernel
 
 _WARP = 32
 VECTOR_BYTES = 16
 #: Element types the kernels move, one per element size: padding copies bytes, so every dtype of 1,
 #: 2, 4 or 8 bytes runs as the integer type of its size (the bindings pass a same-size view).
 DTYPES = {"uint8": Uint8, "int16": Int16, "int32": Int32, "int64": Int64}
+#: Every element type a kernel may be compiled for: the carriers, plus common dtypes the bindings pass
+#: as they are (no host-side view per call). The data moves as words, so a dtype's instructions are
+#: those of its size's carrier (tests/test_pad_compile.py compares the hashes); SASS inspection
+#: compiles the carriers only.
+ELEMENT_TYPES = {
+    **DTYPES,
+    "int8": Int8,
+    "bfloat16": BFloat16,
+    "float16": Float16,
+    "float32": Float32,
+    "float64": Float64,
+    "float8_e4m3fn": Float8E4M3FN,
+    "float8_e5m2": Float8E5M2,
+    "float8_e8m0fnu": Float8E8M0FNU,
+}
 _WORD_BY_BYTES = {1: Uint8, 2: Uint16, 4: Uint32}
-
-
-class PadOp(str, Enum):
-    PAD = "pad"
-    UNPAD = "unpad"
 
 
 @dataclass(frozen=True)
@@ -92,16 +117,10 @@ class PadConfig:
         return _WARP * self.vectors_per_lane
 
 
-# Picked with bench/tune_pad.py on an H200 (notes/pad-unpad-grid.md): 0.94-0.99 of copy on
-# seed 000's shapes, against 0.89-0.93 for the persistent grid of 4 x 256-thread CTAs per SM.
-_DEFAULT = PadConfig()
-CONFIGS = {arch: {"pad": _DEFAULT, "unpad": _DEFAULT} for arch in ("sm_90a", "sm_100a")}
-
-
 def vector_widths(dtype_name: str) -> tuple[int, ...]:
     """Vector widths in bytes a kernel for ``dtype_name`` is built for: 16, then 4 or the element
     size if wider (8 for 8-byte elements), then one element."""
-    size = DTYPES[dtype_name].width // 8
+    size = ELEMENT_TYPES[dtype_name].width // 8
     return tuple(sorted({VECTOR_BYTES, max(4, size), size}, reverse=True))
 
 
@@ -200,47 +219,101 @@ def _unpad_segment(prefix, num_groups, padded_start, rows_in, rows_out, row):
     return lo, hi, valid_lo, valid_hi, delta
 
 
-def make_pad(op: PadOp, config: PadConfig, vector_bytes: int = VECTOR_BYTES):
-    """Build the ``@cute.jit`` host launcher for ``op``.
+@dataclass(frozen=True)
+class RowGatherVariant:
+    """Compile-time choices of a pad or unpad kernel: ``dtype`` (an :data:`ELEMENT_TYPES` name;
+    :meth:`variants` lists the integer carriers of :data:`DTYPES`) and ``vector_bytes`` (16, 4 or
+    the element size; see :func:`vector_widths`)."""
 
-    ``pad``: ``launch(x, out, offsets, padded_start, padded_end, alignment, stream)`` with
-    x (M, D), out (P, D) of one dtype, row-major; offsets, padded_start, padded_end Int32 (G,).
-    ``unpad``: ``launch(padded, out, offsets, padded_start, stream)`` with padded (P, D),
-    out (N, D). ``vector_bytes`` (16, 4 or the element size) must divide the row size in bytes and
-    both data pointers' alignment.
-    """
-    threads = config.threads
-    warps = threads // _WARP
-    per_lane = config.vectors_per_lane
-    row_chunk = config.row_chunk
-    cta_items = warps * config.items_per_warp
+    dtype: str
+    vector_bytes: int = VECTOR_BYTES
+
+
+class _RowGatherKernel(Kernel):
+    """What pad and unpad share: the launch shape, the group scan and the row-chunk loop."""
+
+    def __init__(self, variant: RowGatherVariant, config: PadConfig) -> None:
+        super().__init__(variant, config)
+        self.vector_bytes = variant.vector_bytes
+        self.threads = config.threads
+        self.warps = config.threads // _WARP
+        self.per_lane = config.vectors_per_lane
+        self.row_chunk = config.row_chunk
+        self.cta_items = self.warps * config.items_per_warp
+
+    @classmethod
+    def variants(cls) -> list[RowGatherVariant]:
+        return [RowGatherVariant(name, width) for name in DTYPES for width in vector_widths(name)]
+
+    @classmethod
+    def target_name(cls, variant: RowGatherVariant) -> str:
+        return f"{cls.name}_{variant.dtype}_v{variant.vector_bytes}"
+
+    @staticmethod
+    def can_implement(num_groups: int, row_bytes: int, vector_bytes: int) -> bool:
+        """At most ``MAX_GROUPS`` groups, and rows a whole number of vectors."""
+        return num_groups <= MAX_GROUPS and row_bytes % vector_bytes == 0
+
+    @staticmethod
+    def _fake_data_and_offsets(variant: RowGatherVariant):
+        """Makers of the fake tensors: data (all sizes symbolic, D shared by input and output, a
+        multiple of the vector's elements, pointers aligned to it) and Int32 (G,) offsets."""
+        dtype = ELEMENT_TYPES[variant.dtype]
+        elements = max(variant.vector_bytes // (dtype.width // 8), 1)
+        cols = cute.sym_int(divisibility=elements)
+        groups = cute.sym_int()
+
+        def data():
+            return cute.runtime.make_fake_compact_tensor(
+                dtype, (cute.sym_int(), cols), stride_order=(1, 0), assumed_align=variant.vector_bytes
+            )
+
+        def offsets():
+            return cute.runtime.make_fake_compact_tensor(Int32, (groups,), assumed_align=4)
+
+        return data, offsets
+
+    def _launch_options(self) -> dict:
+        return {
+            "block": [self.threads, 1, 1],
+            "min_blocks_per_mp": self.config.ctas_per_sm,
+            "preferred_smem_carveout": 100,
+        }
+
+    def _grid(self, out: cute.Tensor):
+        """CTAs: enough for ``items_per_warp`` row chunks per warp, at least 1 (CTA 0 of pad writes
+        the padded offsets even when there is no data)."""
+        row_bytes = out.shape[1] * (out.element_type.width // 8)
+        chunks = ceil_div(ceil_div(row_bytes, self.vector_bytes), self.row_chunk)
+        return [cutlass.max(ceil_div(out.shape[0] * chunks, self.cta_items), 1), 1, 1]
 
     @cute.jit
-    def _scan(offsets, total, unit, tid):
+    def _scan(self, offsets, total, unit, tid):
         """Group scan into shared memory (all threads; ends with a barrier): the prefix of the group
         sizes rounded up to ``unit`` (G + 1 words) and the clamped ends."""
         smem = SmemAllocator()
         prefix = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words()), 16)
         ends = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words()), 16)
-        warp_totals = smem.allocate_tensor(Int32, cute.make_layout(warps), 16)
+        warp_totals = smem.allocate_tensor(Int32, cute.make_layout(self.warps), 16)
         num_groups = offsets.shape[0]
-        scan_group_sizes(offsets, num_groups, total, unit, prefix, warp_totals, tid, threads, ends)
+        scan_group_sizes(offsets, num_groups, total, unit, prefix, warp_totals, tid, self.threads, ends)
         return prefix, ends
 
     @cute.jit
-    def _move_rows(src, dst, tid, segment_of):
+    def _move_rows(self, src, dst, tid, segment_of):
         """This CTA's row chunks of ``dst``; ``segment_of(row)`` gives a row's segment (see
         :func:`_pad_segment`), looked up again only when a warp's row leaves its cached one."""
+        warps, row_chunk = self.warps, self.row_chunk
         cta, _, _ = cute.arch.block_idx()
-        src_v = _vector_view(src, vector_bytes)
-        dst_v = _vector_view(dst, vector_bytes)
+        src_v = _vector_view(src, self.vector_bytes)
+        dst_v = _vector_view(dst, self.vector_bytes)
         chunks = ceil_div(dst_v.shape[1], row_chunk)
         warp = cute.arch.make_warp_uniform(tid // _WARP)
         lane = tid % _WARP
         # A contiguous run per CTA: a warp's rows advance slowly and its cached segment stays valid.
-        first_item = cta * cta_items
-        last_item = cutlass.min(first_item + cta_items, dst.shape[0] * chunks)
-        frag = _chunk_fragment(dst_v, per_lane)
+        first_item = cta * self.cta_items
+        last_item = cutlass.min(first_item + self.cta_items, dst.shape[0] * chunks)
+        frag = _chunk_fragment(dst_v, self.per_lane)
         lo, hi, valid_lo, valid_hi, delta = Int32(0), Int32(0), Int32(0), Int32(0), Int32(0)
         for item in cutlass.range(first_item + warp, last_item, warps):
             row = item // chunks
@@ -248,139 +321,106 @@ def make_pad(op: PadOp, config: PadConfig, vector_bytes: int = VECTOR_BYTES):
                 lo, hi, valid_lo, valid_hi, delta = segment_of(row)
             valid = row >= valid_lo and row < valid_hi
             first = (item - row * chunks) * row_chunk
-            _load_row_chunk(src_v, frag, row + delta, first, valid, lane, per_lane)
-            _store_row_chunk(frag, dst_v, row, first, lane, per_lane)
+            _load_row_chunk(src_v, frag, row + delta, first, valid, lane, self.per_lane)
+            _store_row_chunk(frag, dst_v, row, first, lane, self.per_lane)
+
+
+class PadKernel(_RowGatherKernel):
+    """``pad``: x (M, D) -> out (P, D) plus padded_start / padded_end (module docstring).
+
+    Launch: ``kernel(x, out, offsets, padded_start, padded_end, alignment)`` with x and out of one
+    dtype, row-major; offsets, padded_start, padded_end Int32 (G,); the variant's ``vector_bytes``
+    must divide the row size in bytes and both data pointers' alignment.
+    """
+
+    name = "pad"
+
+    @classmethod
+    def fake_arguments(cls, variant: RowGatherVariant) -> tuple:
+        data, offsets = cls._fake_data_and_offsets(variant)
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        return data(), data(), offsets(), offsets(), offsets(), Int32(32), stream
+
+    @cute.jit
+    def __call__(
+        self,
+        x: cute.Tensor,  # (M, D) row-major
+        out: cute.Tensor,  # (P, D) row-major, x's dtype
+        offsets: cute.Tensor,  # Int32 (G,) group end rows
+        padded_start: cute.Tensor,  # Int32 (G,) written
+        padded_end: cute.Tensor,  # Int32 (G,) written
+        alignment: Int32,
+        stream,
+    ):
+        self.kernel(x, out, offsets, padded_start, padded_end, alignment).launch(
+            grid=self._grid(out), stream=stream, **self._launch_options()
+        )
 
     @cute.kernel
-    def pad_kernel(x: cute.Tensor, out: cute.Tensor, offsets, padded_start, padded_end, alignment: Int32):
+    def kernel(self, x: cute.Tensor, out: cute.Tensor, offsets, padded_start, padded_end, alignment: Int32):
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         num_groups = offsets.shape[0]
         rows_out = out.shape[0]
-        prefix, ends = _scan(offsets, x.shape[0], alignment, tid)
+        prefix, ends = self._scan(offsets, x.shape[0], alignment, tid)
         if cta == 0:
-            for g in cutlass.range(tid, num_groups, threads):
+            for g in cutlass.range(tid, num_groups, self.threads):
                 padded_start[g] = prefix[g] * alignment
                 padded_end[g] = prefix[g + 1] * alignment
-        _move_rows(x, out, tid, lambda row: _pad_segment(prefix, ends, num_groups, alignment, rows_out, row))
+        self._move_rows(
+            x, out, tid, lambda row: _pad_segment(prefix, ends, num_groups, alignment, rows_out, row)
+        )
+
+
+class UnpadKernel(_RowGatherKernel):
+    """``unpad``: padded (P, D) -> out (N, D) (module docstring).
+
+    Launch: ``kernel(padded, out, offsets, padded_start)``; same dtype and vector rules as
+    :class:`PadKernel`.
+    """
+
+    name = "unpad"
+
+    @classmethod
+    def fake_arguments(cls, variant: RowGatherVariant) -> tuple:
+        data, offsets = cls._fake_data_and_offsets(variant)
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        return data(), data(), offsets(), offsets(), stream
+
+    @cute.jit
+    def __call__(
+        self,
+        padded: cute.Tensor,  # (P, D) row-major
+        out: cute.Tensor,  # (N, D) row-major, padded's dtype
+        offsets: cute.Tensor,  # Int32 (G,) group end rows of out
+        padded_start: cute.Tensor,  # Int32 (G,) first padded row of each group
+        stream,
+    ):
+        self.kernel(padded, out, offsets, padded_start).launch(
+            grid=self._grid(out), stream=stream, **self._launch_options()
+        )
 
     @cute.kernel
-    def unpad_kernel(padded: cute.Tensor, out: cute.Tensor, offsets, padded_start):
+    def kernel(self, padded: cute.Tensor, out: cute.Tensor, offsets, padded_start):
         tid, _, _ = cute.arch.thread_idx()
         num_groups = offsets.shape[0]
         rows_in = padded.shape[0]
         rows_out = out.shape[0]
-        prefix, _ = _scan(offsets, rows_out, 1, tid)
-        _move_rows(
+        prefix, _ = self._scan(offsets, rows_out, 1, tid)
+        self._move_rows(
             padded,
             out,
             tid,
             lambda row: _unpad_segment(prefix, num_groups, padded_start, rows_in, rows_out, row),
         )
 
-    def _grid(rows_out, row_bytes):
-        """CTAs: enough for ``items_per_warp`` row chunks per warp, at least 1 (CTA 0 of pad writes
-        the padded offsets even when there is no data)."""
-        chunks = ceil_div(ceil_div(row_bytes, vector_bytes), row_chunk)
-        return cutlass.max(ceil_div(rows_out * chunks, cta_items), 1)
-
-    launch_options = {
-        "block": [threads, 1, 1],
-        "min_blocks_per_mp": config.ctas_per_sm,
-        "preferred_smem_carveout": 100,
-    }
-
-    if op is PadOp.PAD:
-
-        @cute.jit
-        def launch_pad(
-            x: cute.Tensor,
-            out: cute.Tensor,
-            offsets,
-            padded_start,
-            padded_end,
-            alignment: Int32,
-            stream,
-        ):
-            row_bytes = out.shape[1] * (out.element_type.width // 8)
-            pad_kernel(x, out, offsets, padded_start, padded_end, alignment).launch(
-                grid=[_grid(out.shape[0], row_bytes), 1, 1], stream=stream, **launch_options
-            )
-
-        return launch_pad
-
-    @cute.jit
-    def launch_unpad(padded: cute.Tensor, out: cute.Tensor, offsets, padded_start, stream):
-        row_bytes = out.shape[1] * (out.element_type.width // 8)
-        unpad_kernel(padded, out, offsets, padded_start).launch(
-            grid=[_grid(out.shape[0], row_bytes), 1, 1], stream=stream, **launch_options
-        )
-
-    return launch_unpad
-
-
-def fake_arguments(op: PadOp, dtype_name: str, vector_bytes: int = VECTOR_BYTES):
-    """Fake tensors (all sizes symbolic, D shared by input and output) and scalars ``launch`` compiles
-    against. D is declared a multiple of the vector's elements, the data pointers aligned to it."""
-    dtype = DTYPES[dtype_name]
-    elements = max(vector_bytes // (dtype.width // 8), 1)
-    cols = cute.sym_int(divisibility=elements)
-
-    def data():
-        return cute.runtime.make_fake_compact_tensor(
-            dtype, (cute.sym_int(), cols), stride_order=(1, 0), assumed_align=vector_bytes
-        )
-
-    groups = cute.sym_int()
-
-    def offsets():
-        return cute.runtime.make_fake_compact_tensor(Int32, (groups,), assumed_align=4)
-
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    if op is PadOp.PAD:
-        return data(), data(), offsets(), offsets(), offsets(), Int32(32), stream
-    return data(), data(), offsets(), offsets(), stream
-
-
-def compile_pad(
-    op: PadOp,
-    dtype_name: str,
-    vector_bytes: int,
-    arch: str,
-    config: PadConfig | None = None,
-    options: str = "",
-):
-    """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream)."""
-    config = config or CONFIGS[arch][op.value]
-    launch = make_pad(op, config, vector_bytes)
-    return compile_tvm_ffi(launch, fake_arguments(op, dtype_name, vector_bytes), arch, options)
-
-
-def variants() -> list[tuple[PadOp, str, int]]:
-    """Every (op, dtype, vector bytes) variant the bindings may ask for."""
-    return [(op, name, width) for op in PadOp for name in DTYPES for width in vector_widths(name)]
-
-
-def sass_targets() -> dict:
-    """SASS-inspection targets: ``<op>_<dtype>_v<vector bytes>`` -> build(arch)."""
-    from cute_utils.sass import compile_options
-
-    def target(op: PadOp, dtype_name: str, width: int):
-        return lambda arch: compile_pad(op, dtype_name, width, arch, options=compile_options(arch))
-
-    return {f"{op.value}_{name}_v{width}": target(op, name, width) for op, name, width in variants()}
-
 
 __all__ = [
-    "CONFIGS",
     "DTYPES",
-    "MAX_GROUPS",
+    "ELEMENT_TYPES",
     "PadConfig",
-    "PadOp",
-    "compile_pad",
-    "fake_arguments",
-    "make_pad",
-    "sass_targets",
-    "variants",
+    "PadKernel",
+    "RowGatherVariant",
+    "UnpadKernel",
     "vector_widths",
 ]

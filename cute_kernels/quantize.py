@@ -32,8 +32,11 @@ lane ``row % 32``, and after a tile each lane stores the one word of the blocked
 (``plain``: its row's bytes). A quarter with no row to write only stores zero scale words. The
 only CTA barriers are the group scans'.
 
-M, K and the group count are symbolic: one compile per (dtype, scaling mode, scale layout, config,
-arch). K must be a multiple of 32 and x 16-byte aligned (the bindings check both).
+The kernel is :class:`Quantize1x32Kernel` (registry name ``quantize_1x32``), built from a
+:class:`Quantize1x32Variant` (dtype, scaling mode, scale layout, group capacity, SM count) and a
+:class:`QuantizeConfig` (per arch in ``cute_kernels.configs``); its launcher is ``__call__`` and its
+limits ``can_implement``. M, K and the group count are symbolic: one compile per variant, config and
+arch. K must be a multiple of 32 and x 16-byte aligned (the bindings check both).
 """
 
 from dataclasses import dataclass, replace
@@ -46,6 +49,7 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import TILE_COLS, TILE_ROWS, ceil_div
+from cute_utils.constants import SMALL_GROUPS
 from cute_utils.groups import (
     MAX_GROUPS,
     m_groups_scale_rows,
@@ -56,7 +60,6 @@ from cute_utils.groups import (
     search_steps,
     uniform_groups_row_block,
 )
-from cute_utils.jit import compile_tvm_ffi
 from cute_utils.mx import (
     BLOCK_SIZE,
     e8m0_scale,
@@ -66,6 +69,8 @@ from cute_utils.mx import (
     scale_values,
 )
 from cute_utils.occupancy import DEFAULT_NUM_SMS, MAX_GRID_Y, chunk_major_grid, resident_ctas
+
+from .base import Kernel
 
 VECTOR = 8  # elements per lane and vector step
 LANES_PER_BLOCK = BLOCK_SIZE // VECTOR  # 4
@@ -126,17 +131,11 @@ class QuantizeConfig:
             raise ValueError(f"stages={self.stages} must be >= 2")
 
 
-# Picked with bench/tune_quantize.py on an H200 (notes/quantize-1x32.md): 2 vectors per unit and 3 stages
-# (4 KB in flight per warp); warps side by side along K (1 KB runs per row, +2-4% at
-# M K >= 32768 x 7168); a grid of ~32768 CTAs (many short CTAs: less tail at the last wave),
-# numbered run-fastest (+4-6% at 131072 x 7168, and the grouped layouts' zero blocks run last);
-# a 40-register cap (12 CTAs per SM: 16384 x 1536 fits one wave; the uncapped build took 42).
-# ``SMALL_GROUPS`` is the M-groups variant for G <= 64: its smaller scan arrays leave room for
-# more CTAs per SM (small shapes gain ~10%).
-SMALL_GROUPS = 64
-_DEFAULT = QuantizeConfig()
-_FP32 = replace(_DEFAULT, min_ctas_per_sm=0)  # its padded variant spills under the 40-register cap
-CONFIGS = {arch: {"bfloat16": _DEFAULT, "float32": _FP32} for arch in ("sm_90a", "sm_100a")}
+# The tuned configs (and the reasons for them) live per arch in ``cute_kernels/configs/sm90.py``
+# (``quantize_1x32``; sm100 uses the same): 2 vectors per unit x 3 stages, warps side by side along K,
+# ~32768 CTAs numbered run-fastest, a 40-register cap (none for fp32). ``SMALL_GROUPS``
+# (``cute_utils.constants``) is the M-groups variant for G <= 64: its smaller scan arrays leave room
+# for more CTAs per SM (small shapes gain ~10%).
 
 
 def _vector_view(tensor: cute.Tensor, rows, cols, dtype=None) -> cute.Tensor:
@@ -246,14 +245,6 @@ def _quantize_vector(values, q_vec, row, vec, store, mode: cutlass.Constexpr):
     return s
 
 
-def _grid(row_units, chunks, chunk_major: bool):
-    """Launch grid of ``row_units`` x ``chunks`` CTAs: ``[row_units, chunks]``, or chunk-major
-    (:func:`chunk_major_grid`)."""
-    if chunk_major:
-        return chunk_major_grid(row_units, chunks)
-    return [row_units, chunks, 1]
-
-
 def _smem_bytes(dtype_name: str, layout: ScaleLayout, config: QuantizeConfig, ring_units: int) -> int:
     """Shared memory of one CTA: the warps' cp.async rings and the group scans' arrays."""
     ring = WARPS * ring_units * config.batch_vectors * 32 * VECTOR * DTYPES[dtype_name].width // 8
@@ -261,81 +252,298 @@ def _smem_bytes(dtype_name: str, layout: ScaleLayout, config: QuantizeConfig, ri
     return ring + arrays * 4 * prefix_smem_words(config.max_groups) + 16 * WARPS
 
 
-def make_quantize(
-    dtype_name: str,
-    mode: str,
-    layout: ScaleLayout,
-    config: QuantizeConfig,
-    num_sms: int = DEFAULT_NUM_SMS["sm_90a"],
-):
-    """Build the ``@cute.jit`` launcher ``launch(x, q, scales, offsets, padded_start, padded_end,
-    group_param, stream)``.
-
-    ``x``: (M, K) bf16/fp32 row-major, K % 32 == 0, 16-byte aligned. ``q``: Float8E4M3FN, (M, K),
-    or (padded rows, K) for ``padded``. ``scales``: Float8E8M0FNU, 4-byte aligned: (M, K/32) for
-    ``plain``; otherwise blocked with 128-row blocks: (Rp, Cp), M-groups (M + 128 G, Cp), experts
-    (E Rp, Cp) (the (E, Rp, Cp) tensor seen as 2-D), padded (padded rows + 128 G, Cp).
-    ``offsets``: Int32 (G,) row end offsets for ``m_groups`` and ``padded``, else ``None``.
-    ``padded_start`` / ``padded_end``: Int32 (G,) outputs for ``padded`` (written by CTA 0), else
-    ``None``. ``group_param``: Int32, rows per expert (N) for ``experts``, the alignment for
-    ``padded``, ignored otherwise. ``num_sms`` sizes the waves for ``config.fit_waves``.
-    """
-    if mode not in ("floor", "rceil"):
-        raise ValueError(f"mode must be 'floor' or 'rceil', got {mode!r}")
-    batch = config.batch_vectors
-    batches = STEPS // batch
-    stages = config.stages
-    threads = 32 * WARPS
-    padded = layout is ScaleLayout.PADDED
-    ahead = stages - 1  # units in flight while one converts
-    ring_units = stages
-    warp_tiles = config.warp_tiles
-    warp_rows = WARPS // warp_tiles  # quarters of a row block per CTA
-    fit_waves = config.fit_waves and layout.scans_groups
-    wave_ctas = num_sms * resident_ctas(
-        config.min_ctas_per_sm, _smem_bytes(dtype_name, layout, config, ring_units)
+def _scale_view(scales: cute.Tensor, layout: ScaleLayout, rows, scale_cols) -> cute.Tensor:
+    """Where the kernel writes scales: ``plain``, the (M, K/32) scale bytes; else the blocked scales
+    as flat Uint32 words."""
+    if layout is ScaleLayout.PLAIN:
+        return cute.make_tensor(
+            cute.recast_ptr(scales.iterator, dtype=Uint8),
+            cute.make_layout((rows, scale_cols), stride=(scale_cols, 1)),
+        )
+    return cute.make_tensor(
+        cute.recast_ptr(scales.iterator, dtype=Uint32), cute.make_layout(cute.size(scales) // 4)
     )
-    # One round of offset loads (a thread per group) when the variant's group count allows it.
-    scan = scan_padded_group_sizes_small if config.max_groups <= threads else scan_padded_group_sizes
+
+
+@cute.jit
+def _zero_padding_rows(q_vec, q_zero, q_first_row, warp, warp_tiles: cutlass.Constexpr):
+    """Zero this warp's columns of the rows of its quarter (from q row ``q_first_row``; lane l holds
+    ``q_zero`` of row l) that are padding rows of q (``padded``: no group's data lands there)."""
+    zero_mask = cute.arch.vote_ballot_sync(q_zero)
+    if zero_mask != 0:
+        zeros = cute.make_rmem_tensor(cute.make_layout(VECTOR), Float8E4M3FN)
+        zeros.fill(0.0)
+        for t in cutlass.range(warp.tiles, unroll=1):
+            vec = (warp.first_tile + t * warp_tiles) * LANES_PER_ROW + warp.lane_vec
+            for step in cutlass.range_constexpr(STEPS):
+                r = warp.lane // LANES_PER_ROW + step * ROWS_PER_STEP
+                if (zero_mask >> r) & 1 and vec * VECTOR < warp.cols:
+                    cute.autovec_copy(zeros, q_vec[q_first_row + r, vec, None])
+
+
+@cute.jit
+def _store_padded_offsets(
+    aligned, num_groups, alignment, padded_start, padded_end, tid, threads: cutlass.Constexpr
+):
+    """``padded_start[g] = A * aligned[g]``, ``padded_end[g] = A * aligned[g + 1]`` (the CTA's
+    threads take the groups round-robin)."""
+    for g in cutlass.range(tid, num_groups, threads):
+        padded_start[g] = aligned[g] * alignment
+        padded_end[g] = aligned[g + 1] * alignment
+
+
+# --- The kernel's per-thread state (DSL values, bundled to keep argument lists short) ------------
+
+
+@dataclass(frozen=True)
+class _WarpWork:
+    """Where a lane works: ``lane``; ``quarter_row``, the first row of its warp's quarter inside the
+    row block; ``lane_row``, the lane's row in the block at step 0; ``lane_vec``, its vector of a
+    128-column tile; the warp's ``tiles`` tiles ``first_tile + warp_tiles * j``; ``cols`` (K)."""
+
+    lane: Int32
+    quarter_row: Int32
+    lane_row: Int32
+    lane_vec: Int32
+    first_tile: Int32
+    tiles: Int32
+    cols: Int32
+
+
+@dataclass(frozen=True)
+class _Loads:
+    """A warp's cp.async pipeline: the copy ``atom``, ``x_vec`` (:func:`_vector_view` of x), the
+    lane's ``ring`` (:func:`_staging_ring`), its ``units`` (0: nothing to load), and the row block's
+    rows of x, ``[src_row, src_row + src_rows)``."""
+
+    atom: object
+    x_vec: cute.Tensor
+    ring: cute.Tensor
+    units: Int32
+    src_row: Int32
+    src_rows: Int32
+
+
+@dataclass(frozen=True)
+class _Groups:
+    """The grouped layouts' inputs: ``offsets`` (group end rows), ``padded_start`` / ``padded_end``
+    (``padded``'s outputs), ``alignment`` (``padded``), and the row counts of x and q."""
+
+    offsets: cute.Tensor
+    padded_start: object
+    padded_end: object
+    alignment: Int32
+    rows: Int32
+    out_rows: Int32
+
+
+@dataclass(frozen=True)
+class _ScaleStores:
+    """Where a lane's scale words go: ``view`` (:func:`_scale_view`), ``col_tiles`` (128-column tiles
+    of K), and the blocked layouts' ``place`` of the lane's row word and ``zero_place`` of the row
+    it zeroes (:func:`_scale_word_place`)."""
+
+    view: cute.Tensor
+    col_tiles: Int32
+    place: tuple
+    zero_place: tuple
+
+
+# --- The kernel -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Quantize1x32Variant:
+    """Compile-time choices of the 1x32 kernel: ``dtype`` (a :data:`DTYPES` name), ``mode``
+    (``"floor"`` or ``"rceil"``), ``layout``, ``max_groups`` (the grouped layouts' scan arrays:
+    ``SMALL_GROUPS`` or ``MAX_GROUPS``; the config takes it) and ``num_sms`` (the device's SM count,
+    which sizes the waves of ``QuantizeConfig.fit_waves``; 0: the arch's usual count)."""
+
+    dtype: str
+    mode: str
+    layout: ScaleLayout
+    max_groups: int = MAX_GROUPS
+    num_sms: int = 0
+
+
+class Quantize1x32Kernel(Kernel):
+    """The 1x32 quantization kernel (module docstring); launch contract in :meth:`__call__`."""
+
+    name = "quantize_1x32"
+
+    def __init__(self, variant: Quantize1x32Variant, config: QuantizeConfig) -> None:
+        if variant.mode not in ("floor", "rceil"):
+            raise ValueError(f"mode must be 'floor' or 'rceil', got {variant.mode!r}")
+        super().__init__(variant, config)
+        layout = variant.layout
+        self.mode = variant.mode
+        self.layout = layout
+        self.padded = layout is ScaleLayout.PADDED
+        self.batch = config.batch_vectors
+        self.batches = STEPS // config.batch_vectors
+        self.ring_units = config.stages
+        self.ahead = config.stages - 1  # units in flight while one converts
+        self.warp_tiles = config.warp_tiles
+        self.warp_rows = WARPS // config.warp_tiles  # quarters of a row block per CTA
+        self.threads = 32 * WARPS
+        self.fit_waves = config.fit_waves and layout.scans_groups
+        num_sms = variant.num_sms or DEFAULT_NUM_SMS["sm_90a"]
+        smem_bytes = _smem_bytes(variant.dtype, layout, config, self.ring_units)
+        self.wave_ctas = num_sms * resident_ctas(config.min_ctas_per_sm, smem_bytes)
+        # One round of offset loads (a thread per group) when the variant's group count allows it.
+        small = config.max_groups <= self.threads
+        self.scan = scan_padded_group_sizes_small if small else scan_padded_group_sizes
+
+    @classmethod
+    def variants(cls) -> list[Quantize1x32Variant]:
+        """Every (dtype, mode, layout, max groups) the bindings may ask for, with ``num_sms=0`` (the
+        SM count changes only the launcher's wave sizing: the bindings pass the device's)."""
+        out = []
+        for d in DTYPES:
+            for m in ("floor", "rceil"):
+                for layout in ScaleLayout:
+                    for g in (SMALL_GROUPS, MAX_GROUPS) if layout.scans_groups else (MAX_GROUPS,):
+                        out.append(Quantize1x32Variant(d, m, layout, g))
+        return out
+
+    @classmethod
+    def target_name(cls, variant: Quantize1x32Variant) -> str:
+        """``quantize_1x32_<dtype>_<mode>_<layout>[_g<max groups>]``."""
+        suffix = f"_g{variant.max_groups}" if variant.layout.scans_groups else ""
+        return f"{cls.name}_{variant.dtype}_{variant.mode}_{variant.layout.value}{suffix}"
+
+    @classmethod
+    def compile(cls, variant: Quantize1x32Variant, arch: str, *, config=None, options: str = ""):
+        """:meth:`Kernel.compile`, with ``num_sms=0`` read as the arch's usual SM count."""
+        if not variant.num_sms:
+            variant = replace(variant, num_sms=DEFAULT_NUM_SMS[arch])
+        return super().compile(variant, arch, config=config, options=options)
+
+    @classmethod
+    def fake_arguments(cls, variant: Quantize1x32Variant) -> tuple:
+        """Fake tensors for :meth:`__call__` (M, K, G and the q / scale row counts symbolic; K a
+        multiple of 32), the group parameter and the env stream."""
+        layout = variant.layout
+        rows = cute.sym_int()
+        cols = cute.sym_int(divisibility=BLOCK_SIZE)
+        x = cute.runtime.make_fake_compact_tensor(
+            DTYPES[variant.dtype], (rows, cols), stride_order=(1, 0), assumed_align=16
+        )
+        q_rows = cute.sym_int() if layout is ScaleLayout.PADDED else rows
+        q = cute.runtime.make_fake_compact_tensor(
+            Float8E4M3FN, (q_rows, cols), stride_order=(1, 0), assumed_align=16
+        )
+        scale_shape = (cute.sym_int(), cute.sym_int())
+        scales = cute.runtime.make_fake_compact_tensor(
+            Float8E8M0FNU, scale_shape, stride_order=(1, 0), assumed_align=4
+        )
+        offsets = padded_start = padded_end = None
+        if layout.scans_groups:
+            groups = cute.sym_int()
+            offsets = cute.runtime.make_fake_compact_tensor(Int32, (groups,), assumed_align=4)
+            if layout is ScaleLayout.PADDED:
+                padded_start = cute.runtime.make_fake_compact_tensor(Int32, (groups,), assumed_align=4)
+                padded_end = cute.runtime.make_fake_compact_tensor(Int32, (groups,), assumed_align=4)
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        return x, q, scales, offsets, padded_start, padded_end, Int32(0), stream
+
+    @staticmethod
+    def max_groups_for(num_groups: int) -> int:
+        """The variant's ``max_groups`` for ``num_groups`` groups: small scan arrays up to
+        ``SMALL_GROUPS``, else ``MAX_GROUPS``."""
+        return SMALL_GROUPS if num_groups <= SMALL_GROUPS else MAX_GROUPS
+
+    @staticmethod
+    def can_implement(cols: int, num_groups: int | None, *data_ptrs: int) -> bool:
+        """K a multiple of 32, at most ``MAX_GROUPS`` groups (grouped layouts), and x and q (their
+        ``data_ptrs``) 16-byte aligned: the kernel's vector accesses."""
+        return (
+            cols % BLOCK_SIZE == 0
+            and (num_groups is None or num_groups <= MAX_GROUPS)
+            and all(ptr % 16 == 0 for ptr in data_ptrs)
+        )
+
+    def _grid(self, row_units, chunks):
+        """Launch grid of ``row_units`` x ``chunks`` CTAs: ``[row_units, chunks]``, or chunk-major
+        (:func:`chunk_major_grid`)."""
+        if self.config.chunk_major:
+            return chunk_major_grid(row_units, chunks)
+        return [row_units, chunks, 1]
 
     @cute.jit
-    def _issue(atom, x_vec, ring, u, units, src_row, src_rows, lane_row, lane_vec, first_tile, cols):
+    def __call__(
+        self,
+        x: cute.Tensor,  # (M, K) bf16/fp32 row-major, K % 32 == 0, 16-byte aligned
+        q: cute.Tensor,  # Float8E4M3FN (M, K), or (padded rows, K) for ``padded``
+        scales: cute.Tensor,  # Float8E8M0FNU, 4-byte aligned (see below)
+        offsets,  # Int32 (G,) row end offsets for ``m_groups`` and ``padded``, else None
+        padded_start,  # Int32 (G,) output for ``padded`` (written by CTA 0), else None
+        padded_end,  # Int32 (G,) output for ``padded`` (written by CTA 0), else None
+        group_param: Int32,  # rows per expert (``experts``), the alignment (``padded``), else ignored
+        stream,
+    ):
+        """Launch on ``stream``. ``scales``: (M, K/32) for ``plain``; otherwise blocked with 128-row
+        blocks: (Rp, Cp), M-groups (M + 128 G, Cp), experts (E Rp, Cp) (the (E, Rp, Cp) tensor seen
+        as 2-D), padded (padded rows + 128 G, Cp)."""
+        config, warp_tiles = self.config, self.warp_tiles
+        row_units = ceil_div(scales.shape[0], TILE_ROWS) * warp_tiles
+        col_tiles = ceil_div(x.shape[1], TILE_K)
+        chunks = cutlass.min(col_tiles, cutlass.max(config.target_ctas // row_units, 1))
+        tiles_per_cta = ceil_div(ceil_div(col_tiles, chunks), warp_tiles) * warp_tiles  # whole warp rounds
+        if cutlass.const_expr(self.fit_waves):
+            wave_ctas = self.wave_ctas
+            ctas = row_units * ceil_div(col_tiles, tiles_per_cta)
+            if ctas > wave_ctas and ctas < 2 * wave_ctas and col_tiles % (2 * tiles_per_cta) == 0:
+                tiles_per_cta = tiles_per_cta * 2
+        chunks = ceil_div(col_tiles, tiles_per_cta)
+        self.kernel(x, q, scales, offsets, padded_start, padded_end, group_param, tiles_per_cta).launch(
+            grid=self._grid(row_units, chunks),
+            block=[self.threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=config.min_ctas_per_sm,
+            preferred_smem_carveout=100 if config.min_ctas_per_sm else None,
+        )
+
+    @cute.jit
+    def _issue(self, loads: _Loads, warp: _WarpWork, u):
         """Issue pipeline unit ``u`` (batch ``u % batches`` of this warp's tile
         ``first_tile + warp_tiles * (u // batches)``) into ring slot ``u % ring_units``; past
-        ``units`` only an empty group is committed (groups count units)."""
+        ``loads.units`` only an empty group is committed (groups count units)."""
+        batches = self.batches
         rows_left = Int32(0)
-        vec = (first_tile + (u // batches) * warp_tiles) * LANES_PER_ROW + lane_vec
-        row = lane_row + (u % batches) * batch * ROWS_PER_STEP
-        if u < units:
-            rows_left = src_rows - row
-        _issue_unit(atom, x_vec, ring[u % ring_units, None, None, None], src_row + row, rows_left, vec, cols)
+        vec = (warp.first_tile + (u // batches) * self.warp_tiles) * LANES_PER_ROW + warp.lane_vec
+        row = warp.lane_row + (u % batches) * self.batch * ROWS_PER_STEP
+        if u < loads.units:
+            rows_left = loads.src_rows - row
+        slots = loads.ring[u % self.ring_units, None, None, None]
+        _issue_unit(loads.atom, loads.x_vec, slots, loads.src_row + row, rows_left, vec, warp.cols)
 
     @cute.jit
-    def _block_rows(group_param, row_block, rows):
+    def _block_rows(self, group_param, row_block, rows):
         """``(src_row, src_rows)`` of row block ``row_block``: its first row of x and how many it
         reads, which are also the rows of q it writes (but for ``padded``, whose rows of q are
         shifted per row). For the grouped layouts this is the plain row block (they tile the data
         by source rows)."""
         src_row = row_block * TILE_ROWS
         src_rows = cutlass.max(cutlass.min(rows - src_row, TILE_ROWS), Int32(0))
-        if cutlass.const_expr(layout is ScaleLayout.EXPERTS):
+        if cutlass.const_expr(self.layout is ScaleLayout.EXPERTS):
             src_row, src_rows = uniform_groups_row_block(row_block, group_param)
         return src_row, src_rows
 
     @cute.jit
-    def _row_block_scan(smem, offsets, tid, rows):
+    def _row_block_scan(self, smem, offsets, tid, rows):
         """``(prefix, ends, warp_totals)``: the group scan in units of 128 rows (all threads; ends
         with a CTA barrier) into shared arrays sized for ``config.max_groups``; ``warp_totals`` is
         its scratch, reusable by a later scan."""
-        words = prefix_smem_words(config.max_groups)
+        words = prefix_smem_words(self.config.max_groups)
         prefix = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
         ends = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
         warp_totals = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
-        scan(offsets, offsets.shape[0], rows, TILE_ROWS, prefix, warp_totals, tid, threads, ends)
+        self.scan(offsets, offsets.shape[0], rows, TILE_ROWS, prefix, warp_totals, tid, self.threads, ends)
         return prefix, ends, warp_totals
 
     @cute.jit
-    def _group_rows(smem, offsets, row: Int32, tid: Int32, rows: Int32, alignment, out_rows, ps, pe):
+    def _group_rows(self, smem, groups: _Groups, row: Int32, tid: Int32):
         """The rows this thread's row ``row`` maps to in the grouped layouts, which tile the data by
         source rows: ``(data_row, zero_row, q_row, q_zero)``.
 
@@ -344,44 +552,76 @@ def make_quantize(
         q that source row ``row`` goes to (-1: in no group, dropped), and ``q_zero``, whether row
         ``row`` of q is a padding row (:func:`padded_group_rows`); CTA 0 also writes the padded
         offsets. Runs the group scans (every thread of the CTA calls it)."""
-        prefix, ends, warp_totals = _row_block_scan(smem, offsets, tid, rows)
+        offsets, alignment = groups.offsets, groups.alignment
+        prefix, ends, warp_totals = self._row_block_scan(smem, offsets, tid, groups.rows)
         num_groups = offsets.shape[0]
-        steps = search_steps(config.max_groups)
+        steps = search_steps(self.config.max_groups)
         data_row, zero_row = m_groups_scale_rows(prefix, ends, num_groups, row, row, steps)
         q_row, q_zero = row, False
-        if cutlass.const_expr(padded):
-            aligned = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words(config.max_groups)), 16)
-            scan(offsets, num_groups, rows, alignment, aligned, warp_totals, tid, threads, ends)
-            q_row, q_zero = padded_group_rows(aligned, ends, num_groups, row, alignment, out_rows, steps)
+        if cutlass.const_expr(self.padded):
+            words = prefix_smem_words(self.config.max_groups)
+            aligned = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
+            self.scan(
+                offsets, num_groups, groups.rows, alignment, aligned, warp_totals, tid, self.threads, ends
+            )
+            q_row, q_zero = padded_group_rows(
+                aligned, ends, num_groups, row, alignment, groups.out_rows, steps
+            )
             bx, by, bz = cute.arch.block_idx()
             if bx == 0 and by == 0 and bz == 0:  # CTA 0 (grid z > 1 beyond 65535 row units)
-                _store_padded_offsets(aligned, num_groups, alignment, ps, pe, tid)
+                _store_padded_offsets(
+                    aligned, num_groups, alignment, groups.padded_start, groups.padded_end, tid, self.threads
+                )
         return data_row, zero_row, q_row, q_zero
 
     @cute.jit
-    def _zero_padding_rows(q_vec, q_zero, q_first_row, first_tile, tiles, lane_vec, lane, cols):
-        """Zero this warp's columns of the rows of its quarter (from q row ``q_first_row``; lane l
-        holds ``q_zero`` of row l) that are padding rows of q (``padded``: no group's data lands
-        there)."""
-        zero_mask = cute.arch.vote_ballot_sync(q_zero)
-        if zero_mask != 0:
-            zeros = cute.make_rmem_tensor(cute.make_layout(VECTOR), Float8E4M3FN)
-            zeros.fill(0.0)
-            for t in cutlass.range(tiles, unroll=1):
-                vec = (first_tile + t * warp_tiles) * LANES_PER_ROW + lane_vec
-                for step in cutlass.range_constexpr(STEPS):
-                    r = lane // LANES_PER_ROW + step * ROWS_PER_STEP
-                    if (zero_mask >> r) & 1 and vec * VECTOR < cols:
-                        cute.autovec_copy(zeros, q_vec[q_first_row + r, vec, None])
+    def _store_tile_scales(self, stores: _ScaleStores, loads: _Loads, warp: _WarpWork, tile, word):
+        """After the warp's last unit of ``tile``: the lane's row word (``plain``: its row's bytes),
+        and for the grouped layouts a zero word at its ``zero_place``."""
+        if cutlass.const_expr(self.layout is ScaleLayout.PLAIN):
+            row = warp.quarter_row + warp.lane
+            _store_plain_scales(stores.view, loads.src_row + row, tile, word, row < loads.src_rows)
+        else:
+            _store_scale_word(stores.view, stores.place, stores.col_tiles, tile, word)
+            if cutlass.const_expr(self.layout.scans_groups):
+                _store_scale_word(stores.view, stores.zero_place, stores.col_tiles, tile, Uint32(0))
 
     @cute.jit
-    def _store_padded_offsets(aligned, num_groups, alignment, padded_start, padded_end, tid):
-        for g in cutlass.range(tid, num_groups, threads):
-            padded_start[g] = aligned[g] * alignment
-            padded_end[g] = aligned[g + 1] * alignment
+    def _quantize_units(self, loads: _Loads, warp: _WarpWork, stores: _ScaleStores, q_vec, q_row):
+        """The warp's main loop over its pipeline units: wait for unit u, issue unit u + ahead,
+        quantize the unit's vectors into q (``padded``: row r of the quarter goes to ``q_row`` of
+        lane r), gather each row's scale word in lane ``row % 32`` and store it after a tile."""
+        batch, batches, ahead, lane = self.batch, self.batches, self.ahead, warp.lane
+        my_word = Uint32(0)
+        for u in cutlass.range(loads.units, unroll=1):
+            self._issue(loads, warp, u + ahead)
+            cute.arch.cp_async_wait_group(ahead)
+            tile = warp.first_tile + (u // batches) * self.warp_tiles
+            b = u % batches
+            vec = tile * LANES_PER_ROW + warp.lane_vec
+            for i in cutlass.range_constexpr(batch):
+                step = b * batch + i
+                r = warp.lane_row + step * ROWS_PER_STEP
+                in_cols = vec * VECTOR < warp.cols
+                out_row = loads.src_row + r
+                store = r < loads.src_rows and in_cols
+                if cutlass.const_expr(self.padded):  # the padded row of source row r (-1: dropped)
+                    out_row = cute.arch.shuffle_sync(q_row, r - warp.quarter_row)
+                    store = out_row >= 0 and in_cols
+                values = loads.ring[u % self.ring_units, i, lane, None]
+                s = _quantize_vector(values, q_vec, out_row, vec, store, self.mode)
+                # Route the row's scale word to lane (row % 32) of the quarter.
+                word = cute.arch.shuffle_sync(
+                    _row_scale_word(s, lane), (lane % ROWS_PER_STEP) * LANES_PER_ROW
+                )
+                if lane // ROWS_PER_STEP == step:
+                    my_word = word
+            if b == batches - 1:
+                self._store_tile_scales(stores, loads, warp, tile, my_word)
 
     @cute.kernel
-    def quantize_kernel(
+    def kernel(
+        self,
         x: cute.Tensor,
         q: cute.Tensor,
         scales: cute.Tensor,
@@ -391,15 +631,16 @@ def make_quantize(
         group_param: Int32,
         tiles_per_cta: Int32,
     ):
+        layout, warp_tiles = self.layout, self.warp_tiles
         tid, _, _ = cute.arch.thread_idx()
         row_unit, col_chunk, _ = cute.arch.block_idx()
-        if cutlass.const_expr(config.chunk_major):
+        if cutlass.const_expr(self.config.chunk_major):
             col_chunk, row_unit, row_unit_hi = cute.arch.block_idx()
             row_unit = row_unit + row_unit_hi * MAX_GRID_Y
         lane = tid % 32
         warp = tid // 32
         row_block = row_unit // warp_tiles
-        quarter = (row_unit % warp_tiles) * warp_rows + warp // warp_tiles
+        quarter = (row_unit % warp_tiles) * self.warp_rows + warp // warp_tiles
         rows, cols = x.shape
         out_rows = q.shape[0]
         scale_cols = cols // BLOCK_SIZE
@@ -407,17 +648,8 @@ def make_quantize(
         q_vec = _vector_view(q, out_rows, cols)
 
         smem = SmemAllocator()
-        src_row, src_rows = _block_rows(group_param, row_block, rows)
-
-        if cutlass.const_expr(layout is ScaleLayout.PLAIN):
-            scale_bytes = cute.make_tensor(
-                cute.recast_ptr(scales.iterator, dtype=Uint8),
-                cute.make_layout((rows, scale_cols), stride=(scale_cols, 1)),
-            )
-        else:
-            scale_words = cute.make_tensor(
-                cute.recast_ptr(scales.iterator, dtype=Uint32), cute.make_layout(cute.size(scales) // 4)
-            )
+        src_row, src_rows = self._block_rows(group_param, row_block, rows)
+        scale_view = _scale_view(scales, layout, rows, scale_cols)
 
         quarter_row = quarter * QUARTER_ROWS  # first row of this warp inside the block
         lane_row = quarter_row + lane // LANES_PER_ROW  # the lane's row in the block at step 0
@@ -426,14 +658,12 @@ def make_quantize(
         first_tile = chunk_tile + warp % warp_tiles  # this warp's tiles: first_tile + warp_tiles * j
         last_tile = cutlass.min(chunk_tile + tiles_per_cta, col_tiles)
 
-        # Per-lane cp.async pipeline: unit u = batch (u % batches) of tile (first_tile + u // batches);
-        # its vectors land in stage (u % stages) of this warp's shared ring while older units convert.
-        x_vec = _vector_view(x, rows, cols)
-        ring, atom = _staging_ring(smem, x, batch, ring_units)
-        tiles = cutlass.max(ceil_div(last_tile - first_tile, warp_tiles), 0)
         # Per-lane cp.async pipeline: unit u = batch (u % batches) of this warp's tile u // batches, in
         # ring slot u % ring_units; ``ahead`` units are in flight while one converts.
-        units = tiles * batches
+        x_vec = _vector_view(x, rows, cols)
+        ring, atom = _staging_ring(smem, x, self.batch, self.ring_units)
+        tiles = cutlass.max(ceil_div(last_tile - first_tile, warp_tiles), 0)
+        units = tiles * self.batches
         # A quarter with no source row (the zero row blocks of the grouped layouts) only zeroes its
         # scale words (and, ``padded``, its padding rows of q): no loads, no conversions.
         zero_tiles = Int32(0)
@@ -441,8 +671,10 @@ def make_quantize(
             if quarter_row >= src_rows:
                 zero_tiles = tiles
                 units = Int32(0)
-        for u in cutlass.range_constexpr(ahead):
-            _issue(atom, x_vec, ring, u, units, src_row, src_rows, lane_row, lane_vec, first_tile, cols)
+        work = _WarpWork(lane, quarter_row, lane_row, lane_vec, first_tile, tiles, cols)
+        loads = _Loads(atom, x_vec, ring, units, src_row, src_rows)
+        for u in cutlass.range_constexpr(self.ahead):
+            self._issue(loads, work, u)
         # The scale row this lane's row word goes to, and one it zeroes (grouped layouts: the data is
         # tiled by source rows, so the group scans run while the first loads are in flight).
         scale_place = (row_block, lane * WARPS + quarter)  # _scale_word_place of the lane's row
@@ -450,149 +682,24 @@ def make_quantize(
         q_row, q_zero = Int32(0), False
         if cutlass.const_expr(layout.scans_groups):
             own_row = row_block * TILE_ROWS + quarter_row + lane
-            data_row, zero_row, q_row, q_zero = _group_rows(
-                smem, offsets, own_row, tid, rows, group_param, out_rows, padded_start, padded_end
-            )
+            groups = _Groups(offsets, padded_start, padded_end, group_param, rows, out_rows)
+            data_row, zero_row, q_row, q_zero = self._group_rows(smem, groups, own_row, tid)
             scale_place = _scale_word_place(data_row)
             zero_place = _scale_word_place(zero_row)
-        my_word = Uint32(0)
-        for u in cutlass.range(units, unroll=1):
-            _issue(
-                atom, x_vec, ring, u + ahead, units, src_row, src_rows, lane_row, lane_vec, first_tile, cols
-            )
-            cute.arch.cp_async_wait_group(ahead)
-            tile = first_tile + (u // batches) * warp_tiles
-            b = u % batches
-            vec = tile * LANES_PER_ROW + lane_vec
-            for i in cutlass.range_constexpr(batch):
-                step = b * batch + i
-                r = lane_row + step * ROWS_PER_STEP
-                in_cols = vec * VECTOR < cols
-                out_row = src_row + r
-                store = r < src_rows and in_cols
-                if cutlass.const_expr(padded):  # the padded row of source row r (-1: dropped)
-                    out_row = cute.arch.shuffle_sync(q_row, r - quarter_row)
-                    store = out_row >= 0 and in_cols
-                s = _quantize_vector(ring[u % ring_units, i, lane, None], q_vec, out_row, vec, store, mode)
-                # Route the row's scale word to lane (row % 32) of the quarter.
-                word = cute.arch.shuffle_sync(
-                    _row_scale_word(s, lane), (lane % ROWS_PER_STEP) * LANES_PER_ROW
-                )
-                if lane // ROWS_PER_STEP == step:
-                    my_word = word
-            if b == batches - 1:
-                if cutlass.const_expr(layout is ScaleLayout.PLAIN):
-                    row = quarter_row + lane
-                    _store_plain_scales(scale_bytes, src_row + row, tile, my_word, row < src_rows)
-                else:
-                    _store_scale_word(scale_words, scale_place, col_tiles, tile, my_word)
-                    if cutlass.const_expr(layout.scans_groups):
-                        _store_scale_word(scale_words, zero_place, col_tiles, tile, Uint32(0))
+        stores = _ScaleStores(scale_view, col_tiles, scale_place, zero_place)
+        self._quantize_units(loads, work, stores, q_vec, q_row)
         if cutlass.const_expr(layout.scans_groups):
             for t in cutlass.range(zero_tiles, unroll=1):
-                _store_scale_word(scale_words, zero_place, col_tiles, first_tile + t * warp_tiles, Uint32(0))
-        if cutlass.const_expr(padded):
+                _store_scale_word(scale_view, zero_place, col_tiles, first_tile + t * warp_tiles, Uint32(0))
+        if cutlass.const_expr(self.padded):
             q_first_row = row_block * TILE_ROWS + quarter_row
-            _zero_padding_rows(q_vec, q_zero, q_first_row, first_tile, tiles, lane_vec, lane, cols)
-
-    @cute.jit
-    def launch(
-        x: cute.Tensor,
-        q: cute.Tensor,
-        scales: cute.Tensor,
-        offsets,
-        padded_start,
-        padded_end,
-        group_param: Int32,
-        stream,
-    ):
-        row_units = ceil_div(scales.shape[0], TILE_ROWS) * warp_tiles
-        col_tiles = ceil_div(x.shape[1], TILE_K)
-        chunks = cutlass.min(col_tiles, cutlass.max(config.target_ctas // row_units, 1))
-        tiles_per_cta = ceil_div(ceil_div(col_tiles, chunks), warp_tiles) * warp_tiles  # whole warp rounds
-        if cutlass.const_expr(fit_waves):
-            ctas = row_units * ceil_div(col_tiles, tiles_per_cta)
-            if ctas > wave_ctas and ctas < 2 * wave_ctas and col_tiles % (2 * tiles_per_cta) == 0:
-                tiles_per_cta = tiles_per_cta * 2
-        chunks = ceil_div(col_tiles, tiles_per_cta)
-        quantize_kernel(x, q, scales, offsets, padded_start, padded_end, group_param, tiles_per_cta).launch(
-            grid=_grid(row_units, chunks, config.chunk_major),
-            block=[threads, 1, 1],
-            stream=stream,
-            min_blocks_per_mp=config.min_ctas_per_sm,
-            preferred_smem_carveout=100 if config.min_ctas_per_sm else None,
-        )
-
-    return launch
+            _zero_padding_rows(q_vec, q_zero, q_first_row, work, warp_tiles)
 
 
-def fake_arguments(dtype_name: str, layout: ScaleLayout):
-    """Fake tensors for ``launch`` (M, K, G and the q / scale row counts symbolic; K a multiple of
-    32), the group parameter and the env stream."""
-    rows = cute.sym_int()
-    cols = cute.sym_int(divisibility=BLOCK_SIZE)
-    x = cute.runtime.make_fake_compact_tensor(
-        DTYPES[dtype_name], (rows, cols), stride_order=(1, 0), assumed_align=16
-    )
-    q_rows = cute.sym_int() if layout is ScaleLayout.PADDED else rows
-    q = cute.runtime.make_fake_compact_tensor(
-        Float8E4M3FN, (q_rows, cols), stride_order=(1, 0), assumed_align=16
-    )
-    scale_shape = (cute.sym_int(), cute.sym_int())
-    scales = cute.runtime.make_fake_compact_tensor(
-        Float8E8M0FNU, scale_shape, stride_order=(1, 0), assumed_align=4
-    )
-    offsets = padded_start = padded_end = None
-    if layout.scans_groups:
-        groups = cute.sym_int()
-        offsets = cute.runtime.make_fake_compact_tensor(Int32, (groups,), assumed_align=4)
-        if layout is ScaleLayout.PADDED:
-            padded_start = cute.runtime.make_fake_compact_tensor(Int32, (groups,), assumed_align=4)
-            padded_end = cute.runtime.make_fake_compact_tensor(Int32, (groups,), assumed_align=4)
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return x, q, scales, offsets, padded_start, padded_end, Int32(0), stream
-
-
-def compile_quantize(
-    dtype_name: str,
-    mode: str,
-    layout: ScaleLayout,
-    arch: str,
-    config: QuantizeConfig | None = None,
-    options: str = "",
-    max_groups: int = MAX_GROUPS,
-    num_sms: int | None = None,
-):
-    """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream); without a
-    ``config``, the tuned one for the dtype with ``max_groups`` (``SMALL_GROUPS`` or ``MAX_GROUPS``).
-    ``num_sms``: the device's SM count (default: the arch's usual one)."""
-    config = config or replace(CONFIGS[arch][dtype_name], max_groups=max_groups)
-    launch = make_quantize(dtype_name, mode, layout, config, num_sms or DEFAULT_NUM_SMS[arch])
-    return compile_tvm_ffi(launch, fake_arguments(dtype_name, layout), arch, options)
-
-
-def variants() -> list[tuple[str, str, ScaleLayout, int]]:
-    """Every (dtype, mode, scale layout, max groups) variant the bindings may ask for."""
-    out = []
-    for d in DTYPES:
-        for m in ("floor", "rceil"):
-            for layout in ScaleLayout:
-                for g in (SMALL_GROUPS, MAX_GROUPS) if layout.scans_groups else (MAX_GROUPS,):
-                    out.append((d, m, layout, g))
-    return out
-
-
-def sass_targets() -> dict:
-    """SASS-inspection targets: ``quantize_1x32_<dtype>_<mode>_<layout>[_g<G>]`` -> build(arch)."""
-    from cute_utils.sass import compile_options
-
-    def target(dtype_name: str, mode: str, layout: ScaleLayout, groups: int):
-        return lambda arch: compile_quantize(
-            dtype_name, mode, layout, arch, options=compile_options(arch), max_groups=groups
-        )
-
-    def name(d: str, m: str, layout: ScaleLayout, g: int) -> str:
-        suffix = f"_g{g}" if layout.scans_groups else ""
-        return f"quantize_1x32_{d}_{m}_{layout.value}{suffix}"
-
-    return {name(*v): target(*v) for v in variants()}
+__all__ = [
+    "DTYPES",
+    "QuantizeConfig",
+    "Quantize1x32Kernel",
+    "Quantize1x32Variant",
+    "ScaleLayout",
+]

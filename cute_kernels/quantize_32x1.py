@@ -33,8 +33,11 @@ Design choice (vs. a TMA tile in shared memory read back column-wise): loads str
 registers need no barrier and no shared memory, keep 4 KB per warp in flight, and give the same
 coalescing on the read side; a CTA's 4 row blocks write each 128-byte line of q^T whole.
 
-M, K, E and G are symbolic: one compile per (dtype, scaling mode, scale layout, config, arch).
-M and K must be multiples of 32, x and q 16-byte aligned (the bindings check both).
+M, K, E and G are symbolic: one compile per variant (:class:`Quantize32x1Variant`: dtype, scaling
+mode, scale layout), config and arch; :class:`Quantize32x1Kernel` is the registry's
+``"quantize_32x1"`` entry. M and K must be multiples of 32, x and q 16-byte aligned, at most
+``MAX_GROUPS`` groups (:meth:`Quantize32x1Kernel.can_implement`; the bindings check them). The
+launch config per arch and the measurements behind it: ``cute_kernels/configs/sm90.py``.
 """
 
 from __future__ import annotations
@@ -55,14 +58,11 @@ from cute_utils.blocked import (
     ceil_div,
     zero_fill_chunks,
 )
-from cute_utils.groups import (
-    MAX_GROUPS,
-    group_row_tile,
-    k_groups_tile_column,
-    prefix_smem_words,
-)
-from cute_utils.jit import compile_tvm_ffi
+from cute_utils.constants import MAX_GROUPS
+from cute_utils.groups import group_row_tile, k_groups_tile_column, prefix_smem_words
 from cute_utils.mx import BLOCK_SIZE, abs_bits, e8m0_scale, inverse_scale
+
+from .base import Kernel
 
 THREADS = 128
 COLS_PER_THREAD = 2
@@ -74,6 +74,8 @@ MODES = ("floor", "rceil")
 
 
 class ScaleLayout(str, Enum):
+    """Where the scales go (module docstring): S row-major, SPEC's blocked layout, or K-groups."""
+
     PLAIN = "plain"
     BLOCKED = "blocked"
     K_GROUPS = "k_groups"
@@ -85,20 +87,13 @@ class Quantize32x1Config:
     the group scan and lookups); ``min_ctas_per_sm``: register cap (0: none); ``max_groups``: most
     groups the ``k_groups`` variant takes (scan arrays in shared memory); ``pair_stores``: lane
     pairs exchange halves so each store instruction writes whole 32-byte sectors
-    (:func:`store_sector_pairs`) instead of each lane writing its own column's halves."""
+    (:func:`store_sector_pairs`) instead of each lane writing its own column's halves. Each arch's
+    choice and why: ``cute_kernels.configs`` (``quantize_32x1``)."""
 
     target_ctas: int = 32768
     min_ctas_per_sm: int = 4
     max_groups: int = MAX_GROUPS
     pair_stores: bool = True
-
-
-# Measured on an H200 (bench/tune_quantize_32x1.py): 4 CTAs per SM (128 registers; the K-groups
-# variant wants more and spills nothing at 128) beat no cap by 5-10%; a grid of ~32768 CTAs beat
-# ~16384 by 6% and 4096 by 15% at 131072 x 5120/7168 (0.90 vs 0.85 vs 0.78 of copy), the same at
-# 32768 rows; lane-pair sector stores beat per-lane stores by 1.35x.
-_DEFAULT = Quantize32x1Config()
-CONFIGS = {arch: {"bfloat16": _DEFAULT, "float32": _DEFAULT} for arch in ("sm_90a", "sm_100a")}
 
 
 def _pair_view(x: cute.Tensor) -> cute.Tensor:
@@ -208,38 +203,193 @@ def store_sector_pairs(words: cute.Tensor, dst: cute.Tensor, e: Int32, k0: Int32
             cute.autovec_copy(second, dst[e, k0 + 2 - 2 * odd + j, block, odd, None])
 
 
-def make_quantize_32x1(dtype_name: str, mode: str, layout: ScaleLayout, config: Quantize32x1Config):
-    """Build the ``@cute.jit`` launcher ``launch(x, qt, scales, offsets, stream)``.
+@dataclass(frozen=True)
+class Quantize32x1Variant:
+    """Compile-time choices: ``dtype`` (a :data:`DTYPES` name), ``mode`` (``"floor"`` or
+    ``"rceil"``: the E8M0 scale's rounding) and ``layout`` (:class:`ScaleLayout`)."""
 
-    ``x``: (E, M, K) bf16/fp32 row-major, M and K multiples of 32. ``qt``: (E, K, M) Float8E4M3FN
-    row-major (q^T). ``scales``: Float8E8M0FNU (E, K, M/32) for ``plain``, (E, Rp, Cp) for
-    ``blocked``, (1, Rp, M/32 + 4 G) for ``k_groups``. ``offsets``: Int32 (G,) row end offsets for
-    ``k_groups``, else ``None``.
+    dtype: str
+    mode: str
+    layout: ScaleLayout
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be 'floor' or 'rceil', got {self.mode!r}")
+
+
+@dataclass(frozen=True)
+class RowSpan:
+    """A CTA's work: rows ``first_row .. first_row + rows - 1`` (at most 128) of expert ``e``, whose
+    scales are word column ``row_tile`` of a blocked tile, over column tiles
+    ``first_tile .. last_tile - 1``."""
+
+    e: Int32
+    row_tile: Int32
+    first_row: Int32
+    rows: Int32
+    first_tile: Int32
+    last_tile: Int32
+
+
+@dataclass(frozen=True)
+class GroupPlacement:
+    """Where a K-groups row tile's scale words go (:func:`cute_utils.groups.k_groups_tile_column`):
+    ``covered`` (no scale stores when not), ``base`` and ``row_block_bytes``."""
+
+    covered: cutlass.Boolean
+    base: Int32
+    row_block_bytes: Int32
+
+
+class Quantize32x1Kernel(Kernel):
+    """32x1 MXFP8 quantization (module docstring): x (E, M, K) -> q^T (E, K, M) + E8M0 scales.
+
+    Launch: ``kernel(x, qt, scales, offsets)`` (see :meth:`__call__` for the shapes);
+    :meth:`can_implement` gives the limits.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be 'floor' or 'rceil', got {mode!r}")
-    grouped = layout is ScaleLayout.K_GROUPS
+
+    name = "quantize_32x1"
+
+    def __init__(self, variant: Quantize32x1Variant, config: Quantize32x1Config) -> None:
+        super().__init__(variant, config)
+        self.mode = variant.mode
+        self.layout = variant.layout
+        self.grouped = variant.layout is ScaleLayout.K_GROUPS
+
+    @classmethod
+    def variants(cls) -> list[Quantize32x1Variant]:
+        return [Quantize32x1Variant(d, m, layout) for d in DTYPES for m in MODES for layout in ScaleLayout]
+
+    @classmethod
+    def target_name(cls, variant: Quantize32x1Variant) -> str:
+        return f"{cls.name}_{variant.dtype}_{variant.mode}_{variant.layout.value}"
+
+    @classmethod
+    def fake_arguments(cls, variant: Quantize32x1Variant) -> tuple:
+        """Fake tensors (E, M, K, scale shapes and G symbolic; M and K multiples of 32) and the env
+        stream."""
+        experts = cute.sym_int()
+        rows, cols = cute.sym_int(divisibility=BLOCK_SIZE), cute.sym_int(divisibility=BLOCK_SIZE)
+        x = cute.runtime.make_fake_compact_tensor(
+            DTYPES[variant.dtype], (experts, rows, cols), stride_order=(2, 1, 0), assumed_align=16
+        )
+        qt = cute.runtime.make_fake_compact_tensor(
+            Float8E4M3FN, (experts, cols, rows), stride_order=(2, 1, 0), assumed_align=16
+        )
+        scale_shape = (experts, cute.sym_int(), cute.sym_int())
+        scales = cute.runtime.make_fake_compact_tensor(
+            Float8E8M0FNU, scale_shape, stride_order=(2, 1, 0), assumed_align=16
+        )
+        offsets = None
+        if variant.layout is ScaleLayout.K_GROUPS:
+            offsets = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        return x, qt, scales, offsets, stream
+
+    @staticmethod
+    def can_implement(rows: int, cols: int, num_groups: int | None = None) -> bool:
+        """M (``rows``) and K (``cols``) multiples of 32 and at most ``MAX_GROUPS`` groups (x and q
+        must also be 16-byte aligned)."""
+        groups_ok = num_groups is None or num_groups <= MAX_GROUPS
+        return rows % BLOCK_SIZE == 0 and cols % BLOCK_SIZE == 0 and groups_ok
 
     @cute.jit
-    def _row_tile(x, qt, scales, e, first_tile, last_tile, row_tile, first_row, tile_rows, placed):
-        """Quantize rows ``first_row .. first_row + tile_rows - 1`` (at most 128: scale column word
-        ``row_tile`` of blocked scales) over column tiles ``first_tile .. last_tile - 1``.
-        ``placed`` (K-groups): ``(covered, base, row_block_bytes)`` of :func:`k_groups_tile_column`
-        (no scale stores when not covered)."""
+    def __call__(
+        self,
+        x: cute.Tensor,  # (E, M, K) bf16/fp32 row-major, M and K multiples of 32
+        qt: cute.Tensor,  # (E, K, M) Float8E4M3FN row-major: q^T
+        scales: cute.Tensor,  # E8M0 (E, K, M/32) plain, (E, Rp, Cp) blocked, (1, Rp, M/32 + 4 G) k_groups
+        offsets,  # Int32 (G,) row end offsets (k_groups), else None
+        stream,
+    ):
+        experts, rows, cols = x.shape
+        row_tiles = ceil_div(rows, TILE_M)
+        col_tiles = ceil_div(cols, TILE_K)
+        chunks = cutlass.min(col_tiles, cutlass.max(self.config.target_ctas // (row_tiles * experts), 1))
+        tiles_per_cta = ceil_div(col_tiles, chunks)
+        chunks = ceil_div(col_tiles, tiles_per_cta)
+        if cutlass.const_expr(self.grouped):  # group-aligned row tiles (M-groups numbering)
+            row_tiles = ceil_div(rows + TILE_M * offsets.shape[0], TILE_M)
+        self.kernel(x, qt, scales, offsets, tiles_per_cta).launch(
+            grid=[row_tiles, chunks, experts],
+            block=[THREADS, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=self.config.min_ctas_per_sm,
+            preferred_smem_carveout=100 if self.config.min_ctas_per_sm else None,
+        )
+
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, qt: cute.Tensor, scales: cute.Tensor, offsets, tiles_per_cta: Int32):
+        tid, _, _ = cute.arch.thread_idx()
+        row_tile, col_chunk, e = cute.arch.block_idx()
+        _, rows, cols = x.shape
+        first_tile = col_chunk * tiles_per_cta
+        last_tile = cutlass.min(first_tile + tiles_per_cta, ceil_div(cols, TILE_K))
+        if cutlass.const_expr(not self.grouped):
+            first_row = row_tile * TILE_M
+            tile_rows = cutlass.min(rows - first_row, TILE_M)
+            span = RowSpan(e, row_tile, first_row, tile_rows, first_tile, last_tile)
+            self._row_tile(x, qt, scales, span, None)
+        else:
+            first_row, tile_rows, placed = self._group_row_tile(x, scales, offsets, row_tile, col_chunk, tid)
+            span = RowSpan(e, row_tile, first_row, tile_rows, first_tile, last_tile)
+            self._row_tile(x, qt, scales, span, placed)
+
+    @cute.jit
+    def _group_row_tile(self, x, scales, offsets, row_tile: Int32, col_chunk: Int32, tid: Int32):
+        """K-groups: ``(first_row, tile_rows, placement)`` of row tile ``row_tile``, and this CTA's
+        share of the zero tail after the last group (all threads: the scan may use a barrier).
+
+        Row tiles follow the groups (M-groups numbering): 128 rows of one group from its start, so
+        their 4 scale columns are one word of the group's blocked tiles (padding included). Up to 32
+        groups, each warp scans them in registers (no shared memory, no barrier)."""
+        _, rows, _ = x.shape
+        _, scale_rows, scale_cols = scales.shape
+        num_groups = offsets.shape[0]
+        smem = SmemAllocator()
+        words = prefix_smem_words(self.config.max_groups)
+        first_row, tile_rows, covered, group_prefix, next_prefix, covered_blocks = group_row_tile(
+            offsets,
+            num_groups,
+            rows,
+            row_tile,
+            tid,
+            THREADS,
+            smem.allocate_tensor(Int32, cute.make_layout(words), 16),
+            smem.allocate_tensor(Int32, cute.make_layout(words), 16),
+            smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32), 16),
+        )
+        # Bytes past the last group's region are zero: a grid-stride loop over all CTAs.
+        grid_x, grid_y, _ = cute.arch.grid_dim()
+        zero_fill_chunks(
+            _flat_view(scales, Uint32, 4)[0, None],
+            cutlass.min(scale_rows * TILE_COLS * covered_blocks, scale_rows * scale_cols),
+            scale_rows * scale_cols,
+            (row_tile * grid_y + col_chunk) * THREADS + tid,
+            grid_x * grid_y * THREADS,
+        )
+        base, row_block_bytes = k_groups_tile_column(group_prefix, next_prefix, row_tile, scale_rows)
+        return first_row, tile_rows, GroupPlacement(covered, base, row_block_bytes)
+
+    @cute.jit
+    def _row_tile(self, x, qt, scales, span: RowSpan, placed):
+        """Quantize the rows of ``span`` over its column tiles; ``placed`` (K-groups): the
+        :class:`GroupPlacement` of its scale words, else ``None``."""
         tid, _, _ = cute.arch.thread_idx()
         _, rows, cols = x.shape
-        _, scale_rows, scale_cols = scales.shape
+        e, first_row, tile_rows = span.e, span.first_row, span.rows
         pairs = _pair_view(x)
         q_blocks = _block_view(qt)
         q_halves = _half_view(qt)
-        if cutlass.const_expr(layout is ScaleLayout.PLAIN):
+        if cutlass.const_expr(self.layout is ScaleLayout.PLAIN):
             scale_out = _flat_view(scales, Uint8, 1)
         else:
             scale_out = _flat_view(scales, Uint32, 4)
+        scale_cols = scales.shape[2]
         raw = cute.make_rmem_tensor(
             cute.make_layout((BLOCK_SIZE, COLS_PER_THREAD), stride=(2, 1)), x.element_type
         )
-        for tile in cutlass.range(first_tile, last_tile, unroll=1):
+        for tile in cutlass.range(span.first_tile, span.last_tile, unroll=1):
             pair = tile * THREADS + tid
             k0 = pair * COLS_PER_THREAD
             words = [Uint32(0), Uint32(0)]
@@ -247,7 +397,7 @@ def make_quantize_32x1(dtype_name: str, mode: str, layout: ScaleLayout, config: 
                 row0 = first_row + b * BLOCK_SIZE
                 block = row0 // BLOCK_SIZE
                 valid = b * BLOCK_SIZE < tile_rows and k0 < cols
-                if cutlass.const_expr(grouped):
+                if cutlass.const_expr(self.grouped):
                     valid = valid and row0 + BLOCK_SIZE <= rows  # garbage offsets: stay inside x
                 if valid:
                     load_column_pair_block(pairs, e, row0, pair, raw)
@@ -256,161 +406,50 @@ def make_quantize_32x1(dtype_name: str, mode: str, layout: ScaleLayout, config: 
                     amax = column_amax_bits(raw, j)
                     if not valid:
                         amax = Int32(0)
-                    s = e8m0_scale(amax, mode)
+                    s = e8m0_scale(amax, self.mode)
                     q = cute.recast_tensor(q_words[j, None], Float8E4M3FN)
                     quantize_column(raw, j, s, q)
-                    if cutlass.const_expr(not config.pair_stores):
+                    if cutlass.const_expr(not self.config.pair_stores):
                         if valid:
                             cute.autovec_copy(q, q_blocks[e, k0 + j, block, None])
-                    if cutlass.const_expr(layout is ScaleLayout.PLAIN):
+                    if cutlass.const_expr(self.layout is ScaleLayout.PLAIN):
                         if valid:
                             scale_out[e, (k0 + j) * scale_cols + block] = Uint8(s)
                     else:
                         words[j] = words[j] | (Uint32(s) << Uint32(8 * b))
-                if cutlass.const_expr(config.pair_stores):
+                if cutlass.const_expr(self.config.pair_stores):
                     store_sector_pairs(q_words, q_halves, e, k0, block, valid)
-            # One word per column: the tile's 4 scales (zero for row blocks past the rows or the group).
-            for j in cutlass.range_constexpr(COLS_PER_THREAD):
-                k = k0 + j
-                if cutlass.const_expr(layout is ScaleLayout.BLOCKED):
-                    if k < scale_rows:
-                        word = ((k // TILE_ROWS) * (scale_cols // TILE_COLS) + row_tile) * (TILE_BYTES // 4)
-                        scale_out[e, word + blocked_row_offset(k) // 4] = words[j]
-                elif cutlass.const_expr(grouped):
-                    covered, group_base, group_row_block_bytes = placed
-                    if covered and k < scale_rows:
-                        offset = group_base + (k // TILE_ROWS) * group_row_block_bytes + blocked_row_offset(k)
-                        scale_out[0, offset // 4] = words[j]
-
-    @cute.kernel
-    def quantize_32x1_kernel(
-        x: cute.Tensor,
-        qt: cute.Tensor,
-        scales: cute.Tensor,
-        offsets,
-        tiles_per_cta: Int32,
-    ):
-        tid, _, _ = cute.arch.thread_idx()
-        row_tile, col_chunk, e = cute.arch.block_idx()
-        _, rows, cols = x.shape
-        _, scale_rows, scale_cols = scales.shape
-        first_tile = col_chunk * tiles_per_cta
-        last_tile = cutlass.min(first_tile + tiles_per_cta, ceil_div(cols, TILE_K))
-        if cutlass.const_expr(not grouped):
-            first_row = row_tile * TILE_M
-            tile_rows = cutlass.min(rows - first_row, TILE_M)
-            _row_tile(x, qt, scales, e, first_tile, last_tile, row_tile, first_row, tile_rows, None)
-        else:
-            # Row tiles follow the groups (M-groups numbering): 128 rows of one group from its start,
-            # so their 4 scale columns are one word of the group's blocked tiles (padding included).
-            # Up to 32 groups, each warp scans them in registers (no shared memory, no barrier).
-            num_groups = offsets.shape[0]
-            smem = SmemAllocator()
-            words = prefix_smem_words(config.max_groups)
-            first_row, tile_rows, covered, group_prefix, next_prefix, covered_blocks = group_row_tile(
-                offsets,
-                num_groups,
-                rows,
-                row_tile,
-                tid,
-                THREADS,
-                smem.allocate_tensor(Int32, cute.make_layout(words), 16),
-                smem.allocate_tensor(Int32, cute.make_layout(words), 16),
-                smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32), 16),
-            )
-            # Bytes past the last group's region are zero: a grid-stride loop over all CTAs.
-            grid_x, grid_y, _ = cute.arch.grid_dim()
-            zero_fill_chunks(
-                _flat_view(scales, Uint32, 4)[0, None],
-                cutlass.min(scale_rows * TILE_COLS * covered_blocks, scale_rows * scale_cols),
-                scale_rows * scale_cols,
-                (row_tile * grid_y + col_chunk) * THREADS + tid,
-                grid_x * grid_y * THREADS,
-            )
-            base, row_block_bytes = k_groups_tile_column(group_prefix, next_prefix, row_tile, scale_rows)
-            placed = (covered, base, row_block_bytes)
-            _row_tile(x, qt, scales, e, first_tile, last_tile, row_tile, first_row, tile_rows, placed)
+            if cutlass.const_expr(self.layout is not ScaleLayout.PLAIN):
+                self._store_scale_words(scale_out, scales, words, k0, span, placed)
 
     @cute.jit
-    def launch(x: cute.Tensor, qt: cute.Tensor, scales: cute.Tensor, offsets, stream):
-        experts, rows, cols = x.shape
-        row_tiles = ceil_div(rows, TILE_M)
-        col_tiles = ceil_div(cols, TILE_K)
-        chunks = cutlass.min(col_tiles, cutlass.max(config.target_ctas // (row_tiles * experts), 1))
-        tiles_per_cta = ceil_div(col_tiles, chunks)
-        chunks = ceil_div(col_tiles, tiles_per_cta)
-        if cutlass.const_expr(grouped):  # group-aligned row tiles (M-groups numbering)
-            row_tiles = ceil_div(rows + TILE_M * offsets.shape[0], TILE_M)
-        quantize_32x1_kernel(x, qt, scales, offsets, tiles_per_cta).launch(
-            grid=[row_tiles, chunks, experts],
-            block=[THREADS, 1, 1],
-            stream=stream,
-            min_blocks_per_mp=config.min_ctas_per_sm,
-            preferred_smem_carveout=100 if config.min_ctas_per_sm else None,
-        )
-
-    return launch
-
-
-def fake_arguments(dtype_name: str, layout: ScaleLayout):
-    """Fake tensors (E, M, K, scale shapes and G symbolic; M and K multiples of 32) and the env stream."""
-    experts = cute.sym_int()
-    rows, cols = cute.sym_int(divisibility=BLOCK_SIZE), cute.sym_int(divisibility=BLOCK_SIZE)
-    x = cute.runtime.make_fake_compact_tensor(
-        DTYPES[dtype_name], (experts, rows, cols), stride_order=(2, 1, 0), assumed_align=16
-    )
-    qt = cute.runtime.make_fake_compact_tensor(
-        Float8E4M3FN, (experts, cols, rows), stride_order=(2, 1, 0), assumed_align=16
-    )
-    scale_shape = (experts, cute.sym_int(), cute.sym_int())
-    scales = cute.runtime.make_fake_compact_tensor(
-        Float8E8M0FNU, scale_shape, stride_order=(2, 1, 0), assumed_align=16
-    )
-    offsets = None
-    if layout is ScaleLayout.K_GROUPS:
-        offsets = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return x, qt, scales, offsets, stream
-
-
-def compile_quantize_32x1(
-    dtype_name: str,
-    mode: str,
-    layout: ScaleLayout,
-    arch: str,
-    config: Quantize32x1Config | None = None,
-    options: str = "",
-):
-    """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream)."""
-    config = config or CONFIGS[arch][dtype_name]
-    launch = make_quantize_32x1(dtype_name, mode, layout, config)
-    return compile_tvm_ffi(launch, fake_arguments(dtype_name, layout), arch, options)
-
-
-def variants() -> list[tuple[str, str, ScaleLayout]]:
-    """Every (dtype, mode, scale layout) variant the bindings may ask for."""
-    return [(d, m, layout) for d in DTYPES for m in MODES for layout in ScaleLayout]
-
-
-def sass_targets() -> dict:
-    """SASS-inspection targets: ``quantize_32x1_<dtype>_<mode>_<layout>`` -> build(arch)."""
-    from cute_utils.sass import compile_options
-
-    def target(dtype_name: str, mode: str, layout: ScaleLayout):
-        return lambda arch: compile_quantize_32x1(
-            dtype_name, mode, layout, arch, options=compile_options(arch)
-        )
-
-    return {f"quantize_32x1_{d}_{m}_{layout.value}": target(d, m, layout) for d, m, layout in variants()}
+    def _store_scale_words(self, scale_out, scales, words, k0: Int32, span: RowSpan, placed):
+        """One word per column ``k0 + j`` (``words[j]``): the tile's 4 scales, zero for row blocks
+        past the rows or the group; columns in ``[K, Rp)`` write the blocked layout's zero rows."""
+        _, scale_rows, scale_cols = scales.shape
+        for j in cutlass.range_constexpr(COLS_PER_THREAD):
+            k = k0 + j
+            if cutlass.const_expr(self.layout is ScaleLayout.BLOCKED):
+                if k < scale_rows:
+                    word = ((k // TILE_ROWS) * (scale_cols // TILE_COLS) + span.row_tile) * (TILE_BYTES // 4)
+                    scale_out[span.e, word + blocked_row_offset(k) // 4] = words[j]
+            else:
+                if placed.covered and k < scale_rows:
+                    offset = placed.base + (k // TILE_ROWS) * placed.row_block_bytes + blocked_row_offset(k)
+                    scale_out[0, offset // 4] = words[j]
 
 
 __all__ = [
-    "CONFIGS",
+    "DTYPES",
+    "MODES",
+    "GroupPlacement",
     "Quantize32x1Config",
+    "Quantize32x1Kernel",
+    "Quantize32x1Variant",
+    "RowSpan",
     "ScaleLayout",
-    "compile_quantize_32x1",
-    "fake_arguments",
-    "make_quantize_32x1",
-    "sass_targets",
-    "variants",
+    "column_amax_bits",
+    "load_column_pair_block",
+    "quantize_column",
+    "store_sector_pairs",
 ]

@@ -45,6 +45,14 @@ for both block maxima (bf16: packed 16-bit max on the magnitudes, two rows per w
 rolled loop over rows) and for q^T. Every element is converted to fp32 exactly and quantized with
 ``cvt.rn.satfinite.e4m3x2.f32``, pairs along K for q and along M for q^T (no byte transposes).
 
+Code shape (:class:`QuantizeDualKernel`, see ``cute_kernels.base``): one kernel object per
+(:class:`DualVariant`, :class:`DualConfig`); ``__call__`` launches ``kernel``, which builds three
+small state objects once (:class:`_Cta`: the CTA's tile and this lane's place in it; :class:`_Smem`:
+the shared-memory ring and staging tiles; :class:`_Gmem`: the global views) and runs one
+:meth:`~QuantizeDualKernel._step` per column tile, each ending in
+:meth:`~QuantizeDualKernel._quantize_tile` with that tile's :class:`_Step`. The configs and the
+measurements behind them live in ``cute_kernels/configs/sm90.py`` (``quantize_dual``).
+
 M, K and G are symbolic: one compile per (dtype, scaling mode, scale layout, config, arch).
 """
 
@@ -52,6 +60,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any, NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -69,15 +78,12 @@ from cute_utils.blocked import (
     ceil_div,
     zero_fill_chunks,
 )
-from cute_utils.groups import (
-    MAX_GROUPS,
-    group_row_tile,
-    k_groups_tile_column,
-    prefix_smem_words,
-)
-from cute_utils.jit import compile_tvm_ffi
+from cute_utils.constants import MAX_GROUPS
+from cute_utils.groups import group_row_tile, k_groups_tile_column, prefix_smem_words
 from cute_utils.mx import BLOCK_SIZE, e4m3x2_into, e4m3x4, e8m0_scale, inverse_scale, max_u16x2
 from cute_utils.occupancy import MAX_GRID_Y, chunk_major_grid, spread_row_tile
+
+from .base import Kernel
 
 WARPS_M = 4  # warps along M: one 32-row block each
 LANE_ROWS = 8  # rows of a lane's fragment
@@ -105,7 +111,10 @@ class DualConfig:
     """``stages``: tiles in a warp's shared-memory ring (``stages - 1`` in flight while one
     converts); ``tiles_per_cta``: column tiles a CTA converts in turn (its grid is 128-row tiles x
     runs of that many column tiles); ``min_ctas_per_sm``: register cap (0: none); ``spread_rows``:
-    CTAs take their row tiles in :func:`~cute_utils.occupancy.spread_row_tile` order (else in order)."""
+    CTAs take their row tiles in :func:`~cute_utils.occupancy.spread_row_tile` order (else in order).
+
+    Each arch's choice and the measurements behind it: ``cute_kernels/configs/sm90.py``
+    (``quantize_dual``; tuner ``bench/tune_quantize_dual.py``)."""
 
     stages: int = 1
     tiles_per_cta: int = 1
@@ -117,349 +126,368 @@ class DualConfig:
             raise ValueError(f"stages={self.stages} and tiles_per_cta={self.tiles_per_cta} must be >= 1")
 
 
-# Picked with bench/tune_quantize_dual.py on an H200 (notes/quantize-dual-kernel.md,
-# notes/quantize-dual-row-order.md). bf16: one tile per CTA and no ring beyond it (65 KiB of shared
-# memory with the staging tiles: 3 CTAs per SM at the 80-register cap); longer CTAs lost 2-10%
-# ungrouped. Grouped, with the staged scale tiles (G = 8, two runs): one tile per CTA 0.82-0.92 of
-# copy, worst 1.39x the two single calls; 2 tiles with a 2-stage ring 0.80-0.91, but 0.84-0.86 at
-# 131072 x 7168. The spread row-tile order: 131072 x 5120 / 7168 0.874-0.898 -> 0.899-0.912 of
-# copy, grouped and not; no change elsewhere. fp32 (tuned ungrouped only): one tile per CTA;
-# grouped, 2 tiles and no ring (a 2-stage ring of fp32 tiles would leave one CTA per SM); tiles in
-# order (the spread order's one register more spills the blocked variant at the cap; grouped fp32
-# with it, and without the grouped L2 prefetch, is not measured).
-_ONE_TILE = DualConfig(stages=1, tiles_per_cta=1)
-_FP32_ONE_TILE = DualConfig(stages=1, tiles_per_cta=1, spread_rows=False)
-CONFIGS = {arch: {"bfloat16": _ONE_TILE, "float32": _FP32_ONE_TILE} for arch in ("sm_90a", "sm_100a")}
-GROUP_CONFIGS = {
-    arch: {"bfloat16": _ONE_TILE, "float32": DualConfig(stages=1, tiles_per_cta=2, spread_rows=False)}
-    for arch in ("sm_90a", "sm_100a")
-}
+@dataclass(frozen=True)
+class DualVariant:
+    """Compile-time choices: ``dtype`` (a :data:`DTYPES` name), ``mode`` (a :data:`MODES` name: the
+    E8M0 scale rounding) and ``layout`` (of both scale matrices)."""
+
+    dtype: str
+    mode: str
+    layout: ScaleLayout
 
 
-def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: DualConfig):
-    """Build the ``@cute.jit`` launcher ``launch(x, q, scales, qt, scales_t, stream)``.
+class _Cta(NamedTuple):
+    """The CTA's work and this thread's place in it (made once in ``kernel``)."""
 
-    ``x``: (M, K) bf16/fp32 row-major, M and K multiples of 32, 16-byte aligned. ``q``: (M, K)
-    Float8E4M3FN row-major; ``qt``: (K, M) Float8E4M3FN row-major; both 16-byte aligned.
-    ``scales`` / ``scales_t``: Float8E8M0FNU, (M, K/32) / (K, M/32) for ``plain``, their blocked
-    layouts (Rp, Cp) for ``blocked``.
+    tid: Any  # thread in the CTA, 0..255
+    lane: Any  # lane in the warp
+    row_tile: Any  # the CTA's 128-row tile (after the spread order)
+    first_row: Any  # x row of the tile's row 0 (grouped: the group-aligned tile's)
+    tile_rows: Any  # rows of the tile inside x (grouped: inside its group), may be <= 0
+    first_tile: Any  # the CTA's first column tile
+    units: Any  # column tiles the CTA converts
+    lane_row: Any  # x row of this lane fragment's row 0
+    lane_col: Any  # column of this lane fragment's column 0 within a column tile
+    rows_live: Any  # whether this warp's rows lie inside x (grouped: inside the tile)
+    rows: Any  # M
+    cols: Any  # K
+    placed: Any  # grouped: (covered, base, stride) of the 32x1 scale tiles (:meth:`_group_tile`); else None
+
+
+class _Smem(NamedTuple):
+    """Shared-memory views (made once in ``kernel``)."""
+
+    ring: cute.Tensor  # this warp's ring in x's dtype: (stages, LANE_ROWS, chunks, 32, chunk_elems)
+    ring_words: cute.Tensor  # the same bytes as Uint32: (stages, LANE_ROWS, chunks, 32, 4)
+    stage_all: cute.Tensor  # all the staging words (the group scan's scratch before the first tile)
+    stage_q: cute.Tensor  # q staging tile, TILE_M x TILE_K bytes as Uint32 words
+    stage_qt: cute.Tensor  # q^T staging tile, TILE_K x TILE_M bytes as Uint32 words
+    stage_s: cute.Tensor  # staged blocked scale tiles: 2 x TILE_BYTES bytes
+
+
+class _Gmem(NamedTuple):
+    """The copy atom and the global-memory views (made once in ``kernel``)."""
+
+    atom: Any  # 16-byte cp.async, global -> shared
+    x_chunks: cute.Tensor  # x as (M, K / chunk_elems, chunk_elems)
+    q_words: cute.Tensor  # q as (M, K / 4) Uint32
+    qt_words: cute.Tensor  # q^T as (K, M / 4) Uint32
+    scale_bytes: cute.Tensor  # 1x32 scales as Uint8, their shape
+    scale_bytes_t: cute.Tensor  # 32x1 scales as Uint8, their shape
+    scale_chunks: cute.Tensor  # 1x32 scales as (bytes / 16, 4) Uint32
+    scale_chunks_t: cute.Tensor  # 32x1 scales as (bytes / 16, 4) Uint32
+    scales: cute.Tensor  # the 1x32 scales (their shape places the blocked tiles)
+    scales_t: cute.Tensor  # the 32x1 scales
+
+
+class _ScaleTiles(NamedTuple):
+    """Where a step's staged blocked scale tiles go (:meth:`QuantizeDualKernel._store_scale_tiles`)."""
+
+    row_base: Any  # byte of the 1x32 tile in the 1x32 scales
+    col_base: Any  # byte of the 32x1 tile in the 32x1 scales
+    covered: Any  # whether the 32x1 tile is stored (grouped: rows inside a group)
+
+
+class _Step(NamedTuple):
+    """One column tile's conversion (:meth:`QuantizeDualKernel._quantize_tile`)."""
+
+    slot: Any  # ring slot holding the tile
+    inv_r0: Any  # inverse scale of this lane's row 2 (lane % 4) (its 1x32 block)
+    inv_r1: Any  # ... and of row 2 (lane % 4) + 1
+    inv_c: cute.Tensor  # inverse scales of this lane's 8 columns (Float32 registers)
+    tile_row: Any  # this lane fragment's row 0 within the tile
+    col0: Any  # x column of the tile's column 0
+    rows_end: Any  # q rows stored: up to here
+    has_rows: Any  # whether the tile has rows (grouped: else only its zero scales are written)
+    scale_tiles: Any  # :class:`_ScaleTiles`, or None when the scales were stored already (plain)
+
+
+def _col_tiles(cols):
+    """CTA steps along K: up to K rounded to 128, so each blocked tile is written whole."""
+    return ceil_div(cols, TILE_K)
+
+
+def _row_tiles(scales):
+    """128-row tiles of the grid: those of the 1x32 scales' rows (M-groups: 128 G rows past M)."""
+    return ceil_div(scales.shape[0], TILE_M)
+
+
+@cute.jit
+def _stage_q_offset(row, byte):
+    """Byte of the q staging tile (TILE_M x TILE_K, row-major) holding (row, byte): bit 6 of the
+    offset flipped on odd 8-row bands, so a warp's stores of 4 rows x 64 bytes (rows 8 apart)
+    take the 2 bank passes they need, not 4."""
+    return (row * TILE_K + byte) ^ (((row >> 3) & 1) << 6)
+
+
+@cute.jit
+def _stage_qt_offset(row, byte):
+    """Byte of the q^T staging tile (TILE_K x TILE_M, row-major) holding (row, byte), 16-byte
+    chunks permuted by the row's 8-row band: a warp's stores of 8 rows x 32 bytes are
+    conflict-free."""
+    return row * TILE_M + (byte ^ (((row >> 3) & 7) << 4))
+
+
+@cute.jit
+def _store_plain_scales(scale_bytes, scale_bytes_t, row_scales, col_scales, lane, lane_row, col0, live):
+    """Plain layouts: store this lane's 2 row scales (x rows ``lane_row + 2 p``, ``+ 1``, p = lane
+    % 4; ``lane_row``: the lane fragment's first row) and 2 column scales (x columns ``col0 + 2
+    r``, ``+ 1``, r = lane // 8) as bytes, when ``live`` (inside x)."""
+    if live:
+        row = lane_row + 2 * (lane % ROW_BLOCK_LANES)
+        col = col0 + 2 * (lane // COL_LANES)
+        for h in cutlass.range_constexpr(2):
+            scale_bytes[row + h, col0 // BLOCK_SIZE] = Uint8(row_scales[h])
+            scale_bytes_t[col + h, lane_row // BLOCK_SIZE] = Uint8(col_scales[h])
+
+
+@cute.jit
+def _stage_scales(stage_s: cute.Tensor, row_scales, col_scales, lane, tile_row, lane_col, covered):
+    """Put this lane's 2 row scales (rows ``tile_row + 2 p``, ``+ 1``, p = lane % 4; 0 when not
+    ``covered``) and 2 column scales (columns ``lane_col + 2 r``, ``+ 1``, r = lane // 8) at their
+    places in the staged blocked tiles ``stage_s`` (bytes): the step's 1x32 scales (128 rows x 4
+    blocks) in bytes 0..511, its 32x1 scales (128 columns x 4 row blocks) in 512..1023."""
+    first = blocked_row_offset(tile_row + 2 * (lane % ROW_BLOCK_LANES)) + lane_col // BLOCK_SIZE
+    first_t = TILE_BYTES + blocked_row_offset(lane_col + 2 * (lane // COL_LANES)) + tile_row // BLOCK_SIZE
+    for h in cutlass.range_constexpr(2):  # rows (columns) 2 p, 2 p + 1: one 32-row band, 16 bytes apart
+        value = Uint8(row_scales[h])
+        if not covered:
+            value = Uint8(0)
+        stage_s[first + 16 * h] = value
+        stage_s[first_t + 16 * h] = Uint8(col_scales[h])
+
+
+class QuantizeDualKernel(Kernel):
+    """The dual kernel of one :class:`DualVariant` and :class:`DualConfig` (module docstring).
+
+    Launch: ``kernel(x, q, scales, qt, scales_t, offsets)`` with ``x`` (M, K) bf16/fp32 row-major,
+    M and K multiples of 32, 16-byte aligned; ``q`` (M, K) and ``qt`` (K, M) Float8E4M3FN row-major,
+    16-byte aligned; ``scales`` / ``scales_t`` Float8E8M0FNU: (M, K/32) / (K, M/32) for ``plain``,
+    their blocked layouts (Rp, Cp) for ``blocked``, the M-groups / K-groups layouts for ``groups``;
+    ``offsets``: Int32 (G,) group end rows (``groups``), else ``None``.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be 'floor' or 'rceil', got {mode!r}")
-    dtype = DTYPES[dtype_name]
-    chunk_elems = 128 // dtype.width  # elements per 16-byte copy
-    chunks = LANE_COLS // chunk_elems  # 16-byte copies per fragment row
-    stages = config.stages
-    ahead = stages - 1
-    packed = dtype is BFloat16  # two values per word
-    warps = WARPS_M * WARPS_K
-    blocked = layout is ScaleLayout.BLOCKED
-    grouped = layout is ScaleLayout.GROUPS
 
-    def _col_tiles(cols):
-        """CTA steps along K: up to K rounded to 128, so each blocked tile is written whole."""
-        return ceil_div(cols, TILE_K)
+    name = "quantize_dual"
 
-    def _row_tiles(scales):
-        """128-row tiles of the grid: those of the 1x32 scales' rows (M-groups: 128 G rows past M)."""
-        return ceil_div(scales.shape[0], TILE_M)
+    def __init__(self, variant: DualVariant, config: DualConfig) -> None:
+        super().__init__(variant, config)
+        if variant.mode not in MODES:
+            raise ValueError(f"mode must be 'floor' or 'rceil', got {variant.mode!r}")
+        self.dtype = DTYPES[variant.dtype]
+        self.mode = variant.mode
+        self.chunk_elems = 128 // self.dtype.width  # elements per 16-byte copy
+        self.chunks = LANE_COLS // self.chunk_elems  # 16-byte copies per fragment row
+        self.stages = config.stages
+        self.ahead = config.stages - 1
+        self.packed = self.dtype is BFloat16  # two values per word
+        self.warps = WARPS_M * WARPS_K
+        self.blocked = variant.layout is ScaleLayout.BLOCKED
+        self.grouped = variant.layout is ScaleLayout.GROUPS
 
-    @cute.jit
-    def _load_row(ring_words: cute.Tensor, slot, i: cutlass.Constexpr, lane, frag: cute.Tensor):
-        """Row ``i`` of this lane's fragment from ring slot ``slot`` into ``frag`` (chunks, 4) words."""
-        for h in cutlass.range_constexpr(chunks):
-            cute.autovec_copy(ring_words[slot, i, h, lane, None], frag[h, None])
+    @classmethod
+    def variants(cls) -> list[DualVariant]:
+        return [DualVariant(d, m, layout) for d in DTYPES for m in MODES for layout in ScaleLayout]
 
-    @cute.jit
-    def _issue(atom, x_chunks, ring, u, units, first_tile, lane_row, lane_col, rows_live, cols):
-        """Start the copies of this lane's fragment of tile ``first_tile + u`` into ring slot
-        ``u % stages`` (nothing past ``units`` or outside x) and commit them as one group."""
-        lane = cute.arch.lane_idx()
-        col0 = (first_tile + u) * TILE_K + lane_col
-        if u < units and rows_live and col0 < cols:
-            for i in cutlass.range_constexpr(LANE_ROWS):
-                for h in cutlass.range_constexpr(chunks):
-                    cute.copy(
-                        atom,
-                        x_chunks[lane_row + i, col0 // chunk_elems + h, None],
-                        ring[u % stages, i, h, lane, None],
-                    )
-        cute.arch.cp_async_commit_group()
+    @classmethod
+    def target_name(cls, variant: DualVariant) -> str:
+        return f"{cls.name}_{variant.dtype}_{variant.mode}_{variant.layout.value}"
 
-    @cute.jit
-    def _block_maxima(ring_words: cute.Tensor, slot, lane, row_bits: cute.Tensor, col_bits: cute.Tensor):
-        """``max |x|`` bits (fp32 bits, NaN-propagating) of this lane's 8 rows over their 1x32 blocks
-        into ``row_bits`` and of its 8 columns over the warp's 32 rows into ``col_bits``."""
-        frag = cute.make_rmem_tensor(cute.make_layout((chunks, 4), stride=(4, 1)), Uint32)
-        if cutlass.const_expr(packed):
-            pairs = cute.make_rmem_tensor(cute.make_layout(LANE_ROWS // 2), Uint32)
-            cols = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-            cols.fill(0)
-            prev = Uint32(0)
-            for i in cutlass.range_constexpr(LANE_ROWS):
-                _load_row(ring_words, slot, i, lane, frag)
-                m = Uint32(0)
-                for j in cutlass.range_constexpr(4):
-                    w = frag[0, j] & Uint32(_ABS_MASK_X2)
-                    cols[j] = max_u16x2(cols[j], w)
-                    m = max_u16x2(m, w)
-                if cutlass.const_expr(i % 2 == 0):
-                    prev = m
-                else:  # rows i - 1 (low half) and i (high half): the max of each row's two halves
-                    lo = Uint32(cute.arch.prmt(prev, m, 0x5410))
-                    hi = Uint32(cute.arch.prmt(prev, m, 0x7632))
-                    pairs[i // 2] = max_u16x2(lo, hi)
-            for p in cutlass.range_constexpr(LANE_ROWS // 2):
-                for k in cutlass.range_constexpr(2):
-                    pairs[p] = max_u16x2(pairs[p], Uint32(cute.arch.shuffle_sync_bfly(pairs[p], 1 << k)))
-                row_bits[2 * p] = Int32(pairs[p] << 16)
-                row_bits[2 * p + 1] = Int32(pairs[p] & Uint32(0xFFFF0000))
-            for j in cutlass.range_constexpr(4):
-                for k in cutlass.range_constexpr(2):
-                    cols[j] = max_u16x2(cols[j], Uint32(cute.arch.shuffle_sync_bfly(cols[j], 8 << k)))
-                col_bits[2 * j] = Int32(cols[j] << 16)
-                col_bits[2 * j + 1] = Int32(cols[j] & Uint32(0xFFFF0000))
-        else:
-            col_bits.fill(0)
-            for i in cutlass.range_constexpr(LANE_ROWS):
-                _load_row(ring_words, slot, i, lane, frag)
-                m = Int32(0)
-                for c in cutlass.range_constexpr(LANE_COLS):
-                    a = Int32(frag[c // 4, c % 4]) & Int32(_ABS_MASK)
-                    col_bits[c] = cutlass.max(col_bits[c], a)
-                    m = cutlass.max(m, a)
-                for k in cutlass.range_constexpr(2):
-                    m = cutlass.max(m, cute.arch.shuffle_sync_bfly(m, 1 << k))
-                row_bits[i] = m
-            for c in cutlass.range_constexpr(LANE_COLS):
-                for k in cutlass.range_constexpr(2):
-                    col_bits[c] = cutlass.max(col_bits[c], cute.arch.shuffle_sync_bfly(col_bits[c], 8 << k))
-
-    @cute.jit
-    def _shared_scales(
-        bits: cute.Tensor, own: Int32, first_lane: Int32, lane_step: cutlass.Constexpr, live, inv
-    ):
-        """Scales of the 8 blocks whose maxima ``bits`` the 4 lanes ``first_lane + lane_step * p``
-        (p = 0..3) share: lane p computes those of blocks ``2 own``, ``2 own + 1`` (``own`` = p) and
-        returns their bytes (0 where not ``live``: padding); the inverse scales of all 8 reach every
-        lane of the 4 through shuffles (``inv``)."""
-        lo, hi = bits[0], bits[1]
-        for p in cutlass.range_constexpr(1, LANE_ROWS // 2):
-            if own == p:
-                lo, hi = bits[2 * p], bits[2 * p + 1]
-        s_lo, s_hi = e8m0_scale(lo, mode), e8m0_scale(hi, mode)
-        if not live:
-            s_lo, s_hi = Int32(0), Int32(0)
-        inv_lo, inv_hi = inverse_scale(s_lo), inverse_scale(s_hi)
-        if cutlass.const_expr(inv is not None):
-            for i in cutlass.range_constexpr(LANE_ROWS):
-                mine = inv_lo if i % 2 == 0 else inv_hi
-                inv[i] = cute.arch.shuffle_sync(mine, first_lane + lane_step * (i // 2))
-        return s_lo, s_hi, inv_lo, inv_hi
-
-    @cute.jit
-    def _unpack_row(frag: cute.Tensor, values: cute.Tensor, r: cutlass.Constexpr):
-        """Row ``r`` of ``values`` (2, 8) fp32 from a fragment row of raw words (exact)."""
-        for c in cutlass.range_constexpr(LANE_COLS):
-            if cutlass.const_expr(packed):
-                w = frag[0, c // 2]
-                if cutlass.const_expr(c % 2 == 0):
-                    bits = w << 16
-                else:
-                    bits = w & Uint32(0xFFFF0000)
-            else:
-                bits = frag[c // 4, c % 4]
-            values[r, c] = bits.bitcast(Float32)
-
-    @cute.jit
-    def _stage_q_offset(row, byte):
-        """Byte of the q staging tile (TILE_M x TILE_K, row-major) holding (row, byte): bit 6 of the
-        offset flipped on odd 8-row bands, so a warp's stores of 4 rows x 64 bytes (rows 8 apart)
-        take the 2 bank passes they need, not 4."""
-        return (row * TILE_K + byte) ^ (((row >> 3) & 1) << 6)
-
-    @cute.jit
-    def _stage_qt_offset(row, byte):
-        """Byte of the q^T staging tile (TILE_K x TILE_M, row-major) holding (row, byte), 16-byte
-        chunks permuted by the row's 8-row band: a warp's stores of 8 rows x 32 bytes are
-        conflict-free."""
-        return row * TILE_M + (byte ^ (((row >> 3) & 7) << 4))
-
-    @cute.jit
-    def _store_staged(
-        stage: cute.Tensor,
-        transposed: cutlass.Constexpr,
-        out_words: cute.Tensor,
-        out_row0,
-        out_col0,
-        rows_valid,
-        cols_valid,
-        tid,
-    ):
-        """Copy the staged q tile (TILE_M x TILE_K bytes) or q^T tile (``transposed``: TILE_K x
-        TILE_M) to ``out_words`` at byte ``(out_row0, out_col0)`` in 16-byte chunks, 8 threads per
-        128 bytes. Row ``r`` is stored when ``out_row0 + r < rows_valid``, the chunk at byte ``b``
-        when ``out_col0 + b < cols_valid``."""
-        width = TILE_M if transposed else TILE_K
-        chunks_per_row = width // 16
-        chunk4 = cute.make_tensor(stage.iterator, cute.make_layout((cute.size(stage) // 4, 4), stride=(4, 1)))
-        words = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-        for k in cutlass.range_constexpr(cute.size(stage) // 4 // (32 * warps)):
-            n = tid + k * 32 * warps
-            row, byte = n // chunks_per_row, (n % chunks_per_row) * 16
-            offset = _stage_q_offset(row, byte)
-            if cutlass.const_expr(transposed):
-                offset = _stage_qt_offset(row, byte)
-            cute.autovec_copy(chunk4[offset // 16, None], words)
-            if out_row0 + row < rows_valid and out_col0 + byte < cols_valid:
-                cute.autovec_copy(
-                    words, cute.local_tile(out_words[out_row0 + row, None], (4,), ((out_col0 + byte) // 16,))
-                )
-
-    @cute.jit
-    def _convert_rows(ring_words, slot, lane, inv_lo, inv_hi, stage, tile_row, tile_col):
-        """1x32-quantize this lane's fragment and put each row's 8 bytes of q into the staging tile
-        at ``(tile_row + i, tile_col)``. A rolled loop: row i's inverse scale comes from lane ``i // 2`` of
-        the 1x32 block's 4 (``inv_lo`` / ``inv_hi``: this lane's rows ``2 (lane % 4)``, ``+ 1``)."""
-        frag = cute.make_rmem_tensor(cute.make_layout((chunks, 4), stride=(4, 1)), Uint32)
-        values = cute.make_rmem_tensor(cute.make_layout((1, LANE_COLS), stride=(LANE_COLS, 1)), Float32)
-        first_lane = lane - lane % ROW_BLOCK_LANES
-        pairs = cute.make_tensor(stage.iterator, cute.make_layout((cute.size(stage) // 2, 2), stride=(2, 1)))
-        for i in cutlass.range(LANE_ROWS, unroll=2):
-            mine = inv_lo
-            if i % 2 == 1:
-                mine = inv_hi
-            inv = cute.arch.shuffle_sync(mine, first_lane + i // 2)
-            for h in cutlass.range_constexpr(chunks):
-                cute.autovec_copy(ring_words[slot, i, h, lane, None], frag[h, None])
-            _unpack_row(frag, values, 0)
-            q_frag = cute.make_rmem_tensor(cute.make_layout(2), Uint32)
-            for h in cutlass.range_constexpr(2):
-                q_frag[h] = e4m3x4(
-                    values[0, 4 * h] * inv,
-                    values[0, 4 * h + 1] * inv,
-                    values[0, 4 * h + 2] * inv,
-                    values[0, 4 * h + 3] * inv,
-                )
-            cute.autovec_copy(q_frag, pairs[_stage_q_offset(tile_row + i, tile_col) // 8, None])
-
-    @cute.jit
-    def _convert_cols(ring_words, slot, lane, inv_c, stage, tile_row, tile_col):
-        """32x1-quantize this lane's fragment and put each column's 8 bytes of q^T into the staging
-        tile at ``(tile_col + c, tile_row)``. Rows are taken two at a time: each column's pair of E4M3 bytes
-        goes into its q^T word right away."""
-        frag = cute.make_rmem_tensor(cute.make_layout((chunks, 4), stride=(4, 1)), Uint32)
-        qt_frag = cute.make_rmem_tensor(cute.make_layout((LANE_COLS, 2), stride=(2, 1)), Uint32)
-        qt_frag.fill(0)
-        for pr in cutlass.range_constexpr(LANE_ROWS // 2):
-            values = cute.make_rmem_tensor(cute.make_layout((2, LANE_COLS), stride=(LANE_COLS, 1)), Float32)
-            for r in cutlass.range_constexpr(2):
-                _load_row(ring_words, slot, 2 * pr + r, lane, frag)
-                _unpack_row(frag, values, r)
-            for c in cutlass.range_constexpr(LANE_COLS):
-                qt_frag[c, pr // 2] = e4m3x2_into(
-                    qt_frag[c, pr // 2], pr % 2 == 1, values[0, c] * inv_c[c], values[1, c] * inv_c[c]
-                )
-        pairs = cute.make_tensor(stage.iterator, cute.make_layout((cute.size(stage) // 2, 2), stride=(2, 1)))
-        for c in cutlass.range_constexpr(LANE_COLS):
-            cute.autovec_copy(qt_frag[c, None], pairs[_stage_qt_offset(tile_col + c, tile_row) // 8, None])
-
-    @cute.jit
-    def _store_plain_scales(scale_bytes, scale_bytes_t, row_scales, col_scales, lane, lane_row, col0, live):
-        """Plain layouts: store this lane's 2 row scales (x rows ``lane_row + 2 p``, ``+ 1``, p = lane
-        % 4; ``lane_row``: the lane fragment's first row) and 2 column scales (x columns ``col0 + 2
-        r``, ``+ 1``, r = lane // 8) as bytes, when ``live`` (inside x)."""
-        if live:
-            row = lane_row + 2 * (lane % ROW_BLOCK_LANES)
-            col = col0 + 2 * (lane // COL_LANES)
-            for h in cutlass.range_constexpr(2):
-                scale_bytes[row + h, col0 // BLOCK_SIZE] = Uint8(row_scales[h])
-                scale_bytes_t[col + h, lane_row // BLOCK_SIZE] = Uint8(col_scales[h])
-
-    @cute.jit
-    def _stage_scales(stage_s: cute.Tensor, row_scales, col_scales, lane, tile_row, lane_col, covered):
-        """Put this lane's 2 row scales (rows ``tile_row + 2 p``, ``+ 1``, p = lane % 4; 0 when not
-        ``covered``) and 2 column scales (columns ``lane_col + 2 r``, ``+ 1``, r = lane // 8) at their
-        places in the staged blocked tiles ``stage_s`` (bytes): the step's 1x32 scales (128 rows x 4
-        blocks) in bytes 0..511, its 32x1 scales (128 columns x 4 row blocks) in 512..1023."""
-        first = blocked_row_offset(tile_row + 2 * (lane % ROW_BLOCK_LANES)) + lane_col // BLOCK_SIZE
-        first_t = TILE_BYTES + blocked_row_offset(lane_col + 2 * (lane // COL_LANES)) + tile_row // BLOCK_SIZE
-        for h in cutlass.range_constexpr(2):  # rows (columns) 2 p, 2 p + 1: one 32-row band, 16 bytes apart
-            value = Uint8(row_scales[h])
-            if not covered:
-                value = Uint8(0)
-            stage_s[first + 16 * h] = value
-            stage_s[first_t + 16 * h] = Uint8(col_scales[h])
-
-    @cute.jit
-    def _store_scale_tiles(
-        stage_s: cute.Tensor, scale_chunks, scale_chunks_t, row_base, col_base, covered, tid
-    ):
-        """Threads 0..31 copy the staged 1x32 tile to byte ``row_base`` of the 1x32 scales, threads
-        32..63 the 32x1 tile to byte ``col_base`` of the 32x1 scales (when ``covered``): one 16-byte
-        store each (``scale_chunks*``: (bytes / 16, 4) Uint32 views).
-
-        Grouped: the M-groups scales have ``M + 128 G`` rows, not a multiple of 128 when M is not,
-        so the last row tile (past every group: zeros) is cut at the tensor's end. Its size is a
-        multiple of 16 bytes (M % 32 == 0, Cp % 4 == 0): a chunk is wholly inside or outside."""
-        staged = cute.make_tensor(
-            cute.recast_ptr(stage_s.iterator, dtype=Uint32),
-            cute.make_layout((2 * CHUNKS_PER_TILE, 4), stride=(4, 1)),
+    @classmethod
+    def fake_arguments(cls, variant: DualVariant) -> tuple:
+        """Fake tensors for ``__call__`` (M, K multiples of 32 and the scale shapes symbolic) and the
+        env stream."""
+        rows, cols = cute.sym_int(divisibility=BLOCK_SIZE), cute.sym_int(divisibility=BLOCK_SIZE)
+        x = cute.runtime.make_fake_compact_tensor(
+            DTYPES[variant.dtype], (rows, cols), stride_order=(1, 0), assumed_align=16
         )
-        words = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-        chunk = row_base // CHUNK_BYTES + tid
-        inside = True
-        if cutlass.const_expr(grouped):
-            inside = chunk < scale_chunks.shape[0]
-        if tid < CHUNKS_PER_TILE and inside:
-            cute.autovec_copy(staged[tid, None], words)
-            cute.autovec_copy(words, scale_chunks[chunk, None])
-        if tid >= CHUNKS_PER_TILE and tid < 2 * CHUNKS_PER_TILE and covered:
-            cute.autovec_copy(staged[tid, None], words)
-            cute.autovec_copy(words, scale_chunks_t[col_base // CHUNK_BYTES + tid - CHUNKS_PER_TILE, None])
+        q = cute.runtime.make_fake_compact_tensor(
+            Float8E4M3FN, (rows, cols), stride_order=(1, 0), assumed_align=16
+        )
+        qt = cute.runtime.make_fake_compact_tensor(
+            Float8E4M3FN, (cols, rows), stride_order=(1, 0), assumed_align=16
+        )
+
+        def scale_tensor():
+            shape = (cute.sym_int(), cute.sym_int())
+            return cute.runtime.make_fake_compact_tensor(
+                Float8E8M0FNU, shape, stride_order=(1, 0), assumed_align=16
+            )
+
+        offsets = None
+        if variant.layout is ScaleLayout.GROUPS:
+            offsets = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        return x, q, scale_tensor(), qt, scale_tensor(), offsets, stream
+
+    @staticmethod
+    def can_implement(rows: int, cols: int, num_groups: int | None = None, data_ptrs: tuple = ()) -> bool:
+        """M and K multiples of 32, at most ``MAX_GROUPS`` groups (the group scan's shared-memory
+        arrays), and 16-byte aligned data pointers (16-byte ``cp.async`` loads and stores)."""
+        return (
+            rows % BLOCK_SIZE == 0
+            and cols % BLOCK_SIZE == 0
+            and (num_groups is None or num_groups <= MAX_GROUPS)
+            and all(ptr % 16 == 0 for ptr in data_ptrs)
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # Host launcher and kernel
+    # ------------------------------------------------------------------------------------------
 
     @cute.jit
-    def _quantize_tile(
-        ring_words,
-        slot,
-        lane,
-        inv_r0,
-        inv_r1,
-        inv_c,
-        stage_q,
-        stage_qt,
-        tile_row,
-        lane_col,
-        q_words,
-        qt_words,
-        row0,
-        col0,
-        cols,
-        tid,
-        rows_end,
-        has_rows,
-        scale_tiles,
+    def __call__(
+        self,
+        x: cute.Tensor,  # (M, K) bf16/fp32 row-major
+        q: cute.Tensor,  # (M, K) Float8E4M3FN row-major
+        scales: cute.Tensor,  # Float8E8M0FNU 1x32 scales: (M, K/32), (Rp, Cp) or (M + 128 G, Cp)
+        qt: cute.Tensor,  # (K, M) Float8E4M3FN row-major
+        scales_t: cute.Tensor,  # Float8E8M0FNU 32x1 scales: (K, M/32), (Rp, Cp) or (Rp, M/32 + 4 G)
+        offsets,  # Int32 (G,) group end rows (groups layout), else None
+        stream,
     ):
-        """Quantize the ring's tile both ways into the staging tiles, then store q rows ``row0 ..
-        rows_end - 1`` (columns from ``col0``) and the matching q^T columns (a CTA barrier between,
-        and one after: the staging tiles are free again). Nothing but the staged scales when not
-        ``has_rows``; ``scale_tiles``: the arguments of :func:`_store_scale_tiles` after ``stage_s``,
-        ``None`` when the scales were stored already."""
-        if has_rows:
-            cute.arch.sync_warp()  # a memory fence: the tile is read again, not kept in registers
-            _convert_rows(ring_words, slot, lane, inv_r0, inv_r1, stage_q, tile_row, lane_col)
-            cute.arch.sync_warp()
-            _convert_cols(ring_words, slot, lane, inv_c, stage_qt, tile_row, lane_col)
-        cute.arch.sync_threads()  # the staged tiles are complete
-        if has_rows:
-            _store_staged(stage_q, False, q_words, row0, col0, rows_end, cols, tid)
-            _store_staged(stage_qt, True, qt_words, col0, row0, cols, rows_end, tid)
-        if cutlass.const_expr(scale_tiles is not None):
-            _store_scale_tiles(*scale_tiles, tid)
-        cute.arch.sync_threads()
+        rows, cols = x.shape
+        row_tiles = _row_tiles(scales)
+        col_tiles = _col_tiles(cols)
+        tiles_per_cta = cutlass.min(col_tiles, self.config.tiles_per_cta)
+        chunks = ceil_div(col_tiles, tiles_per_cta)
+        self.kernel(x, q, scales, qt, scales_t, offsets, tiles_per_cta).launch(
+            grid=chunk_major_grid(row_tiles, chunks),
+            block=[32 * self.warps, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=self.config.min_ctas_per_sm,
+            preferred_smem_carveout=100 if self.config.min_ctas_per_sm else None,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        x: cute.Tensor,
+        q: cute.Tensor,
+        scales: cute.Tensor,
+        qt: cute.Tensor,
+        scales_t: cute.Tensor,
+        offsets,
+        tiles_per_cta: Int32,
+    ):
+        tid, _, _ = cute.arch.thread_idx()
+        col_chunk, row_tile, row_tile_hi = cute.arch.block_idx()
+        row_tile = row_tile + row_tile_hi * MAX_GRID_Y
+        rows, cols = x.shape
+        if cutlass.const_expr(self.config.spread_rows):  # q^T rows are M bytes apart
+            row_tile = spread_row_tile(row_tile, _row_tiles(scales), rows)
+        lane, warp = tid % 32, tid // 32
+        col_tiles = _col_tiles(cols)
+        warp_row = (warp % WARPS_M) * BLOCK_SIZE  # the warp's 32x1 block within the tile
+        lane_col = (warp // WARPS_M) * WARP_COLS + (lane % COL_LANES) * LANE_COLS  # within a tile
+        lane_row = row_tile * TILE_M + warp_row + (lane // COL_LANES) * LANE_ROWS  # fragment's first row
+        rows_live = row_tile * TILE_M + warp_row < rows
+        smem = self._shared_memory(warp)
+        gmem = self._global_views(x, q, scales, qt, scales_t)
+
+        first_tile = col_chunk * tiles_per_cta
+        units = cutlass.max(cutlass.min(first_tile + tiles_per_cta, col_tiles) - first_tile, 0)
+        # The CTA's rows: 128 from ``128 row_tile`` (grouped: the group-aligned tile of the scan).
+        first_row = row_tile * TILE_M
+        tile_rows = cutlass.min(rows - first_row, TILE_M)
+        placed = None  # ungrouped: derived from row_tile where the scales are staged
+        if cutlass.const_expr(self.grouped):
+            first_row, tile_rows, placed = self._group_tile(
+                smem.stage_all, offsets, scales_t, tid, row_tile, rows
+            )
+            lane_row = first_row + warp_row + (lane // COL_LANES) * LANE_ROWS
+            rows_live = warp_row < tile_rows
+        cta = _Cta(
+            tid, lane, row_tile, first_row, tile_rows, first_tile, units, lane_row, lane_col, rows_live,
+            rows, cols, placed,
+        )  # fmt: skip
+        for u in cutlass.range_constexpr(self.ahead):
+            self._issue(cta, smem, gmem, u)
+        row_bits = cute.make_rmem_tensor(cute.make_layout(LANE_ROWS), Int32)
+        col_bits = cute.make_rmem_tensor(cute.make_layout(LANE_COLS), Int32)
+        inv_c = cute.make_rmem_tensor(cute.make_layout(LANE_COLS), Float32)
+        for u in cutlass.range(units, unroll=1):
+            self._step(cta, smem, gmem, u, row_bits, col_bits, inv_c)
+
+    # ------------------------------------------------------------------------------------------
+    # Set-up: shared memory, global views, the group scan
+    # ------------------------------------------------------------------------------------------
 
     @cute.jit
-    def _group_tile(scratch: cute.Tensor, offsets, scales_t, tid, row_tile, rows):
+    def _shared_memory(self, warp) -> _Smem:
+        """This warp's ``cp.async`` ring and the CTA's staging tiles (q, q^T, the blocked scales);
+        the group scan's arrays use the staging bytes before the first tile."""
+        warps, stages, chunks = self.warps, self.stages, self.chunks
+        smem = SmemAllocator()
+        ring_layout = cute.make_ordered_layout(
+            (warps, stages, LANE_ROWS, chunks, 32, 4), order=(5, 4, 3, 2, 1, 0)
+        )
+        ring_all = smem.allocate_tensor(Uint32, ring_layout, byte_alignment=128)
+        ring_words = ring_all[warp, None, None, None, None, None]
+        # The q and q^T staging tiles; the group scan's arrays use the same bytes before the first tile.
+        stage_words = TILE_M * TILE_K // 4
+        scan_words = 2 * prefix_smem_words(MAX_GROUPS) + warps if self.grouped else 0
+        scale_stage_words = 2 * TILE_BYTES // 4 if self.blocked or self.grouped else 0
+        stage_all = smem.allocate_tensor(
+            Uint32, cute.make_layout(max(2 * stage_words + scale_stage_words, scan_words)), byte_alignment=128
+        )
+        stage_q = cute.make_tensor(stage_all.iterator, cute.make_layout(stage_words))
+        stage_qt = cute.make_tensor(stage_all.iterator + stage_words, cute.make_layout(stage_words))
+        stage_s = cute.make_tensor(
+            cute.recast_ptr(stage_all.iterator + 2 * stage_words, dtype=Uint8),
+            cute.make_layout(2 * TILE_BYTES),
+        )
+        ring = cute.make_tensor(
+            cute.recast_ptr(ring_words.iterator, dtype=self.dtype),
+            cute.make_ordered_layout(
+                (stages, LANE_ROWS, chunks, 32, self.chunk_elems), order=(4, 3, 2, 1, 0)
+            ),
+        )
+        return _Smem(ring, ring_words, stage_all, stage_q, stage_qt, stage_s)
+
+    @cute.jit
+    def _global_views(self, x, q, scales, qt, scales_t) -> _Gmem:
+        """The ``cp.async`` atom and word / byte / chunk views of the global tensors."""
+        chunk_elems = self.chunk_elems
+        rows, cols = x.shape
+        atom = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=128
+        )
+        x_chunks = cute.make_tensor(
+            x.iterator,
+            cute.make_layout(
+                (rows, cols // chunk_elems, chunk_elems), stride=(x.layout.stride[0], chunk_elems, 1)
+            ),
+        )
+        q_words = cute.make_tensor(
+            cute.recast_ptr(q.iterator, dtype=Uint32),
+            cute.make_layout((rows, cols // 4), stride=(cols // 4, 1)),
+        )
+        qt_words = cute.make_tensor(
+            cute.recast_ptr(qt.iterator, dtype=Uint32),
+            cute.make_layout((cols, rows // 4), stride=(rows // 4, 1)),
+        )
+        scale_bytes = cute.make_tensor(
+            cute.recast_ptr(scales.iterator, dtype=Uint8),
+            cute.make_layout(scales.shape, stride=(scales.shape[1], 1)),
+        )
+        scale_bytes_t = cute.make_tensor(
+            cute.recast_ptr(scales_t.iterator, dtype=Uint8),
+            cute.make_layout(scales_t.shape, stride=(scales_t.shape[1], 1)),
+        )
+        scale_chunks, scale_chunks_t = (
+            cute.make_tensor(
+                cute.recast_ptr(t.iterator, dtype=Uint32),
+                cute.make_layout((cute.size(t) // CHUNK_BYTES, 4), stride=(4, 1)),
+            )
+            for t in (scales, scales_t)
+        )
+        return _Gmem(
+            atom, x_chunks, q_words, qt_words, scale_bytes, scale_bytes_t, scale_chunks, scale_chunks_t,
+            scales, scales_t,
+        )  # fmt: skip
+
+    @cute.jit
+    def _group_tile(self, scratch: cute.Tensor, offsets, scales_t, tid, row_tile, rows):
         """Group scan (in 128-row units: the M-groups blocks and the K-groups 4-column runs alike;
         every thread calls it) and the CTA's group-aligned row tile ``row_tile``: ``(first row,
         rows 0..128, placed)`` with ``placed`` = (covered, base, stride): ``covered`` false for rows
@@ -467,6 +495,7 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         tile at byte ``base + j * stride`` (M-groups numbering: the tile is block ``row_tile`` of the
         1x32 scales and one 4-column word run of its group's 32x1 scales). Also zeroes the K-groups
         bytes past the last group (a grid-stride loop over all CTAs)."""
+        warps = self.warps
         words = prefix_smem_words(MAX_GROUPS)
         base = cute.recast_ptr(scratch.iterator, dtype=Int32)
         first_row, tile_rows, covered, group_prefix, next_prefix, covered_blocks = group_row_tile(
@@ -499,221 +528,305 @@ def make_quantize_dual(dtype_name: str, mode: str, layout: ScaleLayout, config: 
         tile_rows = cutlass.min(tile_rows, rows - first_row)
         return first_row, tile_rows, (covered, col_base, col_stride)
 
-    @cute.kernel
-    def dual_kernel(
-        x: cute.Tensor,
-        q: cute.Tensor,
-        scales: cute.Tensor,
-        qt: cute.Tensor,
-        scales_t: cute.Tensor,
-        offsets,
-        tiles_per_cta: Int32,
-    ):
-        tid, _, _ = cute.arch.thread_idx()
-        col_chunk, row_tile, row_tile_hi = cute.arch.block_idx()
-        row_tile = row_tile + row_tile_hi * MAX_GRID_Y
-        rows, cols = x.shape
-        if cutlass.const_expr(config.spread_rows):  # q^T rows are M bytes apart
-            row_tile = spread_row_tile(row_tile, _row_tiles(scales), rows)
-        lane, warp = tid % 32, tid // 32
-        col_tiles = _col_tiles(cols)
-        warp_row = (warp % WARPS_M) * BLOCK_SIZE  # the warp's 32x1 block within the tile
-        lane_col = (warp // WARPS_M) * WARP_COLS + (lane % COL_LANES) * LANE_COLS  # within a tile
-        lane_row = row_tile * TILE_M + warp_row + (lane // COL_LANES) * LANE_ROWS  # fragment's first row
-        rows_live = row_tile * TILE_M + warp_row < rows
-
-        smem = SmemAllocator()
-        ring_layout = cute.make_ordered_layout(
-            (warps, stages, LANE_ROWS, chunks, 32, 4), order=(5, 4, 3, 2, 1, 0)
-        )
-        ring_all = smem.allocate_tensor(Uint32, ring_layout, byte_alignment=128)
-        ring_words = ring_all[warp, None, None, None, None, None]
-        # The q and q^T staging tiles; the group scan's arrays use the same bytes before the first tile.
-        stage_words = TILE_M * TILE_K // 4
-        scan_words = 2 * prefix_smem_words(MAX_GROUPS) + warps if grouped else 0
-        scale_stage_words = 2 * TILE_BYTES // 4 if blocked or grouped else 0
-        stage_all = smem.allocate_tensor(
-            Uint32, cute.make_layout(max(2 * stage_words + scale_stage_words, scan_words)), byte_alignment=128
-        )
-        stage_q = cute.make_tensor(stage_all.iterator, cute.make_layout(stage_words))
-        stage_qt = cute.make_tensor(stage_all.iterator + stage_words, cute.make_layout(stage_words))
-        stage_s = cute.make_tensor(
-            cute.recast_ptr(stage_all.iterator + 2 * stage_words, dtype=Uint8),
-            cute.make_layout(2 * TILE_BYTES),
-        )
-        ring = cute.make_tensor(
-            cute.recast_ptr(ring_words.iterator, dtype=dtype),
-            cute.make_ordered_layout((stages, LANE_ROWS, chunks, 32, chunk_elems), order=(4, 3, 2, 1, 0)),
-        )
-        atom = cute.make_copy_atom(
-            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=128
-        )
-        x_chunks = cute.make_tensor(
-            x.iterator,
-            cute.make_layout(
-                (rows, cols // chunk_elems, chunk_elems), stride=(x.layout.stride[0], chunk_elems, 1)
-            ),
-        )
-        q_words = cute.make_tensor(
-            cute.recast_ptr(q.iterator, dtype=Uint32),
-            cute.make_layout((rows, cols // 4), stride=(cols // 4, 1)),
-        )
-        qt_words = cute.make_tensor(
-            cute.recast_ptr(qt.iterator, dtype=Uint32),
-            cute.make_layout((cols, rows // 4), stride=(rows // 4, 1)),
-        )
-        scale_bytes = cute.make_tensor(
-            cute.recast_ptr(scales.iterator, dtype=Uint8),
-            cute.make_layout(scales.shape, stride=(scales.shape[1], 1)),
-        )
-        scale_bytes_t = cute.make_tensor(
-            cute.recast_ptr(scales_t.iterator, dtype=Uint8),
-            cute.make_layout(scales_t.shape, stride=(scales_t.shape[1], 1)),
-        )
-        scale_chunks, scale_chunks_t = (
-            cute.make_tensor(
-                cute.recast_ptr(t.iterator, dtype=Uint32),
-                cute.make_layout((cute.size(t) // CHUNK_BYTES, 4), stride=(4, 1)),
-            )
-            for t in (scales, scales_t)
-        )
-
-        first_tile = col_chunk * tiles_per_cta
-        units = cutlass.max(cutlass.min(first_tile + tiles_per_cta, col_tiles) - first_tile, 0)
-        # The CTA's rows: 128 from ``128 row_tile`` (grouped: the group-aligned tile of the scan).
-        first_row = row_tile * TILE_M
-        tile_rows = cutlass.min(rows - first_row, TILE_M)
-        placed = None  # ungrouped: derived from row_tile where the scales are staged
-        if cutlass.const_expr(grouped):
-            first_row, tile_rows, placed = _group_tile(stage_all, offsets, scales_t, tid, row_tile, rows)
-            lane_row = first_row + warp_row + (lane // COL_LANES) * LANE_ROWS
-            rows_live = warp_row < tile_rows
-        for u in cutlass.range_constexpr(ahead):
-            _issue(atom, x_chunks, ring, u, units, first_tile, lane_row, lane_col, rows_live, cols)
-        row_bits = cute.make_rmem_tensor(cute.make_layout(LANE_ROWS), Int32)
-        col_bits = cute.make_rmem_tensor(cute.make_layout(LANE_COLS), Int32)
-        inv_c = cute.make_rmem_tensor(cute.make_layout(LANE_COLS), Float32)
-        for u in cutlass.range(units, unroll=1):
-            _issue(atom, x_chunks, ring, u + ahead, units, first_tile, lane_row, lane_col, rows_live, cols)
-            cute.arch.cp_async_wait_group(ahead)
-            slot = u % stages
-            tile = first_tile + u
-            col0 = tile * TILE_K + lane_col
-            live = rows_live and col0 < cols
-            _block_maxima(ring_words, slot, lane, row_bits, col_bits)
-            s_r0, s_r1, inv_r0, inv_r1 = _shared_scales(
-                row_bits, lane % ROW_BLOCK_LANES, lane - lane % ROW_BLOCK_LANES, 1, live, None
-            )
-            s_c0, s_c1, _, _ = _shared_scales(
-                col_bits, lane // COL_LANES, lane % COL_LANES, COL_LANES, live, inv_c
-            )
-            row_scales, col_scales = (s_r0, s_r1), (s_c0, s_c1)
-            # Recomputed per tile, not kept from the prologue: one register fewer across the loop
-            # (the fp32 variants spill at the 80-register cap otherwise).
-            tile_row = lane_row - first_row
-            scale_tiles = None
-            if cutlass.const_expr(blocked or grouped):
-                covered, base, stride = (
-                    True,
-                    row_tile * TILE_BYTES,
-                    (scales_t.shape[1] // TILE_COLS) * TILE_BYTES,
-                )
-                if cutlass.const_expr(grouped):
-                    covered, base, stride = placed
-                _stage_scales(stage_s, row_scales, col_scales, lane, tile_row, lane_col, covered)
-                row_base = (row_tile * (scales.shape[1] // TILE_COLS) + tile) * TILE_BYTES
-                scale_tiles = (stage_s, scale_chunks, scale_chunks_t, row_base, base + tile * stride, covered)
-            else:
-                _store_plain_scales(
-                    scale_bytes, scale_bytes_t, row_scales, col_scales, lane, lane_row, col0, live
-                )
-            rows_end, has_rows = rows, True
-            if cutlass.const_expr(grouped):  # tiles past every group's rows only write their zero scales
-                rows_end, has_rows = first_row + tile_rows, tile_rows > 0
-            _quantize_tile(
-                ring_words, slot, lane, inv_r0, inv_r1, inv_c, stage_q, stage_qt, tile_row, lane_col,
-                q_words, qt_words, first_row, tile * TILE_K, cols, tid, rows_end, has_rows, scale_tiles,
-            )  # fmt: skip
+    # ------------------------------------------------------------------------------------------
+    # One column tile: loads, maxima and scales, conversion, stores
+    # ------------------------------------------------------------------------------------------
 
     @cute.jit
-    def launch(
-        x: cute.Tensor,
-        q: cute.Tensor,
-        scales: cute.Tensor,
-        qt: cute.Tensor,
-        scales_t: cute.Tensor,
-        offsets,
-        stream,
+    def _issue(self, cta: _Cta, smem: _Smem, gmem: _Gmem, u):
+        """Start the copies of this lane's fragment of tile ``first_tile + u`` into ring slot
+        ``u % stages`` (nothing past ``units`` or outside x) and commit them as one group."""
+        lane = cute.arch.lane_idx()
+        col0 = (cta.first_tile + u) * TILE_K + cta.lane_col
+        if u < cta.units and cta.rows_live and col0 < cta.cols:
+            for i in cutlass.range_constexpr(LANE_ROWS):
+                for h in cutlass.range_constexpr(self.chunks):
+                    cute.copy(
+                        gmem.atom,
+                        gmem.x_chunks[cta.lane_row + i, col0 // self.chunk_elems + h, None],
+                        smem.ring[u % self.stages, i, h, lane, None],
+                    )
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def _step(self, cta: _Cta, smem: _Smem, gmem: _Gmem, u, row_bits, col_bits, inv_c):
+        """Column tile ``first_tile + u``: issue the ring's next load, wait for this one, compute the
+        block maxima and scales, stage (or store, plain) the scales, then :meth:`_quantize_tile`."""
+        lane = cta.lane
+        self._issue(cta, smem, gmem, u + self.ahead)
+        cute.arch.cp_async_wait_group(self.ahead)
+        slot = u % self.stages
+        tile = cta.first_tile + u
+        col0 = tile * TILE_K + cta.lane_col
+        live = cta.rows_live and col0 < cta.cols
+        self._block_maxima(smem.ring_words, slot, lane, row_bits, col_bits)
+        s_r0, s_r1, inv_r0, inv_r1 = self._shared_scales(
+            row_bits, lane % ROW_BLOCK_LANES, lane - lane % ROW_BLOCK_LANES, 1, live, None
+        )
+        s_c0, s_c1, _, _ = self._shared_scales(
+            col_bits, lane // COL_LANES, lane % COL_LANES, COL_LANES, live, inv_c
+        )
+        row_scales, col_scales = (s_r0, s_r1), (s_c0, s_c1)
+        # Recomputed per tile, not kept from the prologue: one register fewer across the loop
+        # (the fp32 variants spill at the 80-register cap otherwise).
+        tile_row = cta.lane_row - cta.first_row
+        scale_tiles = None
+        if cutlass.const_expr(self.blocked or self.grouped):
+            covered, base, stride = (
+                True,
+                cta.row_tile * TILE_BYTES,
+                (gmem.scales_t.shape[1] // TILE_COLS) * TILE_BYTES,
+            )
+            if cutlass.const_expr(self.grouped):
+                covered, base, stride = cta.placed
+            _stage_scales(smem.stage_s, row_scales, col_scales, lane, tile_row, cta.lane_col, covered)
+            row_base = (cta.row_tile * (gmem.scales.shape[1] // TILE_COLS) + tile) * TILE_BYTES
+            scale_tiles = _ScaleTiles(row_base, base + tile * stride, covered)
+        else:
+            _store_plain_scales(
+                gmem.scale_bytes, gmem.scale_bytes_t, row_scales, col_scales, lane, cta.lane_row, col0, live
+            )
+        rows_end, has_rows = cta.rows, True
+        if cutlass.const_expr(self.grouped):  # tiles past every group's rows only write their zero scales
+            rows_end, has_rows = cta.first_row + cta.tile_rows, cta.tile_rows > 0
+        step = _Step(slot, inv_r0, inv_r1, inv_c, tile_row, tile * TILE_K, rows_end, has_rows, scale_tiles)
+        self._quantize_tile(cta, smem, gmem, step)
+
+    @cute.jit
+    def _load_row(self, ring_words: cute.Tensor, slot, i: cutlass.Constexpr, lane, frag: cute.Tensor):
+        """Row ``i`` of this lane's fragment from ring slot ``slot`` into ``frag`` (chunks, 4) words."""
+        for h in cutlass.range_constexpr(self.chunks):
+            cute.autovec_copy(ring_words[slot, i, h, lane, None], frag[h, None])
+
+    @cute.jit
+    def _block_maxima(
+        self, ring_words: cute.Tensor, slot, lane, row_bits: cute.Tensor, col_bits: cute.Tensor
     ):
-        rows, cols = x.shape
-        row_tiles = _row_tiles(scales)
-        col_tiles = _col_tiles(cols)
-        tiles_per_cta = cutlass.min(col_tiles, config.tiles_per_cta)
-        chunks = ceil_div(col_tiles, tiles_per_cta)
-        dual_kernel(x, q, scales, qt, scales_t, offsets, tiles_per_cta).launch(
-            grid=chunk_major_grid(row_tiles, chunks),
-            block=[32 * warps, 1, 1],
-            stream=stream,
-            min_blocks_per_mp=config.min_ctas_per_sm,
-            preferred_smem_carveout=100 if config.min_ctas_per_sm else None,
+        """``max |x|`` bits (fp32 bits, NaN-propagating) of this lane's 8 rows over their 1x32 blocks
+        into ``row_bits`` and of its 8 columns over the warp's 32 rows into ``col_bits``."""
+        frag = cute.make_rmem_tensor(cute.make_layout((self.chunks, 4), stride=(4, 1)), Uint32)
+        if cutlass.const_expr(self.packed):
+            pairs = cute.make_rmem_tensor(cute.make_layout(LANE_ROWS // 2), Uint32)
+            cols = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+            cols.fill(0)
+            prev = Uint32(0)
+            for i in cutlass.range_constexpr(LANE_ROWS):
+                self._load_row(ring_words, slot, i, lane, frag)
+                m = Uint32(0)
+                for j in cutlass.range_constexpr(4):
+                    w = frag[0, j] & Uint32(_ABS_MASK_X2)
+                    cols[j] = max_u16x2(cols[j], w)
+                    m = max_u16x2(m, w)
+                if cutlass.const_expr(i % 2 == 0):
+                    prev = m
+                else:  # rows i - 1 (low half) and i (high half): the max of each row's two halves
+                    lo = Uint32(cute.arch.prmt(prev, m, 0x5410))
+                    hi = Uint32(cute.arch.prmt(prev, m, 0x7632))
+                    pairs[i // 2] = max_u16x2(lo, hi)
+            for p in cutlass.range_constexpr(LANE_ROWS // 2):
+                for k in cutlass.range_constexpr(2):
+                    pairs[p] = max_u16x2(pairs[p], Uint32(cute.arch.shuffle_sync_bfly(pairs[p], 1 << k)))
+                row_bits[2 * p] = Int32(pairs[p] << 16)
+                row_bits[2 * p + 1] = Int32(pairs[p] & Uint32(0xFFFF0000))
+            for j in cutlass.range_constexpr(4):
+                for k in cutlass.range_constexpr(2):
+                    cols[j] = max_u16x2(cols[j], Uint32(cute.arch.shuffle_sync_bfly(cols[j], 8 << k)))
+                col_bits[2 * j] = Int32(cols[j] << 16)
+                col_bits[2 * j + 1] = Int32(cols[j] & Uint32(0xFFFF0000))
+        else:
+            col_bits.fill(0)
+            for i in cutlass.range_constexpr(LANE_ROWS):
+                self._load_row(ring_words, slot, i, lane, frag)
+                m = Int32(0)
+                for c in cutlass.range_constexpr(LANE_COLS):
+                    a = Int32(frag[c // 4, c % 4]) & Int32(_ABS_MASK)
+                    col_bits[c] = cutlass.max(col_bits[c], a)
+                    m = cutlass.max(m, a)
+                for k in cutlass.range_constexpr(2):
+                    m = cutlass.max(m, cute.arch.shuffle_sync_bfly(m, 1 << k))
+                row_bits[i] = m
+            for c in cutlass.range_constexpr(LANE_COLS):
+                for k in cutlass.range_constexpr(2):
+                    col_bits[c] = cutlass.max(col_bits[c], cute.arch.shuffle_sync_bfly(col_bits[c], 8 << k))
+
+    @cute.jit
+    def _shared_scales(
+        self, bits: cute.Tensor, own: Int32, first_lane: Int32, lane_step: cutlass.Constexpr, live, inv
+    ):
+        """Scales of the 8 blocks whose maxima ``bits`` the 4 lanes ``first_lane + lane_step * p``
+        (p = 0..3) share: lane p computes those of blocks ``2 own``, ``2 own + 1`` (``own`` = p) and
+        returns their bytes (0 where not ``live``: padding); the inverse scales of all 8 reach every
+        lane of the 4 through shuffles (``inv``)."""
+        lo, hi = bits[0], bits[1]
+        for p in cutlass.range_constexpr(1, LANE_ROWS // 2):
+            if own == p:
+                lo, hi = bits[2 * p], bits[2 * p + 1]
+        s_lo, s_hi = e8m0_scale(lo, self.mode), e8m0_scale(hi, self.mode)
+        if not live:
+            s_lo, s_hi = Int32(0), Int32(0)
+        inv_lo, inv_hi = inverse_scale(s_lo), inverse_scale(s_hi)
+        if cutlass.const_expr(inv is not None):
+            for i in cutlass.range_constexpr(LANE_ROWS):
+                mine = inv_lo if i % 2 == 0 else inv_hi
+                inv[i] = cute.arch.shuffle_sync(mine, first_lane + lane_step * (i // 2))
+        return s_lo, s_hi, inv_lo, inv_hi
+
+    @cute.jit
+    def _unpack_row(self, frag: cute.Tensor, values: cute.Tensor, r: cutlass.Constexpr):
+        """Row ``r`` of ``values`` (2, 8) fp32 from a fragment row of raw words (exact)."""
+        for c in cutlass.range_constexpr(LANE_COLS):
+            if cutlass.const_expr(self.packed):
+                w = frag[0, c // 2]
+                if cutlass.const_expr(c % 2 == 0):
+                    bits = w << 16
+                else:
+                    bits = w & Uint32(0xFFFF0000)
+            else:
+                bits = frag[c // 4, c % 4]
+            values[r, c] = bits.bitcast(Float32)
+
+    @cute.jit
+    def _quantize_tile(self, cta: _Cta, smem: _Smem, gmem: _Gmem, step: _Step):
+        """Quantize the ring's tile both ways into the staging tiles, then store q rows ``first_row
+        .. rows_end - 1`` (columns from ``step.col0``) and the matching q^T columns (a CTA barrier
+        between, and one after: the staging tiles are free again). Nothing but the staged scales when
+        not ``has_rows``; the staged scale tiles leave here unless ``step.scale_tiles`` is None."""
+        if step.has_rows:
+            cute.arch.sync_warp()  # a memory fence: the tile is read again, not kept in registers
+            self._convert_rows(
+                smem.ring_words, step.slot, cta.lane, step.inv_r0, step.inv_r1, smem.stage_q, step.tile_row,
+                cta.lane_col,
+            )  # fmt: skip
+            cute.arch.sync_warp()
+            self._convert_cols(
+                smem.ring_words, step.slot, cta.lane, step.inv_c, smem.stage_qt, step.tile_row, cta.lane_col
+            )
+        cute.arch.sync_threads()  # the staged tiles are complete
+        if step.has_rows:
+            self._store_staged(
+                smem.stage_q, False, gmem.q_words, cta.first_row, step.col0, step.rows_end, cta.cols, cta.tid
+            )
+            self._store_staged(
+                smem.stage_qt, True, gmem.qt_words, step.col0, cta.first_row, cta.cols, step.rows_end, cta.tid
+            )
+        if cutlass.const_expr(step.scale_tiles is not None):
+            self._store_scale_tiles(smem, gmem, step.scale_tiles, cta.tid)
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def _convert_rows(self, ring_words, slot, lane, inv_lo, inv_hi, stage, tile_row, tile_col):
+        """1x32-quantize this lane's fragment and put each row's 8 bytes of q into the staging tile
+        at ``(tile_row + i, tile_col)``. A rolled loop: row i's inverse scale comes from lane ``i // 2`` of
+        the 1x32 block's 4 (``inv_lo`` / ``inv_hi``: this lane's rows ``2 (lane % 4)``, ``+ 1``)."""
+        frag = cute.make_rmem_tensor(cute.make_layout((self.chunks, 4), stride=(4, 1)), Uint32)
+        values = cute.make_rmem_tensor(cute.make_layout((1, LANE_COLS), stride=(LANE_COLS, 1)), Float32)
+        first_lane = lane - lane % ROW_BLOCK_LANES
+        pairs = cute.make_tensor(stage.iterator, cute.make_layout((cute.size(stage) // 2, 2), stride=(2, 1)))
+        for i in cutlass.range(LANE_ROWS, unroll=2):
+            mine = inv_lo
+            if i % 2 == 1:
+                mine = inv_hi
+            inv = cute.arch.shuffle_sync(mine, first_lane + i // 2)
+            for h in cutlass.range_constexpr(self.chunks):
+                cute.autovec_copy(ring_words[slot, i, h, lane, None], frag[h, None])
+            self._unpack_row(frag, values, 0)
+            q_frag = cute.make_rmem_tensor(cute.make_layout(2), Uint32)
+            for h in cutlass.range_constexpr(2):
+                q_frag[h] = e4m3x4(
+                    values[0, 4 * h] * inv,
+                    values[0, 4 * h + 1] * inv,
+                    values[0, 4 * h + 2] * inv,
+                    values[0, 4 * h + 3] * inv,
+                )
+            cute.autovec_copy(q_frag, pairs[_stage_q_offset(tile_row + i, tile_col) // 8, None])
+
+    @cute.jit
+    def _convert_cols(self, ring_words, slot, lane, inv_c, stage, tile_row, tile_col):
+        """32x1-quantize this lane's fragment and put each column's 8 bytes of q^T into the staging
+        tile at ``(tile_col + c, tile_row)``. Rows are taken two at a time: each column's pair of E4M3 bytes
+        goes into its q^T word right away."""
+        frag = cute.make_rmem_tensor(cute.make_layout((self.chunks, 4), stride=(4, 1)), Uint32)
+        qt_frag = cute.make_rmem_tensor(cute.make_layout((LANE_COLS, 2), stride=(2, 1)), Uint32)
+        qt_frag.fill(0)
+        for pr in cutlass.range_constexpr(LANE_ROWS // 2):
+            values = cute.make_rmem_tensor(cute.make_layout((2, LANE_COLS), stride=(LANE_COLS, 1)), Float32)
+            for r in cutlass.range_constexpr(2):
+                self._load_row(ring_words, slot, 2 * pr + r, lane, frag)
+                self._unpack_row(frag, values, r)
+            for c in cutlass.range_constexpr(LANE_COLS):
+                qt_frag[c, pr // 2] = e4m3x2_into(
+                    qt_frag[c, pr // 2], pr % 2 == 1, values[0, c] * inv_c[c], values[1, c] * inv_c[c]
+                )
+        pairs = cute.make_tensor(stage.iterator, cute.make_layout((cute.size(stage) // 2, 2), stride=(2, 1)))
+        for c in cutlass.range_constexpr(LANE_COLS):
+            cute.autovec_copy(qt_frag[c, None], pairs[_stage_qt_offset(tile_col + c, tile_row) // 8, None])
+
+    @cute.jit
+    def _store_staged(
+        self,
+        stage: cute.Tensor,
+        transposed: cutlass.Constexpr,
+        out_words: cute.Tensor,
+        out_row0,
+        out_col0,
+        rows_valid,
+        cols_valid,
+        tid,
+    ):
+        """Copy the staged q tile (TILE_M x TILE_K bytes) or q^T tile (``transposed``: TILE_K x
+        TILE_M) to ``out_words`` at byte ``(out_row0, out_col0)`` in 16-byte chunks, 8 threads per
+        128 bytes. Row ``r`` is stored when ``out_row0 + r < rows_valid``, the chunk at byte ``b``
+        when ``out_col0 + b < cols_valid``."""
+        threads = 32 * self.warps
+        width = TILE_M if transposed else TILE_K
+        chunks_per_row = width // 16
+        chunk4 = cute.make_tensor(stage.iterator, cute.make_layout((cute.size(stage) // 4, 4), stride=(4, 1)))
+        words = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+        for k in cutlass.range_constexpr(cute.size(stage) // 4 // threads):
+            n = tid + k * threads
+            row, byte = n // chunks_per_row, (n % chunks_per_row) * 16
+            offset = _stage_q_offset(row, byte)
+            if cutlass.const_expr(transposed):
+                offset = _stage_qt_offset(row, byte)
+            cute.autovec_copy(chunk4[offset // 16, None], words)
+            if out_row0 + row < rows_valid and out_col0 + byte < cols_valid:
+                cute.autovec_copy(
+                    words, cute.local_tile(out_words[out_row0 + row, None], (4,), ((out_col0 + byte) // 16,))
+                )
+
+    @cute.jit
+    def _store_scale_tiles(self, smem: _Smem, gmem: _Gmem, tiles: _ScaleTiles, tid):
+        """Threads 0..31 copy the staged 1x32 tile to byte ``tiles.row_base`` of the 1x32 scales,
+        threads 32..63 the 32x1 tile to byte ``tiles.col_base`` of the 32x1 scales (when
+        ``tiles.covered``): one 16-byte store each.
+
+        Grouped: the M-groups scales have ``M + 128 G`` rows, not a multiple of 128 when M is not,
+        so the last row tile (past every group: zeros) is cut at the tensor's end. Its size is a
+        multiple of 16 bytes (M % 32 == 0, Cp % 4 == 0): a chunk is wholly inside or outside."""
+        staged = cute.make_tensor(
+            cute.recast_ptr(smem.stage_s.iterator, dtype=Uint32),
+            cute.make_layout((2 * CHUNKS_PER_TILE, 4), stride=(4, 1)),
         )
-
-    return launch
-
-
-def fake_arguments(dtype_name: str, layout: ScaleLayout):
-    """Fake tensors for ``launch`` (M, K multiples of 32 and the scale shapes symbolic) and the env
-    stream."""
-    rows, cols = cute.sym_int(divisibility=BLOCK_SIZE), cute.sym_int(divisibility=BLOCK_SIZE)
-    x = cute.runtime.make_fake_compact_tensor(
-        DTYPES[dtype_name], (rows, cols), stride_order=(1, 0), assumed_align=16
-    )
-    q = cute.runtime.make_fake_compact_tensor(
-        Float8E4M3FN, (rows, cols), stride_order=(1, 0), assumed_align=16
-    )
-    qt = cute.runtime.make_fake_compact_tensor(
-        Float8E4M3FN, (cols, rows), stride_order=(1, 0), assumed_align=16
-    )
-
-    def scale_tensor():
-        shape = (cute.sym_int(), cute.sym_int())
-        return cute.runtime.make_fake_compact_tensor(
-            Float8E8M0FNU, shape, stride_order=(1, 0), assumed_align=16
-        )
-
-    offsets = None
-    if layout is ScaleLayout.GROUPS:
-        offsets = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return x, q, scale_tensor(), qt, scale_tensor(), offsets, stream
+        words = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+        chunk = tiles.row_base // CHUNK_BYTES + tid
+        inside = True
+        if cutlass.const_expr(self.grouped):
+            inside = chunk < gmem.scale_chunks.shape[0]
+        if tid < CHUNKS_PER_TILE and inside:
+            cute.autovec_copy(staged[tid, None], words)
+            cute.autovec_copy(words, gmem.scale_chunks[chunk, None])
+        if tid >= CHUNKS_PER_TILE and tid < 2 * CHUNKS_PER_TILE and tiles.covered:
+            cute.autovec_copy(staged[tid, None], words)
+            cute.autovec_copy(
+                words, gmem.scale_chunks_t[tiles.col_base // CHUNK_BYTES + tid - CHUNKS_PER_TILE, None]
+            )
 
 
-def compile_quantize_dual(
-    dtype_name: str,
-    mode: str,
-    layout: ScaleLayout,
-    arch: str,
-    config: DualConfig | None = None,
-    options: str = "",
-):
-    """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream)."""
-    config = config or (GROUP_CONFIGS if layout is ScaleLayout.GROUPS else CONFIGS)[arch][dtype_name]
-    launch = make_quantize_dual(dtype_name, mode, layout, config)
-    return compile_tvm_ffi(launch, fake_arguments(dtype_name, layout), arch, options)
-
-
-def variants() -> list[tuple[str, str, ScaleLayout]]:
-    """Every (dtype, mode, scale layout) variant the bindings may ask for."""
-    return [(d, m, layout) for d in DTYPES for m in MODES for layout in ScaleLayout]
-
-
-def sass_targets() -> dict:
-    """SASS-inspection targets: ``quantize_dual_<dtype>_<mode>_<layout>`` -> build(arch)."""
-    from cute_utils.sass import compile_options
-
-    def target(dtype_name: str, mode: str, layout: ScaleLayout):
-        return lambda arch: compile_quantize_dual(
-            dtype_name, mode, layout, arch, options=compile_options(arch)
-        )
-
-    return {f"quantize_dual_{d}_{m}_{layout.value}": target(d, m, layout) for d, m, layout in variants()}
+__all__ = [
+    "DTYPES",
+    "MODES",
+    "DualConfig",
+    "DualVariant",
+    "QuantizeDualKernel",
+    "ScaleLayout",
+]

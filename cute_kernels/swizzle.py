@@ -1,4 +1,5 @@
-"""``swizzle_scales``: E8M0 scale matrices to the blocked layout (SPEC section 3), one kernel.
+"""``swizzle_scales``: E8M0 scale matrices to the blocked layout (SPEC section 3), one kernel:
+:class:`SwizzleKernel`, built from a :class:`SwizzleVariant` and a :class:`SwizzleConfig`.
 
 Layouts (a compile-time choice, :class:`SwizzleLayout`):
 
@@ -10,7 +11,8 @@ Layouts (a compile-time choice, :class:`SwizzleLayout`):
 
 Work decomposition: a *work item* is (128-row output block, window of ``window_cols`` padded scale
 columns). The grid is persistent: ``n_windows * k`` CTAs with ``k = max(1, ctas // n_windows)`` for
-``ctas = num_sms * ctas_per_sm``; CTA ``c`` keeps window ``c % n_windows`` for its whole life and
+``ctas = num_sms * ctas_per_sm`` (``num_sms``: a launch argument, the device's SM count); CTA ``c``
+keeps window ``c % n_windows`` for its whole life and
 walks the row blocks ``c // n_windows, + k, + 2k, ...`` (experts flattened into row blocks). So the
 CTAs resident at any moment cover every window of a band of consecutive rows: whole source rows
 and whole runs of output are read and written together (a window-by-window order re-reads the
@@ -36,9 +38,10 @@ read if no group padded anything (``SwizzleConfig.prefetch``), so the first load
 mostly hit the L2 (a guess: M-groups is exact inside the first group, K-groups windows are shifted
 by at most 3 columns per group before them).
 
-E, R, C and the group count are symbolic: one compile per (layout, rank, load mode, config, SM
-count, arch). Source and destination are the caller's ``float8_e8m0fnu`` tensors, reinterpreted
-in-kernel.
+E, R, C, the group count and the SM count are symbolic: one compile per variant (layout, rank,
+load mode, window) and arch. The per-arch configs, and the measurements behind them, are in
+``cute_kernels/configs/sm90.py`` (``swizzle``). Source and destination are the caller's
+``float8_e8m0fnu`` tensors, reinterpreted in-kernel.
 """
 
 from dataclasses import dataclass
@@ -59,17 +62,17 @@ from cute_utils.blocked import (
     funnel_word,
     store_chunk,
 )
+from cute_utils.constants import MAX_GROUPS
 from cute_utils.groups import (
-    MAX_GROUPS,
     find_group,
     m_groups_row_block,
     prefix_smem_words,
     scan_group_sizes,
     smem_group_bounds,
 )
-from cute_utils.jit import compile_tvm_ffi
-from cute_utils.occupancy import DEFAULT_NUM_SMS
 from cute_utils.prefetch import LINE_BYTES, prefetch_row_ranges
+
+from .base import Kernel
 
 
 class SwizzleLayout(str, Enum):
@@ -105,24 +108,8 @@ class SwizzleConfig:
             raise ValueError(f"ctas_per_sm={self.ctas_per_sm} x {self.threads} threads do not fit on an SM")
 
 
-# Picked with bench/tune_swizzle.py on an H200 (notes/swizzle-persistent-grid.md): a 128-column
-# window is faster for C >= 160 but slower at C = 64 and at 524288 x 224, and it spills registers
-# in the 3-D variants; 2 CTAs per SM, and 128-thread CTAs (8 per SM) but for plain 131072 x 224,
-# were slower. The grouped layouts take the 128-column window when the scales have more than 64
-# columns and at most ``WIDE_MAX_BYTES`` (M-groups +3-5%, K-groups +1-4% up to ~34 MB; at 117 MB it
-# is 7% slower; no spills: 54-64 registers; notes/swizzle-grouped-window-and-prefetch.md).
-_DEFAULT = SwizzleConfig()
-_WIDE = SwizzleConfig(window_cols=128)
-CONFIGS = {
-    arch: {
-        "plain": _DEFAULT,
-        "m_groups": _DEFAULT,
-        "k_groups": _DEFAULT,
-        "m_groups_wide": _WIDE,
-        "k_groups_wide": _WIDE,
-    }
-    for arch in ("sm_90a", "sm_100a")
-}
+#: Grouped scales of at most this many bytes (and more than 64 columns) take the 128-column window
+#: (``SwizzleVariant.wide``; the reasons are in ``cute_kernels/configs/sm90.py``).
 WIDE_MAX_BYTES = 64 << 20
 #: Source columns left of its padded position that a K-groups window's prefetch also takes.
 K_GROUPS_PREFETCH_SLACK = 64
@@ -161,6 +148,16 @@ def _m_group_rows(prefix, ends, num_groups, block, rows):
     group covers, all padding)."""
     row0, valid, covered, _ = m_groups_row_block(prefix, ends, num_groups, block, rows)
     if not covered:
+        valid = Int32(0)
+    return row0, valid
+
+
+@cute.jit
+def _m_group_schedule(groups, ahead, total_blocks, rows):
+    """:func:`_m_group_rows` of row block ``ahead`` (0 rows past ``total_blocks``): one lane's entry
+    of the M-groups schedule, handed to the loop by warp shuffle."""
+    row0, valid = _m_group_rows(groups.prefix, groups.ends, groups.num_groups, ahead, rows)
+    if ahead >= total_blocks:
         valid = Int32(0)
     return row0, valid
 
@@ -236,91 +233,6 @@ def _slot_count(threads: int, window_tiles: int, word_loads: bool) -> int:
 
 
 @cute.jit
-def _load_block(
-    regs: cute.Tensor,
-    src_words: cute.Tensor,
-    row0: Int32,
-    valid: Int32,
-    tid: Int32,
-    first_tile: Int32,
-    col_tiles: Int32,
-    skew: Int32,
-    tail,
-    cols: Int32,
-    lo: Int32,
-    span: Int32,
-    threads: cutlass.Constexpr,
-    window_tiles: cutlass.Constexpr,
-    word_loads: cutlass.Constexpr,
-):
-    """Issue one thread's loads of a row block into ``regs`` (0 where nothing is loaded).
-
-    Slot ``i`` is staged word ``(r, k)`` (:func:`_slot`). With ``word_loads`` that is tile column
-    ``first_tile + k`` of source row ``row0 + r``; otherwise the ``k``-th aligned word of the flat
-    source from the one holding byte ``(row0 + r) * cols + lo`` (``skew`` = base address % 4),
-    loaded only if it holds one of the row's ``span`` bytes. ``tail`` (raw loads of a source that
-    ends inside a word; else None) = ``(src, nbytes)``: the source and its size. Words from
-    ``full_words = (skew + nbytes) // 4`` on reach past its end and are not loaded; the one such
-    word a row can need is read as bytes (:func:`_tail_word`). Only a block whose rows end past
-    word ``full_words`` can need it, so only such a block checks word indices.
-    """
-    if cutlass.const_expr(word_loads):
-        for i in cutlass.range_constexpr(_slot_count(threads, window_tiles, word_loads)):
-            r, k, _ = _slot(i, tid, threads, window_tiles)
-            value = Uint32(0)
-            if r < valid and first_tile + k < col_tiles:
-                value = Uint32(src_words[row0 + r, first_tile + k])
-            regs[i] = value
-    elif cutlass.const_expr(tail is None):
-        _load_raw_words(regs, src_words, row0, valid, tid, skew, None, cols, lo, span, threads, window_tiles)
-    else:
-        src, nbytes = tail
-        full_words = (skew + nbytes) // TILE_COLS
-        if skew + (row0 + valid) * cols > full_words * TILE_COLS:
-            last = (full_words, _tail_word(src, skew, nbytes))
-            _load_raw_words(
-                regs, src_words, row0, valid, tid, skew, last, cols, lo, span, threads, window_tiles
-            )
-        else:
-            _load_raw_words(
-                regs, src_words, row0, valid, tid, skew, None, cols, lo, span, threads, window_tiles
-            )
-
-
-@cute.jit
-def _load_raw_words(
-    regs: cute.Tensor,
-    src_words: cute.Tensor,
-    row0: Int32,
-    valid: Int32,
-    tid: Int32,
-    skew: Int32,
-    tail,
-    cols: Int32,
-    lo: Int32,
-    span: Int32,
-    threads: cutlass.Constexpr,
-    window_tiles: cutlass.Constexpr,
-):
-    """The raw-word loads of :func:`_load_block`. ``tail``: ``(full_words, tail_word)``, the first
-    word index past the source's whole words and the bytes of that word; None: no word of the
-    block reaches past the source."""
-    for i in cutlass.range_constexpr(_slot_count(threads, window_tiles, False)):
-        r, k, exists = _slot(i, tid, threads, window_tiles)
-        value = Uint32(0)
-        offset = skew + (row0 + r) * cols + lo
-        if exists and r < valid and k * TILE_COLS < (offset & 3) + span:
-            word = (offset >> 2) + k
-            if cutlass.const_expr(tail is None):
-                value = Uint32(src_words[word])
-            else:
-                full_words, value = tail
-                if word < full_words:
-                    value = Uint32(src_words[word])
-        regs[i] = value
-
-
-@cute.jit
 def _source_words(
     src: cute.Tensor, rows: Int32, cols: Int32, word_loads: cutlass.Constexpr, ragged_end: cutlass.Constexpr
 ):
@@ -361,62 +273,252 @@ def _tail_word(src: cute.Tensor, skew: Int32, nbytes: Int32) -> Uint32:
     return word
 
 
-def make_swizzle(
-    layout: SwizzleLayout,
-    config: SwizzleConfig,
-    rank: int = 2,
-    word_loads: bool = False,
-    num_sms: int = DEFAULT_NUM_SMS["sm_90a"],
-    ragged_end: bool = False,
-):
-    """Build the ``@cute.jit`` host launcher ``launch(src, dst, offsets, stream)`` for ``layout``.
+@dataclass(frozen=True)
+class SwizzleVariant:
+    """Compile-time choices of a swizzle kernel.
 
-    ``src``: Float8E8M0FNU (R, C) or, for ``plain`` with ``rank=3``, (E, R, C), row-major.
-    ``word_loads`` (needs C % 4 == 0 and a 4-byte aligned src; not for ``k_groups``) loads one
+    ``layout``: :class:`SwizzleLayout`; ``rank``: 2, or 3 for ``plain`` (E, R, C) scales.
+    ``word_loads`` (needs C % 4 == 0 and a 4-byte aligned source; not for ``k_groups``) loads one
     4-byte word per tile column; without it, aligned words are funnel-shifted (any C, any base).
+    ``wide`` (grouped layouts): the 128-column-window config (see :func:`wide_window`).
     ``ragged_end`` (raw words only; needed when the source ends inside an aligned word, i.e.
     ``(address + bytes) % 4 != 0``): that last word is read as bytes, never as a word reaching past
     the tensor (notes/sanitizer-clean-reads.md). Without it the source must end on a word.
-    ``dst``: the blocked Float8E8M0FNU output of the same rank, 16-byte aligned (its byte count is
-    a multiple of 4). ``offsets``: Int32 (G,) end offsets (rows for ``m_groups``, scale columns for
-    ``k_groups``), ``None`` for ``plain``. ``num_sms`` sizes the persistent grid.
     """
-    threads = config.threads
-    window = config.window_cols
-    window_tiles = window // TILE_COLS
-    warps = threads // 32
-    max_ctas = num_sms * config.ctas_per_sm
-    grouped = layout is not SwizzleLayout.PLAIN
-    if word_loads and layout is SwizzleLayout.K_GROUPS:
-        raise ValueError("k_groups windows start at arbitrary columns: word loads do not apply")
-    if word_loads and ragged_end:
-        raise ValueError("word loads read whole words of the rows: there is no ragged end")
-    if rank == 3 and grouped:
-        raise ValueError("grouped layouts take 2-D scales")
-    loads_per_thread = _slot_count(threads, window_tiles, word_loads)
-    stores_per_thread = window_tiles * CHUNKS_PER_TILE // threads
+
+    layout: SwizzleLayout
+    rank: int = 2
+    word_loads: bool = False
+    wide: bool = False
+    ragged_end: bool = False
+
+    def __post_init__(self) -> None:
+        grouped = self.layout is not SwizzleLayout.PLAIN
+        if self.word_loads and self.layout is SwizzleLayout.K_GROUPS:
+            raise ValueError("k_groups windows start at arbitrary columns: word loads do not apply")
+        if self.word_loads and self.ragged_end:
+            raise ValueError("word loads read whole words of the rows: there is no ragged end")
+        if self.rank not in (2, 3) or (self.rank == 3 and grouped):
+            raise ValueError("grouped layouts take 2-D scales, plain ones 2-D or 3-D")
+        if self.wide and not grouped:
+            raise ValueError("the wide window is a grouped layouts' config")
+
+
+@dataclass(frozen=True)
+class _Groups:
+    """The group scan of a grouped layout, in shared memory: ``prefix`` (padded units before each
+    group, G + 1 words) and the clamped ``ends``."""
+
+    num_groups: Int32
+    prefix: cute.Tensor
+    ends: cute.Tensor
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """K-groups: the per-CTA column map of the window in shared memory, one entry per tile column:
+    first source column and byte count (0..4), output tile base and stride (see
+    :func:`_k_group_column`)."""
+
+    source: cute.Tensor
+    count: cute.Tensor
+    base: cute.Tensor
+    stride: cute.Tensor
+
+
+@dataclass(frozen=True)
+class _Window:
+    """What one thread's loads and stores know of its CTA's window (DSL values, fixed for the CTA's
+    life): its thread, warp and lane; the window's first tile column, the source's tile columns and
+    columns ``cols``; ``lo``/``span``: the window's source bytes of a row are columns
+    ``[lo, lo + span)``; the source as words (:func:`_source_words`): ``words``, ``skew`` and
+    ``tail``."""
+
+    tid: Int32
+    warp: Int32
+    lane: Int32
+    first_tile: Int32
+    col_tiles: Int32
+    cols: Int32
+    lo: Int32
+    span: Int32
+    words: cute.Tensor
+    skew: Int32
+    tail: object
+
+
+@dataclass(frozen=True)
+class _Output:
+    """The blocked output as 32-bit ``words`` and as 16-byte ``chunks`` (``full`` whole ones)."""
+
+    chunks: cute.Tensor
+    words: cute.Tensor
+    full: Int32
+
+    @staticmethod
+    def of(dst: cute.Tensor) -> "_Output":
+        total_words = cute.size(dst) // TILE_COLS
+        words = cute.make_tensor(cute.recast_ptr(dst.iterator, dtype=Uint32), cute.make_layout(total_words))
+        chunks = cute.make_tensor(
+            cute.recast_ptr(dst.iterator, dtype=Uint32),
+            cute.make_layout((total_words // TILE_COLS, TILE_COLS), stride=(TILE_COLS, 1)),
+        )
+        return _Output(chunks, words, total_words // TILE_COLS)
+
+
+@dataclass(frozen=True)
+class _Walk:
+    """A CTA's row blocks: ``first_block, + block_step, ...`` below ``total_blocks`` (experts
+    flattened; M-groups: padded blocks), over sources of ``rows`` rows (``row_blocks`` blocks per
+    expert); ``groups``: the M-groups scan (else None)."""
+
+    first_block: Int32
+    block_step: Int32
+    total_blocks: Int32
+    rows: Int32
+    row_blocks: Int32
+    groups: object
+
+
+class SwizzleKernel(Kernel):
+    """``swizzle_scales``' kernel (module docstring) for one :class:`SwizzleVariant` and
+    :class:`SwizzleConfig`.
+
+    Launch: ``kernel(src, dst, offsets, num_sms)``. ``src``: Float8E8M0FNU (R, C) or, for ``plain``
+    with ``rank=3``, (E, R, C), row-major. ``dst``: the blocked Float8E8M0FNU output of the same
+    rank, 16-byte aligned (its byte count is a multiple of 4). ``offsets``: Int32 (G,) end offsets
+    (rows for ``m_groups``, scale columns for ``k_groups``), ``None`` for ``plain``. ``num_sms``:
+    the device's SM count, which sizes the persistent grid.
+    """
+
+    name = "swizzle"
+
+    def __init__(self, variant: SwizzleVariant, config: SwizzleConfig) -> None:
+        super().__init__(variant, config)
+        self.layout = variant.layout
+        self.rank = variant.rank
+        self.word_loads = variant.word_loads
+        self.ragged_end = variant.ragged_end
+        self.grouped = variant.layout is not SwizzleLayout.PLAIN
+        self.threads = config.threads
+        self.window = config.window_cols
+        self.window_tiles = config.window_cols // TILE_COLS
+        self.warps = config.threads // 32
+        self.loads_per_thread = _slot_count(self.threads, self.window_tiles, self.word_loads)
+        self.stores_per_thread = self.window_tiles * CHUNKS_PER_TILE // self.threads
+
+    @classmethod
+    def variants(cls) -> list[SwizzleVariant]:
+        """Every variant the bindings may ask for. Raw (not word-load) plain and M-groups sources
+        are raw only when C % 4 != 0 or the base is not 4-byte aligned, so they may end inside a
+        word for some M: only their ``ragged_end`` form is built. K-groups sources (always raw) end
+        on a word when K % 4 == 0 and the base is aligned: both forms."""
+        base = [
+            (SwizzleLayout.PLAIN, 2, False, False),
+            (SwizzleLayout.PLAIN, 2, True, False),
+            (SwizzleLayout.PLAIN, 3, False, False),
+            (SwizzleLayout.PLAIN, 3, True, False),
+            (SwizzleLayout.M_GROUPS, 2, False, False),
+            (SwizzleLayout.M_GROUPS, 2, True, False),
+            (SwizzleLayout.M_GROUPS, 2, False, True),
+            (SwizzleLayout.M_GROUPS, 2, True, True),
+            (SwizzleLayout.K_GROUPS, 2, False, False),
+            (SwizzleLayout.K_GROUPS, 2, False, True),
+        ]
+        return [SwizzleVariant(*v, False) for v in base if v[2] or v[0] is SwizzleLayout.K_GROUPS] + [
+            SwizzleVariant(*v, True) for v in base if not v[2]
+        ]
+
+    @classmethod
+    def target_name(cls, variant: SwizzleVariant) -> str:
+        """``swizzle_<layout>_<rank>d[_words][_ragged][_wide]``."""
+        loads = "_words" if variant.word_loads else "_ragged" if variant.ragged_end else ""
+        return f"swizzle_{variant.layout.value}_{variant.rank}d{loads}{'_wide' if variant.wide else ''}"
+
+    @classmethod
+    def fake_arguments(cls, variant: SwizzleVariant) -> tuple:
+        """Fake tensors (all sizes symbolic), the SM count and the env stream ``__call__`` compiles
+        against."""
+        rank = variant.rank
+        order = tuple(range(rank - 1, -1, -1))
+        src = cute.runtime.make_fake_compact_tensor(
+            Float8E8M0FNU,
+            tuple(cute.sym_int() for _ in range(rank)),
+            stride_order=order,
+            assumed_align=4 if variant.word_loads else 1,
+        )
+        dst = cute.runtime.make_fake_compact_tensor(
+            Float8E8M0FNU, tuple(cute.sym_int() for _ in range(rank)), stride_order=order, assumed_align=16
+        )
+        offsets = None
+        if variant.layout is not SwizzleLayout.PLAIN:
+            offsets = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        return src, dst, offsets, Int32(1), stream
+
+    @staticmethod
+    def can_implement(variant: SwizzleVariant, shape: tuple, address: int, num_groups: int = 0) -> bool:
+        """Whether ``variant`` runs scales of ``shape`` ((R, C), or (E, R, C) for a 3-D ``plain``)
+        whose data start at ``address``, with ``num_groups`` groups: 1 to ``MAX_GROUPS`` groups
+        (none for ``plain``); word loads only for rows of whole, aligned words; the raw form
+        without ``ragged_end`` only for a source that ends on a word. (Which window a grouped call
+        should take is :func:`wide_window`'s choice, not a limit.)"""
+        *_, cols = shape
+        nbytes = 1
+        for dim in shape:
+            nbytes *= dim
+        grouped = variant.layout is not SwizzleLayout.PLAIN
+        if len(shape) != variant.rank or (0 < num_groups <= MAX_GROUPS) != grouped:
+            return False
+        if variant.word_loads:
+            return cols % TILE_COLS == 0 and address % TILE_COLS == 0
+        return variant.ragged_end or (address + nbytes) % TILE_COLS == 0
+
+    @cute.jit
+    def __call__(
+        self,
+        src: cute.Tensor,  # (R, C) or (E, R, C) Float8E8M0FNU, row-major
+        dst: cute.Tensor,  # blocked Float8E8M0FNU of src's rank, 16-byte aligned
+        offsets,  # Int32 (G,) group end offsets (rows or scale columns), None for plain
+        num_sms: Int32,  # the device's SM count: sizes the persistent grid
+        stream,
+    ):
+        experts = 1
+        if cutlass.const_expr(self.rank == 3):
+            experts, rows, cols = src.shape
+        else:
+            rows, cols = src.shape
+        blocks = experts * ceil_div(rows, TILE_ROWS)
+        tiles = ceil_div(cols, TILE_COLS)
+        if cutlass.const_expr(self.layout is SwizzleLayout.M_GROUPS):
+            blocks = ceil_div(rows + TILE_ROWS * offsets.shape[0], TILE_ROWS)
+        if cutlass.const_expr(self.layout is SwizzleLayout.K_GROUPS):
+            tiles = ceil_div(cols + TILE_COLS * offsets.shape[0], TILE_COLS)
+        n_windows = ceil_div(tiles, self.window_tiles)
+        max_ctas = num_sms * self.config.ctas_per_sm
+        per_window = cutlass.max(cutlass.min(blocks, max_ctas // n_windows), 1)
+        self.kernel(src, dst, offsets).launch(
+            grid=[n_windows * per_window, 1, 1],
+            block=[self.threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=self.config.ctas_per_sm,
+            preferred_smem_carveout=100,
+        )
 
     @cute.kernel
-    def swizzle_kernel(src: cute.Tensor, dst: cute.Tensor, offsets):
+    def kernel(self, src: cute.Tensor, dst: cute.Tensor, offsets):
+        layout, window, window_tiles = self.layout, self.window, self.window_tiles
         tid, _, _ = cute.arch.thread_idx()
         bid, _, _ = cute.arch.block_idx()
         num_ctas, _, _ = cute.arch.grid_dim()
         warp = tid // 32
         lane = tid % 32
         experts = 1
-        if cutlass.const_expr(rank == 3):
+        if cutlass.const_expr(self.rank == 3):
             experts, rows, cols = src.shape
         else:
             rows, cols = src.shape
-        total_words = cute.size(dst) // TILE_COLS
-        dst_words = cute.make_tensor(
-            cute.recast_ptr(dst.iterator, dtype=Uint32), cute.make_layout(total_words)
-        )
-        dst_chunks = cute.make_tensor(
-            cute.recast_ptr(dst.iterator, dtype=Uint32),
-            cute.make_layout((total_words // TILE_COLS, TILE_COLS), stride=(TILE_COLS, 1)),
-        )
-        full_chunks = total_words // TILE_COLS
+        out = _Output.of(dst)
         row_blocks = ceil_div(rows, TILE_ROWS)
         col_tiles = ceil_div(cols, TILE_COLS)
         total_blocks = experts * row_blocks
@@ -425,20 +527,15 @@ def make_swizzle(
         smem = SmemAllocator()
         stage = allocate_staging(smem, window)
 
-        if cutlass.const_expr(grouped):
+        groups = None
+        if cutlass.const_expr(self.grouped):
             num_groups = offsets.shape[0]
             if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS):
                 total_blocks = ceil_div(rows + TILE_ROWS * num_groups, TILE_ROWS)
             else:
                 grid_tiles = ceil_div(cols + TILE_COLS * num_groups, TILE_COLS)
-            if cutlass.const_expr(config.prefetch):
-                _prefetch_first_block(src, layout, bid, grid_tiles, tid, threads, window_tiles)
-            prefix = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words()), 16)
-            ends = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words()), 16)
-            warp_totals = smem.allocate_tensor(Int32, cute.make_layout(warps), 16)
             total = rows if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS) else cols
-            unit = TILE_ROWS if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS) else TILE_COLS
-            scan_group_sizes(offsets, num_groups, total, unit, prefix, warp_totals, tid, threads, ends)
+            groups = self._scan_groups(smem, src, offsets, num_groups, total, bid, grid_tiles, tid)
 
         n_windows = ceil_div(grid_tiles, window_tiles)
         first_tile = (bid % n_windows) * window_tiles
@@ -448,251 +545,205 @@ def make_swizzle(
         # ``lo``/``span``: the window's source bytes of a row are columns [lo, lo + span).
         lo = first_tile * TILE_COLS
         span = cutlass.max(cutlass.min(cols - lo, window), 0)
+        columns = None
         if cutlass.const_expr(layout is SwizzleLayout.K_GROUPS):
-            # Per-CTA column map of the window (tile column -> source column and byte count, output
-            # tile base and stride), built by warp 0 and read back from shared memory for every row
-            # block. Column starts of consecutive tile columns rise by 1..4 (by 4 inside a group) and
-            # only the zero tail has no bytes, so the window's bytes lie in [lo, lo + window) from
-            # the first tile column's start; garbage offsets are clamped into the staged row
-            # (meaningless bytes, never out of bounds).
-            col_source = smem.allocate_tensor(Int32, cute.make_layout(window_tiles), 16)
-            col_count = smem.allocate_tensor(Int32, cute.make_layout(window_tiles), 16)
-            tile_base = smem.allocate_tensor(Int32, cute.make_layout(window_tiles), 16)
-            tile_stride = smem.allocate_tensor(Int32, cute.make_layout(window_tiles), 16)
-            if tid < window_tiles:
-                source, count, base, stride = _k_group_column(
-                    ends, prefix, num_groups, row_blocks, first_tile + tid, grid_tiles
-                )
-                col_source[tid] = source
-                col_count[tid] = count
-                tile_base[tid] = base
-                tile_stride[tid] = stride
-            cute.arch.sync_threads()
-            lo = col_source[0]
-            span = cutlass.max(cutlass.min(cols - lo, window), 0)
-            if col_count[0] == 0:
-                lo = Int32(0)
-                span = Int32(0)
+            columns, lo, span = self._k_group_columns(
+                smem, groups, row_blocks, first_tile, grid_tiles, tid, cols
+            )
 
-        src_words, skew, tail = _source_words(src, experts * rows, cols, word_loads, ragged_end)
+        src_words, skew, tail = _source_words(src, experts * rows, cols, self.word_loads, self.ragged_end)
+        win = _Window(tid, warp, lane, first_tile, col_tiles, cols, lo, span, src_words, skew, tail)
+        walk = _Walk(first_block, block_step, total_blocks, rows, row_blocks, groups)
+        self._pipeline(stage, win, walk, columns, out)
 
-        # Software pipeline: the loads of row block ``block + step`` are in flight while block
-        # ``block`` is stored. M-groups: each lane resolves (binary search in shared memory) the
-        # rows of one of the next 32 row blocks at once; the loop takes them by warp shuffle.
-        regs = cute.make_rmem_tensor(cute.make_layout(loads_per_thread), Uint32)
-        if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS):
-            ahead = first_block + lane * block_step
-            sched_row0, sched_valid = _m_group_rows(prefix, ends, num_groups, ahead, rows)
-            if ahead >= total_blocks:
-                sched_valid = Int32(0)
+    @cute.jit
+    def _pipeline(self, stage: cute.Tensor, win: _Window, walk: _Walk, columns, out: _Output):
+        """The CTA's walk over its row blocks, software-pipelined: the loads of row block
+        ``block + step`` are in flight while block ``block`` is stored. M-groups: each lane resolves
+        (binary search in shared memory) the rows of one of the next 32 row blocks at once; the loop
+        takes them by warp shuffle."""
+        first_block, block_step, total_blocks = walk.first_block, walk.block_step, walk.total_blocks
+        rows, row_blocks, lane = walk.rows, walk.row_blocks, win.lane
+        m_groups = self.layout is SwizzleLayout.M_GROUPS
+        regs = cute.make_rmem_tensor(cute.make_layout(self.loads_per_thread), Uint32)
+        if cutlass.const_expr(m_groups):
+            sched_row0, sched_valid = _m_group_schedule(
+                walk.groups, first_block + lane * block_step, total_blocks, rows
+            )
             row0 = cute.arch.shuffle_sync(sched_row0, 0)
             valid = cute.arch.shuffle_sync(sched_valid, 0)
         else:
-            row0, valid = _plain_rows(first_block, rows, row_blocks, rank)
-        _load_block(
-            regs,
-            src_words,
-            row0,
-            valid,
-            tid,
-            first_tile,
-            col_tiles,
-            skew,
-            tail,
-            cols,
-            lo,
-            span,
-            threads,
-            window_tiles,
-            word_loads,
-        )
+            row0, valid = _plain_rows(first_block, rows, row_blocks, self.rank)
+        self._load_block(regs, win, row0, valid)
         step_index = Int32(0)
         for block in cutlass.range(first_block, total_blocks, block_step):
-            for i in cutlass.range_constexpr(loads_per_thread):
-                r, k, exists = _slot(i, tid, threads, window_tiles)
-                if exists:
-                    stage[r, k] = regs[i]
+            self._stage_block(stage, regs, win.tid)
             cute.arch.sync_threads()
 
             step_index = step_index + 1
-            if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS):
+            if cutlass.const_expr(m_groups):
                 if step_index % 32 == 0:
-                    ahead = block + (lane + 1) * block_step
-                    sched_row0, sched_valid = _m_group_rows(prefix, ends, num_groups, ahead, rows)
-                    if ahead >= total_blocks:
-                        sched_valid = Int32(0)
+                    sched_row0, sched_valid = _m_group_schedule(
+                        walk.groups, block + (lane + 1) * block_step, total_blocks, rows
+                    )
                 next_row0 = cute.arch.shuffle_sync(sched_row0, step_index % 32)
                 next_valid = cute.arch.shuffle_sync(sched_valid, step_index % 32)
             else:
-                next_row0, next_valid = _plain_rows(block + block_step, rows, row_blocks, rank)
+                next_row0, next_valid = _plain_rows(block + block_step, rows, row_blocks, self.rank)
                 if block + block_step >= total_blocks:
                     next_valid = Int32(0)
-            _load_block(
-                regs,
-                src_words,
-                next_row0,
-                next_valid,
-                tid,
-                first_tile,
-                col_tiles,
-                skew,
-                tail,
-                cols,
-                lo,
-                span,
-                threads,
-                window_tiles,
-                word_loads,
-            )
+            self._load_block(regs, win, next_row0, next_valid)
 
-            row_skew = skew + row0 * cols + lo
-            for i in cutlass.range_constexpr(stores_per_thread):
-                # Tile column ``tile`` of the window: output tile ``base + block * stride`` (none if
-                # stride < 0); its bytes sit at byte ``rel`` of the staged rows, ``mask`` keeps them.
-                tile = i * warps + warp
-                if cutlass.const_expr(layout is SwizzleLayout.K_GROUPS):
-                    base = tile_base[tile]
-                    stride = tile_stride[tile]
-                    rel = cutlass.max(cutlass.min(col_source[tile] - lo, window - TILE_COLS), 0)
-                    mask = byte_mask(col_count[tile])
-                else:
-                    base = first_tile + tile
-                    stride = col_tiles
-                    if base >= col_tiles:
-                        stride = Int32(-1)
-                    rel = tile * TILE_COLS
-                    mask = byte_mask(cutlass.max(cutlass.min(span - rel, TILE_COLS), 0))
-                if stride >= 0:
-                    frag = cute.make_rmem_tensor(cute.make_layout(TILE_COLS), Uint32)
-                    for q in cutlass.range_constexpr(TILE_ROWS // CHUNKS_PER_TILE):
-                        r = lane + CHUNKS_PER_TILE * q
-                        if cutlass.const_expr(word_loads):
-                            frag[q] = stage[r, tile]
-                        else:
-                            word = Uint32(0)
-                            if r < valid:
-                                word = funnel_word(stage, r, ((row_skew + r * cols) & 3) + rel) & mask
-                            frag[q] = word
-                    chunk = (base + block * stride) * CHUNKS_PER_TILE + lane
-                    store_chunk(frag, dst_chunks, dst_words, chunk, full_chunks)
+            self._store_block(stage, win, columns, out, block, row0, valid)
             cute.arch.sync_threads()
             row0 = next_row0
             valid = next_valid
 
     @cute.jit
-    def launch(src: cute.Tensor, dst: cute.Tensor, offsets, stream):
-        experts = 1
-        if cutlass.const_expr(rank == 3):
-            experts, rows, cols = src.shape
+    def _scan_groups(self, smem, src, offsets, num_groups, total, bid, grid_tiles, tid):
+        """The group scan into shared memory (all threads; ``total``: the rows or columns the
+        groups split), after the L2 prefetch of this CTA's first work item
+        (``SwizzleConfig.prefetch``)."""
+        if cutlass.const_expr(self.config.prefetch):
+            _prefetch_first_block(src, self.layout, bid, grid_tiles, tid, self.threads, self.window_tiles)
+        prefix = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words()), 16)
+        ends = smem.allocate_tensor(Int32, cute.make_layout(prefix_smem_words()), 16)
+        warp_totals = smem.allocate_tensor(Int32, cute.make_layout(self.warps), 16)
+        unit = TILE_ROWS if cutlass.const_expr(self.layout is SwizzleLayout.M_GROUPS) else TILE_COLS
+        scan_group_sizes(offsets, num_groups, total, unit, prefix, warp_totals, tid, self.threads, ends)
+        return _Groups(num_groups, prefix, ends)
+
+    @cute.jit
+    def _k_group_columns(self, smem, groups, row_blocks, first_tile, grid_tiles, tid, cols):
+        """K-groups: the per-CTA column map of the window (tile column -> source column and byte
+        count, output tile base and stride), built by warp 0 and read back from shared memory for
+        every row block, and the window's ``(columns, lo, span)``. Column starts of consecutive
+        tile columns rise by 1..4 (by 4 inside a group) and only the zero tail has no bytes, so
+        the window's bytes lie in [lo, lo + window) from the first tile column's start; garbage
+        offsets are clamped into the staged row (meaningless bytes, never out of bounds)."""
+        window_tiles = self.window_tiles
+        col_source = smem.allocate_tensor(Int32, cute.make_layout(window_tiles), 16)
+        col_count = smem.allocate_tensor(Int32, cute.make_layout(window_tiles), 16)
+        tile_base = smem.allocate_tensor(Int32, cute.make_layout(window_tiles), 16)
+        tile_stride = smem.allocate_tensor(Int32, cute.make_layout(window_tiles), 16)
+        if tid < window_tiles:
+            source, count, base, stride = _k_group_column(
+                groups.ends, groups.prefix, groups.num_groups, row_blocks, first_tile + tid, grid_tiles
+            )
+            col_source[tid] = source
+            col_count[tid] = count
+            tile_base[tid] = base
+            tile_stride[tid] = stride
+        cute.arch.sync_threads()
+        lo = col_source[0]
+        span = cutlass.max(cutlass.min(cols - lo, self.window), 0)
+        if col_count[0] == 0:
+            lo = Int32(0)
+            span = Int32(0)
+        return _Columns(col_source, col_count, tile_base, tile_stride), lo, span
+
+    @cute.jit
+    def _load_block(self, regs: cute.Tensor, win: _Window, row0: Int32, valid: Int32):
+        """Issue one thread's loads of a row block into ``regs`` (0 where nothing is loaded).
+
+        Slot ``i`` is staged word ``(r, k)`` (:func:`_slot`). With ``word_loads`` that is tile
+        column ``first_tile + k`` of source row ``row0 + r``; otherwise the ``k``-th aligned word of
+        the flat source from the one holding byte ``(row0 + r) * cols + lo`` (``skew`` = base
+        address % 4), loaded only if it holds one of the row's ``span`` bytes. ``win.tail`` (raw
+        loads of a source that ends inside a word; else None) = ``(src, nbytes)``: the source and
+        its size. Words from ``full_words = (skew + nbytes) // 4`` on reach past its end and are
+        not loaded; the one such word a row can need is read as bytes (:func:`_tail_word`). Only a
+        block whose rows end past word ``full_words`` can need it, so only such a block checks
+        word indices.
+        """
+        if cutlass.const_expr(self.word_loads):
+            for i in cutlass.range_constexpr(self.loads_per_thread):
+                r, k, _ = _slot(i, win.tid, self.threads, self.window_tiles)
+                value = Uint32(0)
+                if r < valid and win.first_tile + k < win.col_tiles:
+                    value = Uint32(win.words[row0 + r, win.first_tile + k])
+                regs[i] = value
+        elif cutlass.const_expr(win.tail is None):
+            self._load_raw_words(regs, win, row0, valid, None)
         else:
-            rows, cols = src.shape
-        blocks = experts * ceil_div(rows, TILE_ROWS)
-        tiles = ceil_div(cols, TILE_COLS)
-        if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS):
-            blocks = ceil_div(rows + TILE_ROWS * offsets.shape[0], TILE_ROWS)
-        if cutlass.const_expr(layout is SwizzleLayout.K_GROUPS):
-            tiles = ceil_div(cols + TILE_COLS * offsets.shape[0], TILE_COLS)
-        n_windows = ceil_div(tiles, window_tiles)
-        per_window = cutlass.max(cutlass.min(blocks, max_ctas // n_windows), 1)
-        swizzle_kernel(src, dst, offsets).launch(
-            grid=[n_windows * per_window, 1, 1],
-            block=[threads, 1, 1],
-            stream=stream,
-            min_blocks_per_mp=config.ctas_per_sm,
-            preferred_smem_carveout=100,
-        )
+            src, nbytes = win.tail
+            full_words = (win.skew + nbytes) // TILE_COLS
+            if win.skew + (row0 + valid) * win.cols > full_words * TILE_COLS:
+                last = (full_words, _tail_word(src, win.skew, nbytes))
+                self._load_raw_words(regs, win, row0, valid, last)
+            else:
+                self._load_raw_words(regs, win, row0, valid, None)
 
-    return launch
+    @cute.jit
+    def _load_raw_words(self, regs: cute.Tensor, win: _Window, row0: Int32, valid: Int32, last):
+        """The raw-word loads of :meth:`_load_block`. ``last``: ``(full_words, tail_word)``, the
+        first word index past the source's whole words and the bytes of that word; None: no word of
+        the block reaches past the source."""
+        for i in cutlass.range_constexpr(self.loads_per_thread):
+            r, k, exists = _slot(i, win.tid, self.threads, self.window_tiles)
+            value = Uint32(0)
+            offset = win.skew + (row0 + r) * win.cols + win.lo
+            if exists and r < valid and k * TILE_COLS < (offset & 3) + win.span:
+                word = (offset >> 2) + k
+                if cutlass.const_expr(last is None):
+                    value = Uint32(win.words[word])
+                else:
+                    full_words, value = last
+                    if word < full_words:
+                        value = Uint32(win.words[word])
+            regs[i] = value
 
+    @cute.jit
+    def _stage_block(self, stage: cute.Tensor, regs: cute.Tensor, tid: Int32):
+        """Write one thread's loaded words of a row block into the staging buffer."""
+        for i in cutlass.range_constexpr(self.loads_per_thread):
+            r, k, exists = _slot(i, tid, self.threads, self.window_tiles)
+            if exists:
+                stage[r, k] = regs[i]
 
-def fake_arguments(layout: SwizzleLayout, rank: int = 2, word_loads: bool = False):
-    """Fake tensors (all sizes symbolic) and the env stream that ``launch`` compiles against."""
-    order = tuple(range(rank - 1, -1, -1))
-    src = cute.runtime.make_fake_compact_tensor(
-        Float8E8M0FNU,
-        tuple(cute.sym_int() for _ in range(rank)),
-        stride_order=order,
-        assumed_align=4 if word_loads else 1,
-    )
-    dst = cute.runtime.make_fake_compact_tensor(
-        Float8E8M0FNU, tuple(cute.sym_int() for _ in range(rank)), stride_order=order, assumed_align=16
-    )
-    offsets = None
-    if layout is not SwizzleLayout.PLAIN:
-        offsets = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return src, dst, offsets, stream
-
-
-def compile_swizzle(
-    layout: SwizzleLayout,
-    arch: str,
-    rank: int = 2,
-    word_loads: bool = False,
-    config: SwizzleConfig | None = None,
-    options: str = "",
-    num_sms: int | None = None,
-    wide: bool = False,
-    ragged_end: bool = False,
-):
-    """``cute.compile`` the launcher for one variant on ``arch`` (TVM-FFI, env stream); ``num_sms``
-    (default: the arch's usual count) sizes the persistent grid; ``wide`` picks the layout's
-    ``_wide`` config (see :func:`wide_window`) when no ``config`` is given."""
-    config = config or CONFIGS[arch][layout.value + ("_wide" if wide else "")]
-    launch = make_swizzle(layout, config, rank, word_loads, num_sms or DEFAULT_NUM_SMS[arch], ragged_end)
-    return compile_tvm_ffi(launch, fake_arguments(layout, rank, word_loads), arch, options)
-
-
-def variants() -> list[tuple[SwizzleLayout, int, bool, bool, bool]]:
-    """Every (layout, rank, word_loads, wide, ragged_end) variant the bindings may ask for. Raw
-    (not word-load) plain and M-groups sources are raw only when C % 4 != 0 or the base is not
-    4-byte aligned, so they may end inside a word for some M: only their ``ragged_end`` form is
-    built. K-groups sources (always raw) end on a word when K % 4 == 0 and the base is aligned:
-    both forms."""
-    base = [
-        (SwizzleLayout.PLAIN, 2, False, False),
-        (SwizzleLayout.PLAIN, 2, True, False),
-        (SwizzleLayout.PLAIN, 3, False, False),
-        (SwizzleLayout.PLAIN, 3, True, False),
-        (SwizzleLayout.M_GROUPS, 2, False, False),
-        (SwizzleLayout.M_GROUPS, 2, True, False),
-        (SwizzleLayout.M_GROUPS, 2, False, True),
-        (SwizzleLayout.M_GROUPS, 2, True, True),
-        (SwizzleLayout.K_GROUPS, 2, False, False),
-        (SwizzleLayout.K_GROUPS, 2, False, True),
-    ]
-    return [(*v, False) for v in base if v[2] or v[0] is SwizzleLayout.K_GROUPS] + [
-        (*v, True) for v in base if not v[2]
-    ]
-
-
-def target_name(layout: SwizzleLayout, rank: int, word_loads: bool, wide: bool, ragged_end: bool) -> str:
-    """``swizzle_<layout>_<rank>d[_words][_ragged][_wide]``."""
-    loads = "_words" if word_loads else "_ragged" if ragged_end else ""
-    return f"swizzle_{layout.value}_{rank}d{loads}{'_wide' if wide else ''}"
-
-
-def sass_targets() -> dict:
-    """SASS-inspection targets of this module (:func:`target_name`) -> build(arch)."""
-    from cute_utils.sass import compile_options
-
-    def target(layout: SwizzleLayout, rank: int, word_loads: bool, wide: bool, ragged_end: bool):
-        return lambda arch: compile_swizzle(
-            layout, arch, rank, word_loads, options=compile_options(arch), wide=wide, ragged_end=ragged_end
-        )
-
-    return {target_name(*v): target(*v) for v in variants()}
+    @cute.jit
+    def _store_block(self, stage, win: _Window, columns, out: _Output, block, row0, valid):
+        """Each warp's whole tiles of the staged row block ``block`` (source rows ``row0 ..``,
+        ``valid`` of them) to the output, 16-byte chunks, one per lane."""
+        cols, lo, lane, window = win.cols, win.lo, win.lane, self.window
+        row_skew = win.skew + row0 * cols + lo
+        for i in cutlass.range_constexpr(self.stores_per_thread):
+            # Tile column ``tile`` of the window: output tile ``base + block * stride`` (none if
+            # stride < 0); its bytes sit at byte ``rel`` of the staged rows, ``mask`` keeps them.
+            tile = i * self.warps + win.warp
+            if cutlass.const_expr(self.layout is SwizzleLayout.K_GROUPS):
+                base = columns.base[tile]
+                stride = columns.stride[tile]
+                rel = cutlass.max(cutlass.min(columns.source[tile] - lo, window - TILE_COLS), 0)
+                mask = byte_mask(columns.count[tile])
+            else:
+                base = win.first_tile + tile
+                stride = win.col_tiles
+                if base >= win.col_tiles:
+                    stride = Int32(-1)
+                rel = tile * TILE_COLS
+                mask = byte_mask(cutlass.max(cutlass.min(win.span - rel, TILE_COLS), 0))
+            if stride >= 0:
+                frag = cute.make_rmem_tensor(cute.make_layout(TILE_COLS), Uint32)
+                for q in cutlass.range_constexpr(TILE_ROWS // CHUNKS_PER_TILE):
+                    r = lane + CHUNKS_PER_TILE * q
+                    if cutlass.const_expr(self.word_loads):
+                        frag[q] = stage[r, tile]
+                    else:
+                        word = Uint32(0)
+                        if r < valid:
+                            word = funnel_word(stage, r, ((row_skew + r * cols) & 3) + rel) & mask
+                        frag[q] = word
+                chunk = (base + block * stride) * CHUNKS_PER_TILE + lane
+                store_chunk(frag, out.chunks, out.words, chunk, out.full)
 
 
 __all__ = [
-    "CONFIGS",
-    "DEFAULT_NUM_SMS",
     "MAX_GROUPS",
+    "WIDE_MAX_BYTES",
     "SwizzleConfig",
+    "SwizzleKernel",
     "SwizzleLayout",
-    "compile_swizzle",
-    "make_swizzle",
-    "sass_targets",
-    "variants",
+    "SwizzleVariant",
     "wide_window",
 ]

@@ -15,8 +15,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32, Uint64
 
-TILE_ROWS = 128
-TILE_COLS = 4
+from .constants import TILE_COLS, TILE_ROWS
+
 TILE_BYTES = TILE_ROWS * TILE_COLS
 CHUNK_BYTES = 16
 CHUNKS_PER_TILE = TILE_BYTES // CHUNK_BYTES  # 32: one warp writes one tile

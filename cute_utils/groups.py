@@ -14,8 +14,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-#: Largest group count the kernels accept (prefix and ends arrays live in shared memory).
-MAX_GROUPS = 2048
+from .constants import MAX_GROUPS  # prefix and ends arrays of MAX_GROUPS + 1 words in shared memory
+
 _SEARCH_STEPS = 12  # 2**11 == MAX_GROUPS: enough halvings to search MAX_GROUPS + 1 entries
 
 

@@ -17,7 +17,8 @@ from cutlass import Float32, Int32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-BLOCK_SIZE = 32
+from .constants import BLOCK_SIZE  # noqa: F401 - the kernels import it from here
+
 _ABS_MASK = 0x7FFFFFFF
 _INF_BITS = 0x7F800000
 _INV_448_BITS = 0x3B124925  # fp32(1/448)

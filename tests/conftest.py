@@ -109,11 +109,14 @@ def cuda_offsets(ends) -> torch.Tensor:
     return torch.tensor(ends, dtype=torch.int32, device="cuda")
 
 
-def kernel_targets(*prefixes: str) -> dict:
-    """SASS targets of ``cute_kernels`` whose names start with one of ``prefixes``."""
-    import cute_kernels
+def kernel_targets(*entries: str) -> dict:
+    """SASS targets of the ``cute_kernels.registry`` entries named ``entries``."""
+    from cute_kernels import registry
 
-    return {name: build for name, build in cute_kernels.sass_targets().items() if name.startswith(prefixes)}
+    targets: dict = {}
+    for name in entries:
+        targets.update(registry.entry(name).sass_targets())
+    return targets
 
 
 def _archs() -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""CPU-only tests of the benchmark harness's pure parts (bench/common.py, bench/bench_swizzle.py)."""
+"""CPU-only tests of the benchmark harness's pure parts (bench/common/, bench/bench_swizzle.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from bench.bench_swizzle import (
     build_cases,
     goal_summary,
 )
-from bench.common import diff_bytes, skewed_group_sizes
+from bench.common import baselines, cli, rowlog, timing
+from bench.common.groups import skewed_group_sizes
+from bench.common.rowlog import diff_bytes
 
 # ------------------------------------------------------------------------------------------
 # bandwidth math and rows
@@ -143,9 +145,9 @@ def test_report_nonfinite_values_become_null(tmp_path: Path) -> None:
 def test_run_metadata_records_timing_methods() -> None:
     common.reset_timing_methods()
     assert common.run_metadata()["timing_method"] == "none"
-    common._record_method(common.GRAPH_METHOD)
-    common._record_method(common.GRAPH_METHOD)
-    common._record_method(common.EVENTS_METHOD)
+    timing._record_method(timing.GRAPH_METHOD)
+    timing._record_method(timing.GRAPH_METHOD)
+    timing._record_method(timing.EVENTS_METHOD)
     meta = common.run_metadata({"extra": 1})
     assert meta["timing_methods_used"] == {"cuda_graph": 2, "cuda_events": 1}
     assert meta["timing_method"] == "cuda_events+cuda_graph"
@@ -179,7 +181,7 @@ def test_parser_options(tmp_path: Path) -> None:
 
 
 def test_default_results_dir_is_bench_results() -> None:
-    assert common.RESULTS_DIR == Path(common.__file__).resolve().parent / "results"
+    assert common.RESULTS_DIR == cli.RESULTS_DIR == Path(cli.__file__).resolve().parents[1] / "results"
     assert common.RESULTS_DIR.name == "results" and common.RESULTS_DIR.parent.name == "bench"
 
 
@@ -247,14 +249,14 @@ def test_cuda_functions_raise_clear_error_without_gpu(monkeypatch: pytest.Monkey
 
 
 def test_median() -> None:
-    assert common._median([3.0, 1.0, 2.0]) == 2.0
-    assert common._median([4.0, 1.0, 2.0, 3.0]) == 2.5
+    assert timing._median([3.0, 1.0, 2.0]) == 2.0
+    assert timing._median([4.0, 1.0, 2.0, 3.0]) == 2.5
 
 
 def test_run_calls_keeps_one_output_per_set() -> None:
     sets = [(1,), (2,), (3,)]
     ring: list = [None] * 3
-    common._run_calls(lambda x: x * 10, sets, ring, 2, 4)  # indices 2, 0, 1, 2
+    timing._run_calls(lambda x: x * 10, sets, ring, 2, 4)  # indices 2, 0, 1, 2
     assert ring == [10, 20, 30]
 
 
@@ -340,7 +342,7 @@ def test_short_error_fmt_opt_is_fail() -> None:
     assert msg == "ValueError: bad thing"
     assert len(common.short_error(RuntimeError("x" * 500), 50)) == 50
     assert common.fmt_opt(None, ".2f") == "n/a" and common.fmt_opt(1.234, ".1f") == "1.2"
-    assert common.is_fail({"status": "FAIL: x"}) and not common.is_fail({"status": "kernel not built"})
+    assert common.is_fail({"status": "FAIL: x"}) and not common.is_fail({"status": "ok"})
     assert not common.is_fail({})
 
 
@@ -372,16 +374,6 @@ def test_add_bench_args() -> None:
     assert not hasattr(bare.parse_args([]), "backend") and not hasattr(bare.parse_args([]), "no_torchao")
 
 
-def test_kernel_pending_and_status(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch_bindings
-
-    monkeypatch.setitem(torch_bindings.KERNEL_STATUS, "some_op", 7)
-    assert common.kernel_pending("some_op") == 7
-    assert common.not_built_status("some_op") == "kernel not built (issue #7)"
-    assert common.kernel_pending("swizzle_scales") is None
-    assert common.kernel_pending("not_listed") is None
-
-
 def test_rowlog(monkeypatch: pytest.MonkeyPatch) -> None:
     log = common.RowLog()
     log.note("a")
@@ -395,7 +387,7 @@ def test_rowlog(monkeypatch: pytest.MonkeyPatch) -> None:
         return common.Timing(us=5.0, method="cuda_graph", samples_us=[4.0, 6.0], calls_per_sample=3,
                              fallback_reason="why not")  # fmt: skip
 
-    monkeypatch.setattr(common, "time_cuda_detailed", fake)
+    monkeypatch.setattr(rowlog, "time_cuda_detailed", fake)
     ok = common.RowLog()
     assert ok.time("ours", lambda: None, [()], {}) == 5.0
     assert ok.time("torchao", None, [()], {}) is None  # type: ignore[arg-type]
@@ -422,7 +414,7 @@ def test_measure_copy(monkeypatch: pytest.MonkeyPatch) -> None:
         seen.update(nbytes=nbytes, tries=tries, **kw)
         return common.Timing(us=3.0, method="cuda_events"), [3.0, 4.0]
 
-    monkeypatch.setattr(common, "copy_baseline_best", fake)
+    monkeypatch.setattr(baselines, "copy_baseline_best", fake)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     log = common.RowLog()
     assert common.measure_copy(100, torch.device("cpu"), {"iters": 5}, 3, log) == (3.0, [3.0, 4.0])
@@ -451,3 +443,26 @@ def test_raise_recompile_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cfg, name, 8)
     common.raise_recompile_limit(64)
     assert getattr(cfg, name) == 64
+
+
+# ------------------------------------------------------------------------------------------
+# the package: submodules and re-exports
+# ------------------------------------------------------------------------------------------
+
+
+def test_package_reexports_what_the_scripts_import() -> None:
+    """Every ``from bench.common import X`` in bench/*.py resolves, to the submodule's object."""
+    import ast
+
+    bench_dir = Path(common.__file__).resolve().parents[1]
+    for path in sorted(bench_dir.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("bench.common"):
+                module = __import__(node.module, fromlist=["_"])
+                for alias in node.names:
+                    assert hasattr(module, alias.name), f"{path.name}: {node.module}.{alias.name}"
+    for name in common.__all__:
+        obj = getattr(common, name)
+        home = getattr(obj, "__module__", None)
+        if callable(obj) and home is not None and home.startswith("bench.common."):
+            assert getattr(__import__(home, fromlist=["_"]), name) is obj, name

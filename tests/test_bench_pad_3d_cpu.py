@@ -9,7 +9,7 @@ import torch
 import torch_bindings
 import torch_bindings.reference as ref_mod
 from bench import bench_overhead, bench_pad, bench_quantize_3d
-from bench.common import make_row
+from bench.common.rows import make_row
 
 # ------------------------------------------------------------------------------------------
 # bench_pad
@@ -87,13 +87,8 @@ def test_pad_fused_speedup_and_goals() -> None:
         assert key in rows[2], key
 
 
-def test_pad_not_built_row_status(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(torch_bindings.KERNEL_STATUS, bench_pad.FUSED_OP, 5)
-    fused = bench_pad.PadCase("fused", 64, 64, 1)
-    assert bench_pad._not_built(fused, "cute") == "kernel not built (issue #5)"
-    assert bench_pad._not_built(fused, "reference") is None
-    assert bench_pad._not_built(bench_pad.PadCase("pad", 64, 64, 1), "cute") is None
-    rows = [_pad_row("fused", None, 90.0, status="kernel not built (issue #5)")]
+def test_pad_unmeasured_row_in_goals() -> None:
+    rows = [_pad_row("fused", None, 90.0, status="FAIL: raised RuntimeError: boom")]
     bench_pad.add_fused_speedups(rows)
     assert bench_pad.goal_summary(rows)["fused"] == {
         "shapes": 1, "measured": 0, "met": 0, "worst": {"shape": (16384, 7168), "G": 8, "ratio_to_copy": None}
@@ -148,10 +143,11 @@ def test_quant3d_goals() -> None:
         r["ratio_goal"] = c.ratio_goal()
         return r
 
-    rows = [row(1, 100.0, 85.0), row(8, 100.0, 85.0), row(32, None, 80.0, "kernel not built (issue #4)")]
+    rows = [row(1, 100.0, 85.0), row(8, 100.0, 85.0), row(32, None, 80.0, "FAIL: raised RuntimeError: boom")]
     s = bench_quantize_3d.goal_summary(rows)
-    assert (s["rows"], s["timed"], s["met"]) == (3, 2, 1)
-    assert "0.850" in bench_quantize_3d.format_goal_lines(s)[0]
+    assert (s["rows"], s["timed"], s["met"]) == (3, 3, 1)  # a FAIL row counts as timed and missed
+    line = bench_quantize_3d.format_goal_lines(s)[0]
+    assert "0.850" in line and "FAIL: raised RuntimeError: boom" in line
     for key, _ in bench_quantize_3d.COLUMNS:
         assert key in rows[0], key
 
@@ -176,15 +172,22 @@ def test_help_works(module: object) -> None:
     assert exc.value.code == 0
 
 
-def test_overhead_measure_reports_pending_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(torch_bindings.KERNEL_STATUS, "quantize_mxfp8_3d", 4)
-    assert bench_overhead.measure("q3d", "quantize_mxfp8_3d", lambda: None)["status"] == (
-        "kernel not built (issue #4)"
-    )
+def test_overhead_rule() -> None:
+    status = bench_overhead._status
+    assert status(13.0, 10.0) == "ok" and status(13.1, 10.0) == "over 13.0 us"
+    assert status(10.0, 5.0) == "ok" and status(10.5, 5.0) == "over 10.0 us"  # small floor: 10 us cap
+    assert status(8.0, 6.5) == "ok"  # 1.23x
+
+
+def test_overhead_measure_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    times = {"op": 12.0, "floor": 10.0}
+    monkeypatch.setattr(bench_overhead, "floor_of", lambda fn, device: lambda: "floor")
+    monkeypatch.setattr(bench_overhead, "host_us_per_call", lambda fn: times[fn() or "op"])
+    row = bench_overhead.measure("q3d", lambda: None, torch.device("cpu"))
+    assert row == {"call": "q3d", "host_us": 12.0, "floor_us": 10.0, "ratio": 1.2, "status": "ok"}
 
     def boom() -> None:
         raise NotImplementedError("later")
 
-    monkeypatch.setattr(bench_overhead, "host_us_per_call", lambda fn: fn())
-    row = bench_overhead.measure("x", "swizzle_scales", boom)
-    assert row["host_us"] is None and row["status"].startswith("kernel not built")
+    row = bench_overhead.measure("x", boom, torch.device("cpu"))
+    assert row["host_us"] is None and row["status"] == "raised NotImplementedError: later"

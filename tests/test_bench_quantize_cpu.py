@@ -125,48 +125,48 @@ def test_help_works() -> None:
 
 
 def test_copy_baseline_best_scales_and_takes_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bench import common
+    from bench.common import baselines
 
     seen: list[int] = []
 
     aligned = 2 * 4096 * 1221  # 10 MB moved: 5 MB each way, rounded up to 4 KiB
 
-    def fake(nbytes: int, device: object = None, **kw: object) -> common.Timing:
+    def fake(nbytes: int, device: object = None, **kw: object) -> baselines.Timing:
         seen.append(nbytes)
         slow = 1.5 if nbytes == aligned else 1.0  # the first size hits a slow path
-        return common.Timing(us=slow * nbytes / 4000.0, method="cuda_graph", samples_us=[nbytes / 4000.0])
+        return baselines.Timing(us=slow * nbytes / 4000.0, method="cuda_graph", samples_us=[nbytes / 4000.0])
 
     kernel_us = [3000.0]
 
-    def fake_kernel(nbytes: int, device: object = None, **kw: object) -> common.Timing:
-        return common.Timing(us=kernel_us[0], method="cuda_graph", samples_us=[kernel_us[0]])
+    def fake_kernel(nbytes: int, device: object = None, **kw: object) -> baselines.Timing:
+        return baselines.Timing(us=kernel_us[0], method="cuda_graph", samples_us=[kernel_us[0]])
 
-    monkeypatch.setattr(common, "require_cuda", lambda what="": None)
-    monkeypatch.setattr(common, "_copy_exact_detailed", fake)
-    monkeypatch.setattr(common, "_copy_kernel_detailed", fake_kernel)
-    best, tries = common.copy_baseline_best(10_000_000, tries=2, step_bytes=1000)
+    monkeypatch.setattr(baselines, "require_cuda", lambda what="": None)
+    monkeypatch.setattr(baselines, "_copy_exact_detailed", fake)
+    monkeypatch.setattr(baselines, "_copy_kernel_detailed", fake_kernel)
+    best, tries = baselines.copy_baseline_best(10_000_000, tries=2, step_bytes=1000)
     assert seen == [aligned, aligned + 2000]
     assert tries[0] == pytest.approx(3750.0) and tries[1] == pytest.approx(2500.0)  # scaled back
     assert tries[2] == 3000.0  # the SM copy kernel
     assert best.us == pytest.approx(2500.0) and best.samples_us == [pytest.approx(2500.0)]
     kernel_us[0] = 2400.0  # both memcpy sizes on a slow path: the kernel is the ceiling
-    assert common.copy_baseline_best(10_000_000, tries=2, step_bytes=1000)[0].us == 2400.0
-    assert len(common.copy_baseline_best(10_000_000, tries=1, kernel_try=False)[1]) == 1
+    assert baselines.copy_baseline_best(10_000_000, tries=2, step_bytes=1000)[0].us == 2400.0
+    assert len(baselines.copy_baseline_best(10_000_000, tries=1, kernel_try=False)[1]) == 1
 
 
 def test_copy_bytes_each_way_alignment() -> None:
-    from bench import common
+    from bench.common import baselines
 
     # bench_pad's sizes (offsets make them 16- but not 64-byte multiples) round up to 4 KiB
-    assert common.copy_bytes_each_way(473432160) == 236716032 + 4096
-    assert common.copy_bytes_each_way(2 * 1423966208) == 1423966208  # already aligned
-    assert common.copy_bytes_each_way(2 * 1423966208, 1) == 1423966208 + (112 << 10)
-    assert common.copy_bytes_each_way(1000) == 500  # small: exact (rounding would distort it)
-    assert common.copy_bytes_each_way(1) == 1
+    assert baselines.copy_bytes_each_way(473432160) == 236716032 + 4096
+    assert baselines.copy_bytes_each_way(2 * 1423966208) == 1423966208  # already aligned
+    assert baselines.copy_bytes_each_way(2 * 1423966208, 1) == 1423966208 + (112 << 10)
+    assert baselines.copy_bytes_each_way(1000) == 500  # small: exact (rounding would distort it)
+    assert baselines.copy_bytes_each_way(1) == 1
 
 
 def test_patterned_bytes_avoids_rng() -> None:
-    from bench import common
+    from bench.common import baselines
 
-    t = common._patterned_bytes(11, torch.device("cpu"))
+    t = baselines._patterned_bytes(11, torch.device("cpu"))
     assert t.dtype == torch.uint8 and t.numel() == 11 and len(set(t.tolist())) > 2

@@ -73,13 +73,14 @@ def test_fake_implementation_shapes():
 
 def test_disk_cache_round_trip(tmp_path, monkeypatch):
     """Compile once, export; a cleared in-memory cache then loads the object file instead."""
-    from cute_kernels.swizzle import SwizzleLayout, compile_swizzle
+    from cute_kernels import registry
+    from cute_kernels.swizzle import SwizzleLayout, SwizzleVariant
 
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
     key = ("test_disk_cache_round_trip", "sm_90a")
 
     def build():
-        return compile_swizzle(SwizzleLayout.PLAIN, "sm_90a")
+        return registry.entry("swizzle").compile(SwizzleVariant(SwizzleLayout.PLAIN), "sm_90a")
 
     compiles, loads = kernel_cache.STATS.compiles, kernel_cache.STATS.disk_loads
     kernel_cache.get_kernel(key, build)
@@ -90,8 +91,9 @@ def test_disk_cache_round_trip(tmp_path, monkeypatch):
     loaded = kernel_cache.get_kernel(key, build)
     assert kernel_cache.STATS.compiles == compiles + 1
     assert kernel_cache.STATS.disk_loads == loads + 1
-    # The loaded TVM-FFI function carries the compiled signature: a wrong call is a clear error.
-    with pytest.raises(TypeError, match="Expects 3 parameters"):
+    # The loaded TVM-FFI function carries the compiled signature (src, dst, offsets, num_sms): a
+    # wrong call is a clear error.
+    with pytest.raises(TypeError, match="Expects 4 parameters"):
         loaded(torch.zeros(1, 1, 1, dtype=torch.uint8))
 
 
@@ -107,22 +109,23 @@ def test_swizzle_wide_window_rule_matches_kernel_module(rows, cols):
     assert not wide_window(SwizzleLayout.PLAIN, rows, cols)
 
 
-def test_swizzle_kernel_choice(monkeypatch):
-    """The binding's variant key, over shapes x base offsets x layouts: always a built variant; word
+def test_swizzle_kernel_choice():
+    """The binding's variant, over shapes x base offsets x layouts: always a built variant the kernel
+    can implement there (``SwizzleKernel.can_implement``), launched with the device's SM count; word
     loads only for whole, aligned words; the raw (non-ragged) form only for sources ending on a
     word; the form depends on the static dim and the base, never on M (rows of plain / M-groups,
     columns of K-groups)."""
-    from cute_kernels.swizzle import SwizzleLayout, variants
+    from cute_kernels.swizzle import SwizzleKernel, SwizzleLayout
     from torch_bindings import swizzle as binding
 
-    built = set(variants())
-    monkeypatch.setattr(binding, "get_kernel", lambda key, build: key)
+    built = set(SwizzleKernel.variants())
 
     class Target:
         arch, num_sms = "sm_90a", 132
 
-        def kernel(self, key, make):
-            return lambda *args: chosen.append(make(self, key))
+        def kernel(self, key, variant_of):
+            assert key[0] == "swizzle"
+            return lambda *args: chosen.append((variant_of(key, self), args))
 
     base = torch.zeros(1 << 21, dtype=torch.uint8)
     for (rows, cols), skew, groups in itertools.product(
@@ -137,15 +140,40 @@ def test_swizzle_kernel_choice(monkeypatch):
                 else torch.tensor([dims[-2] if groups == "M" else cols], dtype=torch.int32)
             )
             chosen = []
-            binding._run_kernel(scales, ends, groups or "M", Target())
-            _, layout, rank, words, wide, ragged, *_ = chosen[0]
-            assert (SwizzleLayout(layout), rank, words, wide, ragged) in built, chosen
-            if words:
+            binding._run_kernel(Target(), scales, ends, groups or "M")
+            (variant, args), *_ = chosen
+            assert variant in built, chosen
+            assert args[-1] == Target.num_sms
+            assert SwizzleKernel.can_implement(variant, dims, scales.data_ptr(), 0 if ends is None else 1)
+            assert variant.wide == (groups is not None and binding.wide_window(rows, cols))
+            if variant.word_loads:
                 assert cols % 4 == 0 and skew == 0
-            elif not ragged:
-                assert (skew + n) % 4 == 0 and layout == "k_groups" and rows % 4 == 0 and skew == 0
-            if layout != "k_groups" and not words:
-                assert ragged  # whatever M is
+            elif not variant.ragged_end:
+                assert (skew + n) % 4 == 0 and variant.layout is SwizzleLayout.K_GROUPS
+                assert rows % 4 == 0 and skew == 0
+            if variant.layout is not SwizzleLayout.K_GROUPS and not variant.word_loads:
+                assert variant.ragged_end  # whatever M is
+
+
+def test_swizzle_can_implement_limits():
+    """``SwizzleKernel.can_implement``: the group count (1 to ``cute_utils.constants.MAX_GROUPS``,
+    none for plain), the rank, word loads on whole aligned words, a raw source ending on a word."""
+    from cute_kernels.swizzle import SwizzleKernel, SwizzleLayout, SwizzleVariant
+    from cute_utils.constants import MAX_GROUPS
+
+    can = SwizzleKernel.can_implement
+    m_groups = SwizzleVariant(SwizzleLayout.M_GROUPS, word_loads=True)
+    assert can(m_groups, (256, 8), 0, MAX_GROUPS) and not can(m_groups, (256, 8), 0, MAX_GROUPS + 1)
+    assert not can(m_groups, (256, 8), 0, 0) and not can(m_groups, (256, 7), 0, 1)
+    assert not can(m_groups, (256, 8), 2, 1)
+    plain = SwizzleVariant(SwizzleLayout.PLAIN)
+    assert not can(plain, (256, 8), 0, 1) and not can(plain, (2, 256, 8), 0)
+    assert can(plain, (256, 8), 0) and not can(plain, (255, 7), 0)
+    assert can(SwizzleVariant(SwizzleLayout.PLAIN, 3, ragged_end=True), (3, 255, 7), 1)
+    with pytest.raises(ValueError, match="word loads"):
+        SwizzleVariant(SwizzleLayout.K_GROUPS, word_loads=True)
+    with pytest.raises(ValueError, match="2-D"):
+        SwizzleVariant(SwizzleLayout.M_GROUPS, 3)
 
 
 def test_cpu_demo_checks_the_contract(capsys):

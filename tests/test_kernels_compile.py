@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import kernel_targets
 
-TARGETS = kernel_targets("swizzle_")
+TARGETS = kernel_targets("swizzle")
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
@@ -50,3 +50,13 @@ def test_registry_names():
         "swizzle_k_groups_2d_ragged",
         "swizzle_k_groups_2d_ragged_wide",
     }
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_configs_take_the_wide_window_where_asked(arch):
+    """``cute_kernels.configs``: the 128-column window exactly for the ``wide`` variants."""
+    from cute_kernels import registry
+
+    kernel = registry.entry("swizzle").kernel_class()
+    for variant in kernel.variants():
+        assert kernel.default_config(variant, arch).window_cols == (128 if variant.wide else 64), variant

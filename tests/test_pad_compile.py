@@ -13,7 +13,7 @@ import torch_bindings
 from torch_bindings import pad as pad_bindings
 from torch_bindings import reference
 
-TARGETS = kernel_targets("pad_", "unpad_")
+TARGETS = kernel_targets("pad", "unpad")
 
 
 
@@ -27,7 +27,7 @@ def test_compiles_with_expected_sass(compiled, target):
     # ctas_per_sm=4 with 256 threads caps registers at 64 (4 x 16-byte vectors in flight per lane).
     assert kernel.registers <= 64, info
     width_bits = 8 * int(target.rsplit("_v", 1)[1])
-    per_lane = cute_kernels.pad.CONFIGS[arch]["pad"].vectors_per_lane
+    per_lane = cute_kernels.pad.PadKernel.default_config(None, arch).vectors_per_lane
     # The data moves at the variant's width, all loads of a row chunk issued before its stores.
     assert kernel.global_loads(width_bits) >= per_lane and kernel.global_stores(width_bits) >= per_lane, info
     # Besides data: 32-bit offset loads (the scan, padded_start) and, for pad, the padded offsets.

@@ -39,3 +39,18 @@ def test_every_variant_is_registered():
         for layout in ("plain", "blocked", "k_groups")
     }
     assert set(TARGETS) == single
+
+
+def test_limits_and_variants():
+    from cute_kernels.quantize_32x1 import Quantize32x1Kernel, Quantize32x1Variant, ScaleLayout
+    from cute_utils.constants import MAX_GROUPS
+
+    variant = Quantize32x1Variant("bfloat16", "rceil", ScaleLayout.K_GROUPS)
+    assert Quantize32x1Kernel.target_name(variant) == "quantize_32x1_bfloat16_rceil_k_groups"
+    assert len(Quantize32x1Kernel.variants()) == 12
+    assert Quantize32x1Kernel.can_implement(64, 96) and Quantize32x1Kernel.can_implement(32, 32, MAX_GROUPS)
+    assert not Quantize32x1Kernel.can_implement(48, 32)  # M % 32
+    assert not Quantize32x1Kernel.can_implement(32, 48)  # K % 32
+    assert not Quantize32x1Kernel.can_implement(32, 32, MAX_GROUPS + 1)
+    with pytest.raises(ValueError, match="mode"):
+        Quantize32x1Variant("bfloat16", "nearest", ScaleLayout.PLAIN)

@@ -18,6 +18,20 @@ def test_every_layout_and_dtype_is_registered():
     }
 
 
+def test_variant_names_and_limits():
+    """The class's SASS names and the limits a caller checks before launching."""
+    from cute_kernels.quantize_dual import DualVariant, QuantizeDualKernel, ScaleLayout
+    from cute_utils.constants import MAX_GROUPS
+
+    variant = DualVariant("float32", "floor", ScaleLayout.GROUPS)
+    assert QuantizeDualKernel.target_name(variant) == "quantize_dual_float32_floor_groups"
+    ok = QuantizeDualKernel.can_implement
+    assert ok(64, 96) and ok(0, 0) and ok(64, 96, MAX_GROUPS, (0, 16, 512))
+    assert not ok(40, 96) and not ok(64, 100), "M and K multiples of 32"
+    assert not ok(64, 96, MAX_GROUPS + 1), "the group scan holds MAX_GROUPS groups"
+    assert not ok(64, 96, None, (16, 8)), "16-byte aligned data"
+
+
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_compiles_with_expected_sass(compiled, target):
     """One read for both quantizations: 16-byte cp.async loads, 128-bit shared reads (maxima, then

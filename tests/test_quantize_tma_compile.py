@@ -17,13 +17,17 @@ TARGETS = (
 
 
 def _builds() -> dict:
-    from cute_kernels.quantize_tma import TmaQuantizeConfig, compile_quantize_tma, sass_targets
+    from cute_kernels import registry
+    from cute_kernels.experimental.quantize_tma import TmaQuantizeConfig, TmaVariant
+    from cute_kernels.quantize import ScaleLayout
     from cute_utils.sass import compile_options
 
-    builds = sass_targets()
+    entry = registry.entry("quantize_tma")
+    builds = entry.sass_targets()
     stg = TmaQuantizeConfig(store_stages=0)
-    builds["quantize_tma_1x32_bfloat16_rceil_blocked_stg"] = lambda arch: compile_quantize_tma(
-        "bfloat16", "rceil", "blocked", arch, stg, options=compile_options(arch)
+    variant = TmaVariant("bfloat16", "rceil", ScaleLayout.BLOCKED)
+    builds["quantize_tma_1x32_bfloat16_rceil_blocked_stg"] = lambda arch: entry.compile(
+        variant, arch, config=stg, options=compile_options(arch)
     )
     return builds
 
@@ -59,7 +63,7 @@ def test_compiles_with_expected_sass(compiled, target):
 
 
 def test_variants_cover_plain_and_blocked():
-    from cute_kernels.quantize_tma import sass_targets
+    from cute_kernels import registry
 
     expected = {
         f"quantize_tma_1x32_{d}_{m}_{layout}"
@@ -67,4 +71,5 @@ def test_variants_cover_plain_and_blocked():
         for m in ("floor", "rceil")
         for layout in ("plain", "blocked")
     }
-    assert set(sass_targets()) == expected
+    entry = registry.entry("quantize_tma")
+    assert set(entry.sass_targets()) == expected and not entry.production

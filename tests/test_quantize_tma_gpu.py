@@ -1,5 +1,6 @@
-"""The TMA-load 1x32 quantization kernel (``cute_kernels.quantize_tma``) on the GPU: bit-exact to the
-reference for plain and blocked scales, both modes, bf16 and fp32, ragged M and K, several configs."""
+"""The TMA-load 1x32 quantization kernel (``cute_kernels.experimental.quantize_tma``) on the GPU:
+bit-exact to the reference for plain and blocked scales, both modes, bf16 and fp32, ragged M and K,
+several configs."""
 
 from __future__ import annotations
 
@@ -22,15 +23,18 @@ _KERNELS: dict = {}
 
 def _kernel(dtype: torch.dtype, mode: str, blocked: bool, config=None):
     """Compiled TMA kernel for the current GPU (cached per variant and config)."""
-    from cute_kernels.quantize_tma import compile_quantize_tma
+    from cute_kernels import registry
+    from cute_kernels.experimental.quantize_tma import TmaVariant
+    from cute_kernels.quantize import ScaleLayout
     from torch_bindings.backend import kernel_arch
 
     key = (dtype, mode, blocked, config)
     if key not in _KERNELS:
         arch, reason = kernel_arch(torch.device("cuda"))
         assert arch is not None, reason
-        layout = "blocked" if blocked else "plain"
-        _KERNELS[key] = compile_quantize_tma(str(dtype).removeprefix("torch."), mode, layout, arch, config)
+        layout = ScaleLayout.BLOCKED if blocked else ScaleLayout.PLAIN
+        variant = TmaVariant(str(dtype).removeprefix("torch."), mode, layout)
+        _KERNELS[key] = registry.entry("quantize_tma").compile(variant, arch, config=config)
     return _KERNELS[key]
 
 
@@ -77,7 +81,7 @@ def test_special_values(dtype, mode, blocked, poison_cuda_allocator):
 
 
 def _configs():
-    from cute_kernels.quantize_tma import TmaQuantizeConfig
+    from cute_kernels.experimental.quantize_tma import TmaQuantizeConfig
 
     return [
         TmaQuantizeConfig(box_rows=8, stages=4, store_stages=0),  # 8-byte STG of q instead of TMA stores

@@ -1,8 +1,7 @@
 """PyTorch API of cute-kernels (SPEC section 5).
 
 Every function takes ``backend="auto" | "cute" | "reference"``: ``"auto"`` runs the CuTeDSL kernel
-on a CUDA tensor of a supported GPU and the reference on CPU tensors. ``KERNEL_STATUS`` maps each
-public op to the issue that brings its kernel (``None``: built; every op's kernel is built now).
+on a CUDA tensor of a supported GPU and the reference on CPU tensors.
 """
 
 from __future__ import annotations
@@ -18,20 +17,7 @@ from .quantize_dual import quantize_mxfp8_2d_dual
 from .reference import check_group_end_offsets
 from .swizzle import swizzle_scales
 
-#: Public op -> issue that brings its kernel (None: the kernel exists).
-KERNEL_STATUS = {
-    "swizzle_scales": None,
-    "quantize_mxfp8_2d": None,
-    "quantize_mxfp8_3d": None,
-    "pad_token_groups": None,
-    "unpad_token_groups": None,
-    "pad_and_quantize_mxfp8_2d": None,
-    "quantize_mxfp8_2d_dual": None,
-}
-
-
 __all__ = [
-    "KERNEL_STATUS",
     "check_group_end_offsets",
     "clear_memory_cache",
     "compile_stats",

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from cute_utils.constants import BLOCK_SIZE, MAX_GROUPS
+
 __all__ = [
     "ALIGNMENTS",
     "BACKENDS",
@@ -48,9 +50,6 @@ __all__ = [
     "unpad_row_count",
     "describe",
 ]
-
-BLOCK_SIZE = 32
-"""Elements per MX block (one E8M0 scale per 32 elements)."""
 
 QUANT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
 """Input dtypes of the quantization ops."""
@@ -384,8 +383,8 @@ def check_pad_and_quantize(
     _check_mode(scaling_mode, op)
 
 
-MAX_KERNEL_GROUPS = 2048
-"""Most groups a kernel takes (its group scan lives in shared memory; ``cute_utils.groups.MAX_GROUPS``)."""
+MAX_KERNEL_GROUPS = MAX_GROUPS
+"""Most groups a kernel takes (its group scan lives in shared memory; ``cute_utils.constants``)."""
 
 
 def check_kernel_group_count(op: str, group_end_offsets: torch.Tensor | None) -> None:
@@ -441,3 +440,83 @@ def fast_offsets_ok(offsets: Any, x: torch.Tensor) -> bool:
         and offsets.is_contiguous()
         and offsets.get_device() == x.get_device()
     )
+
+
+_ALIGNMENT_SET = frozenset(ALIGNMENTS)
+_PAD_SIZE_SET = frozenset(PAD_ELEMENT_SIZES)
+
+
+def _fast_byte_copy_ok(t: Any) -> bool:
+    """A 2-D contiguous tensor :func:`check_byte_copy_tensor` accepts (quantized tensors take the
+    full check)."""
+    return (
+        isinstance(t, torch.Tensor)
+        and t.element_size() in _PAD_SIZE_SET
+        and t.dim() == 2
+        and t.is_contiguous()
+        and not t.is_quantized
+    )
+
+
+def fast_pad_ok(x: Any, group_end_offsets: Any, alignment: Any) -> bool:
+    """Arguments :func:`check_pad` accepts."""
+    return (
+        _fast_byte_copy_ok(x)
+        and type(alignment) is int
+        and alignment in _ALIGNMENT_SET
+        and fast_offsets_ok(group_end_offsets, x)
+    )
+
+
+def fast_unpad_ok(padded: Any, group_end_offsets: Any, padded_start: Any, num_tokens: Any) -> bool:
+    """Arguments :func:`check_unpad` accepts, with an int ``num_tokens`` (the no-sync form)."""
+    return (
+        type(num_tokens) is int
+        and num_tokens >= 0
+        and _fast_byte_copy_ok(padded)
+        and fast_offsets_ok(group_end_offsets, padded)
+        and fast_offsets_ok(padded_start, padded)
+        and padded_start.shape[0] == group_end_offsets.shape[0]
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# FP8 rowwise (SPEC section 7)
+# ----------------------------------------------------------------------------------------------
+
+FP8_AXES_2D: tuple[str, ...] = ("row", "col")
+FP8_AXES_3D: tuple[str, ...] = ("K", "N")
+
+
+def check_quantize_fp8_2d(
+    x: Any, axis: Any, group_end_offsets: Any, round_scales: Any, *, op: str = "quantize_fp8_2d"
+) -> None:
+    """``quantize_fp8_2d``: x (M, K) bf16/fp32 contiguous; ``axis`` "row" or "col"; row group end
+    offsets only with ``axis="col"``; ``round_scales_to_power_of_2`` a bool."""
+    check_tensor("x", x, ndim=2, dtypes=QUANT_DTYPES, op=op)
+    check_choice("axis", axis, FP8_AXES_2D, op=op)
+    check_bool("round_scales_to_power_of_2", round_scales, op=op)
+    if group_end_offsets is not None:
+        if axis != "col":
+            raise ValueError(
+                f"{op}: group_end_offsets (row groups) take axis='col' (per-group column scales); "
+                "a row's scale spans the whole row"
+            )
+        check_offsets("group_end_offsets", group_end_offsets, x.device, op=op)
+
+
+def check_quantize_fp8_2d_dual(
+    x: Any, group_end_offsets: Any, round_scales: Any, *, op: str = "quantize_fp8_2d_dual"
+) -> None:
+    """``quantize_fp8_2d_dual``: as :func:`check_quantize_fp8_2d` with the column side's offsets."""
+    check_tensor("x", x, ndim=2, dtypes=QUANT_DTYPES, op=op)
+    check_bool("round_scales_to_power_of_2", round_scales, op=op)
+    if group_end_offsets is not None:
+        check_offsets("group_end_offsets", group_end_offsets, x.device, op=op)
+
+
+def check_quantize_fp8_3d(w: Any, axis: Any, round_scales: Any, *, op: str = "quantize_fp8_3d") -> None:
+    """``quantize_fp8_3d``: w (E, N, K) bf16/fp32 contiguous; ``axis`` "K" or "N"."""
+    check_tensor("w", w, ndim=3, dtypes=QUANT_DTYPES, op=op)
+    check_choice("axis", axis, FP8_AXES_3D, op=op)
+    check_bool("round_scales_to_power_of_2", round_scales, op=op)

@@ -11,32 +11,25 @@ from __future__ import annotations
 
 import torch
 
-from . import backend as _backend
-from . import checks, reference
-from .kernel_cache import get_kernel, on_clear
+from . import checks, reference, targets
+from .op import KernelOp
 
 _PAD = "pad_token_groups"
 _UNPAD = "unpad_token_groups"
-_VECTOR_BYTES = (16, 4)  # then one element: must match cute_kernels.pad.vector_widths
+_VECTOR_BYTES = (16, 4)  # then one element: cute_kernels.pad.vector_widths
+#: dtypes with kernels of their own (cute_kernels.pad.ELEMENT_TYPES); others run as their carrier.
+_KERNEL_DTYPES = frozenset(
+    (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bfloat16, torch.float16)
+    + (torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu)
+)
+_MAX_GROUPS = checks.MAX_KERNEL_GROUPS
 
-_kernels: dict[tuple, object] = {}  # hot-path lookup in front of kernel_cache.get_kernel
-on_clear(_kernels.clear)
 
+def _variant(key: tuple, target: targets.DeviceTarget):
+    """``key = (registry name, integer carrier dtype, vector bytes)`` -> the kernel's variant."""
+    from cute_kernels.pad import RowGatherVariant
 
-def _kernel(op: str, dtype: torch.dtype, width: int, arch: str):
-    """Kernel for ``op`` on ``dtype`` (an integer carrier of ``reference.BITS_DTYPES``)."""
-    key = (op, dtype, width, arch)
-    kernel = _kernels.get(key)
-    if kernel is None:
-        name = str(dtype).removeprefix("torch.")
-
-        def build():
-            from cute_kernels.pad import PadOp, compile_pad
-
-            return compile_pad(PadOp(op), name, width, arch)
-
-        kernel = _kernels[key] = get_kernel((f"{op}_token_groups", name, width, arch), build)
-    return kernel
+    return RowGatherVariant(str(key[1]).removeprefix("torch."), key[2])
 
 
 def vector_bytes(element_size: int, *tensors: torch.Tensor) -> int:
@@ -51,6 +44,23 @@ def vector_bytes(element_size: int, *tensors: torch.Tensor) -> int:
     return element_size
 
 
+def _row_vector_bytes(t: torch.Tensor, cols: int) -> int:
+    """:func:`vector_bytes` of one row-major tensor of ``cols`` columns (the eager path's form)."""
+    size = t.element_size()
+    row_bytes, pointer, stride_bytes = cols * size, t.data_ptr(), t.stride(0) * size
+    if size < 16 and not (row_bytes % 16 or pointer % 16 or stride_bytes % 16):
+        return 16
+    if size < 4 and not (row_bytes % 4 or pointer % 4 or stride_bytes % 4):
+        return 4
+    return size
+
+
+def _kernel_data(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when a kernel is compiled for its dtype, else its integer carrier view (a byte
+    copy: any dtype of 1, 2, 4 or 8 bytes)."""
+    return t if t.dtype in _KERNEL_DTYPES else t.view(reference.BITS_DTYPES[t.element_size()])
+
+
 def padded_shape(x_shape, num_groups, alignment: int) -> tuple:
     """(rows, D) of the padded output; works on SymInts."""
     return (reference.padded_rows(x_shape[0], num_groups, alignment), x_shape[1])
@@ -62,27 +72,28 @@ def padded_shape(x_shape, num_groups, alignment: int) -> tuple:
 
 
 def _run_pad(
-    x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, arch: str
+    target: targets.DeviceTarget, x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    checks.check_kernel_group_count(_PAD, group_end_offsets)
     num_groups = group_end_offsets.shape[0]
-    bits = x.view(reference.BITS_DTYPES[x.element_size()])  # a byte copy: any dtype of its size
-    out = bits.new_empty(padded_shape(x.shape, num_groups, alignment))
+    if num_groups > _MAX_GROUPS:
+        checks.check_kernel_group_count(_PAD, group_end_offsets)  # raises
+    data = _kernel_data(x)
+    rows, cols = x.shape
+    out = data.new_empty((reference.padded_rows(rows, num_groups, alignment), cols))
     padded_start = group_end_offsets.new_empty(num_groups)
     padded_end = group_end_offsets.new_empty(num_groups)
-    width = vector_bytes(x.element_size(), x)  # out: fresh from the caching allocator, 512-byte aligned
-    kernel = _kernel("pad", bits.dtype, width, arch)
+    width = _row_vector_bytes(data, cols)  # out: fresh from the caching allocator, 512-byte aligned
+    kernel = target.kernel(("pad", data.dtype, width), _variant)
     # Always launched: CTA 0 writes padded_start / padded_end even when there is no data.
-    kernel(bits, out, group_end_offsets, padded_start, padded_end, alignment)
-    return out.view(x.dtype), padded_start, padded_end
+    kernel(data, out, group_end_offsets, padded_start, padded_end, alignment)
+    return (out if data is x else out.view(x.dtype)), padded_start, padded_end
 
 
 @torch.library.custom_op("cute_kernels::pad_token_groups", mutates_args=())
 def _pad_op(
     x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    arch = _backend.select(_PAD, "cute", x.device)
-    return _run_pad(x, group_end_offsets, alignment, arch)
+    return _PAD_OP.run_on_device(x, group_end_offsets, alignment)
 
 
 @_pad_op.register_fake
@@ -97,6 +108,15 @@ def _pad_fake(
     )
 
 
+def _pad_reference(x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int):
+    return reference.pad_token_groups(x, group_end_offsets, alignment=alignment)
+
+
+_PAD_OP = KernelOp(
+    _PAD, checks.check_pad, _run_pad, _pad_reference, _pad_op, fast_ok=checks.fast_pad_ok
+)
+
+
 def pad_token_groups(
     x: torch.Tensor, group_end_offsets: torch.Tensor, *, alignment: int = 32, backend: str = "auto"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -108,13 +128,7 @@ def pad_token_groups(
     on x's device. Bit-exact copy (NaN payloads, -0). One kernel launch, no host sync; offset values
     are clamped to ``[0, M]``, never trusted (garbage offsets give garbage rows, never a fault).
     """
-    checks.check_pad(x, group_end_offsets, alignment)
-    arch = _backend.select(_PAD, backend, x.device)
-    if arch is None:
-        return reference.pad_token_groups(x, group_end_offsets, alignment=alignment)
-    if torch.compiler.is_compiling():
-        return _pad_op(x, group_end_offsets, alignment)
-    return _run_pad(x, group_end_offsets, alignment, arch)
+    return _PAD_OP.dispatch(backend, x, group_end_offsets, alignment)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -123,30 +137,30 @@ def pad_token_groups(
 
 
 def _run_unpad(
+    target: targets.DeviceTarget,
     padded: torch.Tensor,
     group_end_offsets: torch.Tensor,
     padded_start: torch.Tensor,
     num_tokens: int | None,
-    arch: str,
 ) -> torch.Tensor:
-    checks.check_kernel_group_count(_UNPAD, group_end_offsets)
+    if group_end_offsets.shape[0] > _MAX_GROUPS:
+        checks.check_kernel_group_count(_UNPAD, group_end_offsets)  # raises
     if num_tokens is None:  # the one syncing path: the row count lives on the device
         num_tokens = checks.unpad_row_count(int(group_end_offsets[-1]), padded.shape[0])
-    bits = padded.view(reference.BITS_DTYPES[padded.element_size()])  # a byte copy
-    out = bits.new_empty((num_tokens, padded.shape[1]))
-    if out.numel():
-        width = vector_bytes(padded.element_size(), padded)  # out: fresh, 512-byte aligned
-        kernel = _kernel("unpad", bits.dtype, width, arch)
-        kernel(bits, out, group_end_offsets, padded_start)
-    return out.view(padded.dtype)
+    data = _kernel_data(padded)
+    cols = padded.shape[1]
+    out = data.new_empty((num_tokens, cols))
+    if num_tokens and cols:
+        kernel = target.kernel(("unpad", data.dtype, _row_vector_bytes(data, cols)), _variant)
+        kernel(data, out, group_end_offsets, padded_start)  # out: fresh, 512-byte aligned
+    return out if data is padded else out.view(padded.dtype)
 
 
 @torch.library.custom_op("cute_kernels::unpad_token_groups", mutates_args=())
 def _unpad_op(
     padded: torch.Tensor, group_end_offsets: torch.Tensor, padded_start: torch.Tensor, num_tokens: int | None
 ) -> torch.Tensor:
-    arch = _backend.select(_UNPAD, "cute", padded.device)
-    return _run_unpad(padded, group_end_offsets, padded_start, num_tokens, arch)
+    return _UNPAD_OP.run_on_device(padded, group_end_offsets, padded_start, num_tokens)
 
 
 @_unpad_op.register_fake
@@ -156,6 +170,19 @@ def _unpad_fake(
     if num_tokens is None:
         num_tokens = torch.library.get_ctx().new_dynamic_size()
     return padded.new_empty((num_tokens, padded.shape[1]))
+
+
+def _check_unpad(padded, group_end_offsets, padded_start, num_tokens) -> None:
+    checks.check_unpad(padded, group_end_offsets, padded_start, num_tokens=num_tokens)
+
+
+def _unpad_reference(padded, group_end_offsets, padded_start, num_tokens):
+    return reference.unpad_token_groups(padded, group_end_offsets, padded_start, num_tokens=num_tokens)
+
+
+_UNPAD_OP = KernelOp(
+    _UNPAD, _check_unpad, _run_unpad, _unpad_reference, _unpad_op, fast_ok=checks.fast_unpad_ok
+)
 
 
 def unpad_token_groups(
@@ -176,10 +203,4 @@ def unpad_token_groups(
     sync. Offsets are clamped to ``[0, num_tokens]`` and
     ``padded_start`` values are never trusted: a row whose source lies outside ``padded`` is zero.
     """
-    checks.check_unpad(padded, group_end_offsets, padded_start, num_tokens=num_tokens)
-    arch = _backend.select(_UNPAD, backend, padded.device)
-    if arch is None:
-        return reference.unpad_token_groups(padded, group_end_offsets, padded_start, num_tokens=num_tokens)
-    if torch.compiler.is_compiling():
-        return _unpad_op(padded, group_end_offsets, padded_start, num_tokens)
-    return _run_unpad(padded, group_end_offsets, padded_start, num_tokens, arch)
+    return _UNPAD_OP.dispatch(backend, padded, group_end_offsets, padded_start, num_tokens)

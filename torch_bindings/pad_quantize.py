@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import checks, reference, targets
+from .op import KernelOp
 from .quantize import launch_1x32, scales_shape_1x32
 
 _OP = "pad_and_quantize_mxfp8_2d"
@@ -42,7 +43,7 @@ def _run_kernel(
 def _pad_quantize_op(
     x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, scaling_mode: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _run_kernel(x, group_end_offsets, alignment, scaling_mode, targets.select(_OP, "cute", x))
+    return _PAD_QUANTIZE.run_on_device(x, group_end_offsets, alignment, scaling_mode)
 
 
 @_pad_quantize_op.register_fake
@@ -50,6 +51,33 @@ def _pad_quantize_fake(
     x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, scaling_mode: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return _outputs(x, group_end_offsets, alignment)
+
+
+# The op's parts for ``KernelOp``, all on ``(x, group_end_offsets, alignment, scaling_mode)``.
+
+
+def _fast_ok(x, group_end_offsets, alignment, scaling_mode) -> bool:
+    return (
+        checks.fast_quantize_ok(x, 2, scaling_mode, True)
+        and checks.fast_offsets_ok(group_end_offsets, x)
+        and type(alignment) is int
+        and alignment in _ALIGNMENTS
+    )
+
+
+def _run(target: targets.DeviceTarget, x, group_end_offsets, alignment, scaling_mode):
+    return _run_kernel(x, group_end_offsets, alignment, scaling_mode, target)
+
+
+def _reference(x, group_end_offsets, alignment, scaling_mode):
+    return reference.pad_and_quantize_mxfp8_2d(
+        x, group_end_offsets, alignment=alignment, scaling_mode=scaling_mode
+    )
+
+
+_PAD_QUANTIZE = KernelOp(
+    _OP, checks.check_pad_and_quantize, _run, _reference, _pad_quantize_op, fast_ok=_fast_ok
+)
 
 
 def pad_and_quantize_mxfp8_2d(
@@ -70,22 +98,4 @@ def pad_and_quantize_mxfp8_2d(
     ``float8_e8m0fnu`` in the M-groups blocked layout of the padded groups, (rows + 128 G, Cp);
     the padded offsets int32 (G,). One launch, no host sync; offsets are clamped, never trusted.
     """
-    if (
-        (backend == "auto" or backend == "cute")
-        and checks.fast_quantize_ok(x, 2, scaling_mode, True)
-        and checks.fast_offsets_ok(group_end_offsets, x)
-        and type(alignment) is int
-        and alignment in _ALIGNMENTS
-    ):
-        target = targets.known(x)
-        if target is not None and not torch.compiler.is_compiling():  # eager fast path
-            return _run_kernel(x, group_end_offsets, alignment, scaling_mode, target)
-    checks.check_pad_and_quantize(x, group_end_offsets, alignment, scaling_mode)
-    target = targets.select(_OP, backend, x)
-    if target is None:
-        return reference.pad_and_quantize_mxfp8_2d(
-            x, group_end_offsets, alignment=alignment, scaling_mode=scaling_mode
-        )
-    if torch.compiler.is_compiling():
-        return _pad_quantize_op(x, group_end_offsets, alignment, scaling_mode)
-    return _run_kernel(x, group_end_offsets, alignment, scaling_mode, target)
+    return _PAD_QUANTIZE.dispatch(backend, x, group_end_offsets, alignment, scaling_mode)

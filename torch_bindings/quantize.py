@@ -1,44 +1,39 @@
 """``quantize_mxfp8_2d``: PyTorch entry point of the 1x32 quantization kernel (``cute_kernels.quantize``).
 
 The 32x1 block runs ``cute_kernels.quantize_32x1`` through ``torch_bindings.quantize_32x1``.
+``launch_1x32`` is the one launcher of the 1x32 kernel (also used by ``pad_quantize`` and
+``quantize_3d``): its key ``("quantize_1x32", dtype, mode, layout, max groups)`` finds the compiled
+kernel in the device's table; the variant (and the kernel module) is built only on a miss.
 """
 
 from __future__ import annotations
 
 import torch
 
+from cute_utils.constants import SMALL_GROUPS
+
 from . import checks, reference, targets
-from .kernel_cache import get_kernel
+from .op import KernelOp
 from .quantize_32x1 import quantize_2d_32x1_op, run_32x1_2d
 from .swizzle import blocked_output_shape
 
 _OP = "quantize_mxfp8_2d"
+_KERNEL = "quantize_1x32"  # cute_kernels.registry name
 _MAX_GROUPS = checks.MAX_KERNEL_GROUPS
-_SMALL_GROUPS = 64  # cute_kernels.quantize.SMALL_GROUPS: the M-groups variant with small scan arrays
+_SMALL_GROUPS = SMALL_GROUPS  # the M-groups variant with small scan arrays
 _BLOCK = 32
 _E4M3 = torch.float8_e4m3fn
 _E8M0 = torch.float8_e8m0fnu
 
 
-def _make_kernel(target: targets.DeviceTarget, key: tuple):
-    """Compiled 1x32 kernel for ``key = (dtype, mode, layout, max_groups)`` on ``target``."""
-    dtype, mode, layout, max_groups = key
-    dtype_name = str(dtype).removeprefix("torch.")
+def _variant(key: tuple, target: targets.DeviceTarget):
+    """``key = ("quantize_1x32", torch dtype, mode, layout value, max groups)`` -> the kernel's
+    variant on ``target`` (its SM count sizes the grouped layouts' waves)."""
+    from cute_kernels.quantize import Quantize1x32Variant, ScaleLayout
 
-    def build():
-        from cute_kernels.quantize import ScaleLayout, compile_quantize
-
-        return compile_quantize(
-            dtype_name,
-            mode,
-            ScaleLayout(layout),
-            target.arch,
-            max_groups=max_groups,
-            num_sms=target.num_sms,
-        )
-
-    return get_kernel(
-        ("quantize_1x32", dtype_name, mode, layout, max_groups, target.arch, target.num_sms), build
+    _, dtype, mode, layout, max_groups = key
+    return Quantize1x32Variant(
+        str(dtype).removeprefix("torch."), mode, ScaleLayout(layout), max_groups, target.num_sms
     )
 
 
@@ -51,7 +46,8 @@ def scales_shape_1x32(x_shape: tuple, num_groups: int | None, blocked: bool) -> 
 
 
 def _max_groups(group_end_offsets: torch.Tensor | None) -> int:
-    """Group capacity of the kernel variant for these offsets (small scan arrays when G <= 64)."""
+    """Group capacity of the kernel variant for these offsets (small scan arrays when G <= 64;
+    ``Quantize1x32Kernel.max_groups_for``)."""
     if group_end_offsets is not None and group_end_offsets.shape[0] <= _SMALL_GROUPS:
         return _SMALL_GROUPS
     return _MAX_GROUPS
@@ -70,8 +66,8 @@ def launch_1x32(
     group_param: int = 0,
 ) -> None:
     """Launch the 1x32 kernel variant ``layout`` (``cute_kernels.quantize.ScaleLayout`` value) on
-    pre-allocated outputs; argument contract in ``cute_kernels.quantize.make_quantize``."""
-    kernel = target.kernel((x.dtype, mode, layout, _max_groups(group_end_offsets)), _make_kernel)
+    pre-allocated outputs; argument contract in ``cute_kernels.quantize.Quantize1x32Kernel.__call__``."""
+    kernel = target.kernel((_KERNEL, x.dtype, mode, layout, _max_groups(group_end_offsets)), _variant)
     kernel(x, q, scales, group_end_offsets, padded_start, padded_end, group_param)
 
 
@@ -97,7 +93,7 @@ def run_1x32_2d(
     q = x.new_empty((rows, cols), dtype=_E4M3)
     scales = x.new_empty(shape, dtype=_E8M0)
     if shape[0] and cols:
-        kernel = target.kernel((x.dtype, mode, layout, key_groups), _make_kernel)
+        kernel = target.kernel((_KERNEL, x.dtype, mode, layout, key_groups), _variant)
         kernel(x, q, scales, group_end_offsets, None, None, 0)
     return q, scales
 
@@ -106,7 +102,7 @@ def run_1x32_2d(
 def _quantize_op(
     x: torch.Tensor, group_end_offsets: torch.Tensor | None, scaling_mode: str, blocked_scales: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return run_1x32_2d(x, group_end_offsets, scaling_mode, blocked_scales, targets.select(_OP, "cute", x))
+    return _QUANTIZE_2D.run_on_device(x, "1x32", group_end_offsets, scaling_mode, blocked_scales)
 
 
 @_quantize_op.register_fake
@@ -116,6 +112,41 @@ def _quantize_fake(
     num_groups = None if group_end_offsets is None else group_end_offsets.shape[0]
     q = x.new_empty(x.shape, dtype=torch.float8_e4m3fn)
     return q, x.new_empty(scales_shape_1x32(x.shape, num_groups, blocked_scales), dtype=torch.float8_e8m0fnu)
+
+
+# The op's parts for ``KernelOp``, all on ``(x, block, group_end_offsets, scaling_mode, blocked_scales)``:
+# the block picks the 1x32 kernel (above) or the 32x1 one (``torch_bindings.quantize_32x1``).
+
+
+def _fast_ok(x, block, group_end_offsets, scaling_mode, blocked_scales) -> bool:
+    return (
+        checks.fast_quantize_ok(x, 2, scaling_mode, blocked_scales)
+        and (block == "1x32" or (block == "32x1" and not x.shape[0] % _BLOCK))
+        and (group_end_offsets is None or (blocked_scales and checks.fast_offsets_ok(group_end_offsets, x)))
+    )
+
+
+def _run(target: targets.DeviceTarget, x, block, group_end_offsets, scaling_mode, blocked_scales):
+    run = run_1x32_2d if block == "1x32" else run_32x1_2d
+    return run(x, group_end_offsets, scaling_mode, blocked_scales, target)
+
+
+def _reference(x, block, group_end_offsets, scaling_mode, blocked_scales):
+    return reference.quantize_mxfp8_2d(
+        x,
+        block=block,
+        group_end_offsets=group_end_offsets,
+        scaling_mode=scaling_mode,
+        blocked_scales=blocked_scales,
+    )
+
+
+def _custom_op(x, block, group_end_offsets, scaling_mode, blocked_scales):
+    op = _quantize_op if block == "1x32" else quantize_2d_32x1_op
+    return op(x, group_end_offsets, scaling_mode, blocked_scales)
+
+
+_QUANTIZE_2D = KernelOp(_OP, checks.check_quantize_2d, _run, _reference, _custom_op, fast_ok=_fast_ok)
 
 
 def quantize_mxfp8_2d(
@@ -139,30 +170,4 @@ def quantize_mxfp8_2d(
     (K, M/32), blocked (Rp, Cp), or with row end offsets (multiples of 32) the K-groups layout
     (Rp, M/32 + 4 G), written by the 32x1 kernel (``cute_kernels.quantize_32x1``).
     """
-    if (
-        (backend == "auto" or backend == "cute")
-        and checks.fast_quantize_ok(x, 2, scaling_mode, blocked_scales)
-        and (block == "1x32" or (block == "32x1" and not x.shape[0] % _BLOCK))
-        and (group_end_offsets is None or (blocked_scales and checks.fast_offsets_ok(group_end_offsets, x)))
-    ):
-        target = targets.known(x)
-        if target is not None and not torch.compiler.is_compiling():  # eager fast path
-            run = run_1x32_2d if block == "1x32" else run_32x1_2d
-            return run(x, group_end_offsets, scaling_mode, blocked_scales, target)
-    checks.check_quantize_2d(x, block, group_end_offsets, scaling_mode, blocked_scales)
-    target = targets.select(_OP, backend, x)
-    if target is None:
-        return reference.quantize_mxfp8_2d(
-            x,
-            block=block,
-            group_end_offsets=group_end_offsets,
-            scaling_mode=scaling_mode,
-            blocked_scales=blocked_scales,
-        )
-    if block != "1x32":
-        if torch.compiler.is_compiling():
-            return quantize_2d_32x1_op(x, group_end_offsets, scaling_mode, blocked_scales)
-        return run_32x1_2d(x, group_end_offsets, scaling_mode, blocked_scales, target)
-    if torch.compiler.is_compiling():
-        return _quantize_op(x, group_end_offsets, scaling_mode, blocked_scales)
-    return run_1x32_2d(x, group_end_offsets, scaling_mode, blocked_scales, target)
+    return _QUANTIZE_2D.dispatch(backend, x, block, group_end_offsets, scaling_mode, blocked_scales)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 
 from . import checks, targets
-from .kernel_cache import get_kernel
 from .swizzle import blocked_output_shape
 
 _OP_2D = "quantize_mxfp8_2d"
@@ -23,17 +22,12 @@ _E4M3 = torch.float8_e4m3fn
 _E8M0 = torch.float8_e8m0fnu
 
 
-def _make_kernel(target: targets.DeviceTarget, key: tuple):
-    """Compiled 32x1 kernel for ``key = ("32x1", dtype, mode, layout)`` on ``target``."""
+def _variant(key: tuple, target: targets.DeviceTarget):
+    """``key = ("quantize_32x1", torch dtype, mode, layout name)`` -> the kernel's variant."""
+    from cute_kernels.quantize_32x1 import Quantize32x1Variant, ScaleLayout
+
     _, dtype, mode, layout = key
-    dtype_name = str(dtype).removeprefix("torch.")
-
-    def build():
-        from cute_kernels.quantize_32x1 import ScaleLayout, compile_quantize_32x1
-
-        return compile_quantize_32x1(dtype_name, mode, ScaleLayout(layout), target.arch)
-
-    return get_kernel(("quantize_32x1", dtype_name, mode, layout, target.arch), build)
+    return Quantize32x1Variant(str(dtype).removeprefix("torch."), mode, ScaleLayout(layout))
 
 
 def scales_shape_32x1(rows: int, cols: int, num_groups: int | None, blocked: bool) -> tuple:
@@ -46,7 +40,7 @@ def scales_shape_32x1(rows: int, cols: int, num_groups: int | None, blocked: boo
 
 def _launch(target: targets.DeviceTarget, x3, qt3, scales3, offsets, mode: str, layout: str) -> None:
     """Run the kernel on (E, M, K) x, (E, K, M) q^T and (E, R, C) scales."""
-    target.kernel(("32x1", x3.dtype, mode, layout), _make_kernel)(x3, qt3, scales3, offsets)
+    target.kernel(("quantize_32x1", x3.dtype, mode, layout), _variant)(x3, qt3, scales3, offsets)
 
 
 def run_32x1_2d(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import checks, reference, targets
+from .op import KernelOp
 from .quantize import launch_1x32
 from .quantize_32x1 import run_32x1_3d
 from .swizzle import blocked_output_shape
@@ -56,7 +57,7 @@ def _run_kernel(
 def _quantize_3d_op(
     w: torch.Tensor, block: str, scaling_mode: str, blocked_scales: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _run_kernel(w, block, scaling_mode, blocked_scales, targets.select(_OP, "cute", w))
+    return _QUANTIZE_3D.run_on_device(w, block, scaling_mode, blocked_scales)
 
 
 @_quantize_3d_op.register_fake
@@ -69,6 +70,30 @@ def _quantize_3d_fake(
     else:
         q = w.new_empty_strided(w.shape, (n * k, 1, n), dtype=torch.float8_e4m3fn)
     return q, w.new_empty(scales_shape_3d(w.shape, block, blocked_scales), dtype=torch.float8_e8m0fnu)
+
+
+# The op's parts for ``KernelOp``, all on ``(w, block, scaling_mode, blocked_scales)``.
+
+
+def _fast_ok(w, block, scaling_mode, blocked_scales) -> bool:
+    return (
+        (block == "1x32" or block == "32x1")
+        and checks.fast_quantize_ok(w, 3, scaling_mode, blocked_scales)
+        and (block == "1x32" or not w.shape[1] % 32)
+    )
+
+
+def _run(target: targets.DeviceTarget, w, block, scaling_mode, blocked_scales):
+    return _run_kernel(w, block, scaling_mode, blocked_scales, target)
+
+
+def _reference(w, block, scaling_mode, blocked_scales):
+    return reference.quantize_mxfp8_3d(
+        w, block=block, scaling_mode=scaling_mode, blocked_scales=blocked_scales
+    )
+
+
+_QUANTIZE_3D = KernelOp(_OP, checks.check_quantize_3d, _run, _reference, _quantize_3d_op, fast_ok=_fast_ok)
 
 
 def quantize_mxfp8_3d(
@@ -88,21 +113,4 @@ def quantize_mxfp8_3d(
     expert's S in the blocked layout, (E, Rp, Cp), every padding byte 0. One launch, no host sync,
     no recompile when E, N or K change.
     """
-    if (
-        (block == "1x32" or block == "32x1")
-        and (backend == "auto" or backend == "cute")
-        and checks.fast_quantize_ok(w, 3, scaling_mode, blocked_scales)
-        and (block == "1x32" or not w.shape[1] % 32)
-    ):
-        target = targets.known(w)
-        if target is not None and not torch.compiler.is_compiling():  # eager fast path
-            return _run_kernel(w, block, scaling_mode, blocked_scales, target)
-    checks.check_quantize_3d(w, block, scaling_mode, blocked_scales)
-    target = targets.select(_OP, backend, w)
-    if target is None:
-        return reference.quantize_mxfp8_3d(
-            w, block=block, scaling_mode=scaling_mode, blocked_scales=blocked_scales
-        )
-    if torch.compiler.is_compiling():
-        return _quantize_3d_op(w, block, scaling_mode, blocked_scales)
-    return _run_kernel(w, block, scaling_mode, blocked_scales, target)
+    return _QUANTIZE_3D.dispatch(backend, w, block, scaling_mode, blocked_scales)

@@ -1,7 +1,8 @@
 """``quantize_mxfp8_2d_dual``: the 1x32 and 32x1 quantizations of x from one read.
 
-One launch of the dual kernel (``cute_kernels.quantize_dual``) writes both results, with or without
-row groups (M-groups 1x32 scales, K-groups 32x1 scales).
+One launch of the dual kernel (``cute_kernels.quantize_dual.QuantizeDualKernel``) writes both
+results, with or without row groups (M-groups 1x32 scales, K-groups 32x1 scales). Kernels are
+compiled once per (dtype, scaling mode, scale layout, arch) with symbolic sizes.
 """
 
 from __future__ import annotations
@@ -9,34 +10,29 @@ from __future__ import annotations
 import torch
 
 from . import checks, reference, targets
-from .kernel_cache import get_kernel
+from .op import KernelOp
 from .quantize import scales_shape_1x32
 from .quantize_32x1 import quantize_2d_32x1_fake, scales_shape_32x1
 
 _OP = "quantize_mxfp8_2d_dual"
+_BLOCK = checks.BLOCK_SIZE
 _E4M3 = torch.float8_e4m3fn
 _E8M0 = torch.float8_e8m0fnu
 
 
-def _make_kernel(target: targets.DeviceTarget, key: tuple):
-    """Compiled dual kernel for ``key = ("dual", dtype, mode, layout)`` on ``target``."""
-    _, dtype, mode, layout = key
-    dtype_name = str(dtype).removeprefix("torch.")
+def _variant(key: tuple, target: targets.DeviceTarget):
+    """``key = ("quantize_dual", x dtype, scaling mode, scale layout name)`` -> the kernel's variant."""
+    from cute_kernels.quantize_dual import DualVariant, ScaleLayout
 
-    def build():
-        from cute_kernels.quantize_dual import ScaleLayout, compile_quantize_dual
-
-        return compile_quantize_dual(dtype_name, mode, ScaleLayout(layout), target.arch)
-
-    return get_kernel(("quantize_dual", dtype_name, mode, layout, target.arch), build)
+    return DualVariant(str(key[1]).removeprefix("torch."), key[2], ScaleLayout(key[3]))
 
 
-def run_dual_2d(
+def _run_dual(
+    target: targets.DeviceTarget,
     x: torch.Tensor,
     group_end_offsets: torch.Tensor | None,
-    mode: str,
-    blocked: bool,
-    target: targets.DeviceTarget,
+    scaling_mode: str,
+    blocked_scales: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(q_1x32, scales_1x32, q_32x1, scales_32x1)`` of x (M, K), M and K multiples of 32
     (contract checks done by the caller), bit-identical to the two single calls: one launch of
@@ -44,7 +40,7 @@ def run_dual_2d(
     checks.check_kernel_inputs(_OP, group_end_offsets, x)
     rows, cols = x.shape
     num_groups = None if group_end_offsets is None else group_end_offsets.shape[0]
-    blocked = blocked or num_groups is not None
+    blocked = blocked_scales or num_groups is not None
     q_r = x.new_empty((rows, cols), dtype=_E4M3)
     q_c = x.new_empty_strided((rows, cols), (1, rows), dtype=_E4M3)
     shape_r = scales_shape_1x32((rows, cols), num_groups, blocked)
@@ -54,16 +50,25 @@ def run_dual_2d(
     s_r = x.new_empty(shape_r, dtype=_E8M0)
     s_c = x.new_empty(shape_c, dtype=_E8M0)
     layout = "groups" if num_groups is not None else ("blocked" if blocked else "plain")
-    kernel = target.kernel(("dual", x.dtype, mode, layout), _make_kernel)
+    kernel = target.kernel(("quantize_dual", x.dtype, scaling_mode, layout), _variant)
     kernel(x, q_r, s_r, q_c.t(), s_c, group_end_offsets)
     return q_r, s_r, q_c, s_c
+
+
+def _fast_dual_ok(x, group_end_offsets, scaling_mode, blocked_scales) -> bool:
+    """Arguments :func:`checks.check_quantize_2d_dual` accepts (metadata reads only)."""
+    return (
+        checks.fast_quantize_ok(x, 2, scaling_mode, blocked_scales)
+        and not x.shape[0] % _BLOCK
+        and (group_end_offsets is None or (blocked_scales and checks.fast_offsets_ok(group_end_offsets, x)))
+    )
 
 
 @torch.library.custom_op("cute_kernels::quantize_mxfp8_2d_dual", mutates_args=())
 def _dual_op(
     x: torch.Tensor, group_end_offsets: torch.Tensor | None, scaling_mode: str, blocked_scales: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return run_dual_2d(x, group_end_offsets, scaling_mode, blocked_scales, targets.select(_OP, "cute", x))
+    return _DUAL_OP.run_on_device(x, group_end_offsets, scaling_mode, blocked_scales)
 
 
 @_dual_op.register_fake
@@ -74,6 +79,17 @@ def _dual_fake(
     s_r = x.new_empty(scales_shape_1x32(x.shape, num_groups, blocked_scales), dtype=_E8M0)
     q_c, s_c = quantize_2d_32x1_fake(x, group_end_offsets, scaling_mode, blocked_scales)
     return x.new_empty(x.shape, dtype=_E4M3), s_r, q_c, s_c
+
+
+def _dual_reference(x, group_end_offsets, scaling_mode, blocked_scales):
+    return reference.quantize_mxfp8_2d_dual(
+        x, group_end_offsets=group_end_offsets, scaling_mode=scaling_mode, blocked_scales=blocked_scales
+    )
+
+
+_DUAL_OP = KernelOp(
+    _OP, checks.check_quantize_2d_dual, _run_dual, _dual_reference, _dual_op, fast_ok=_fast_dual_ok
+)
 
 
 def quantize_mxfp8_2d_dual(
@@ -88,12 +104,4 @@ def quantize_mxfp8_2d_dual(
     32: bit-identical to ``quantize_mxfp8_2d`` with ``block="1x32"`` and ``block="32x1"`` (same
     offsets: M-groups 1x32 scales, K-groups 32x1 scales with ``kend = end / 32``), x read once by
     one kernel. No host sync."""
-    checks.check_quantize_2d_dual(x, group_end_offsets, scaling_mode, blocked_scales)
-    target = targets.select(_OP, backend, x)
-    if target is None:
-        return reference.quantize_mxfp8_2d_dual(
-            x, group_end_offsets=group_end_offsets, scaling_mode=scaling_mode, blocked_scales=blocked_scales
-        )
-    if torch.compiler.is_compiling():
-        return _dual_op(x, group_end_offsets, scaling_mode, blocked_scales)
-    return run_dual_2d(x, group_end_offsets, scaling_mode, blocked_scales, target)
+    return _DUAL_OP.dispatch(backend, x, group_end_offsets, scaling_mode, blocked_scales)

@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from cute_utils.constants import BLOCK_SIZE, TILE_COLS, TILE_ROWS
+
 from . import checks
 
 __all__ = [
@@ -39,13 +41,18 @@ __all__ = [
     "blocked_shape",
     "check_group_end_offsets",
     "dequantize_blocks",
+    "e4m3_saturated",
     "e8m0_scale_bits",
+    "fp8_quant_scale",
     "inverse_scale",
     "pad_and_quantize_mxfp8_2d",
     "pad_token_groups",
     "padded_group_offsets",
     "padded_rows",
     "quantize_blocks",
+    "quantize_fp8_2d",
+    "quantize_fp8_2d_dual",
+    "quantize_fp8_3d",
     "quantize_mxfp8_2d",
     "quantize_mxfp8_2d_dual",
     "quantize_mxfp8_3d",
@@ -56,8 +63,6 @@ __all__ = [
     "unpad_token_groups",
 ]
 
-BLOCK_SIZE = 32
-"""Elements per MX block."""
 E4M3_MAX = 448.0
 """Largest finite FP8 E4M3 (fn) value; quantized data saturates to +-E4M3_MAX."""
 E4M3_NAN_BITS = 0x7F
@@ -66,10 +71,8 @@ E8M0_NAN = 255
 """E8M0 scale byte for a block whose max |x| is NaN or Inf."""
 INV_448_BITS = 0x3B124925
 """Bit pattern of fp32(1/448), the constant of the rceil scale rule."""
-TILE_ROWS, TILE_COLS = 128, 4
-"""A blocked-layout tile covers 128 scale rows x 4 scale columns ..."""
 TILE_BYTES = TILE_ROWS * TILE_COLS
-"""... stored as 512 consecutive bytes."""
+"""A blocked-layout tile: 128 scale rows x 4 scale columns stored as 512 consecutive bytes."""
 
 _CHUNK_ELEMS = 1 << 24  # elements per quantization chunk: bounds the fp32 temporaries (64 MiB each)
 
@@ -156,7 +159,12 @@ def quantize_blocks(x_blocks: Tensor, s: Tensor, dim: int = -1) -> Tensor:
     """
     if x_blocks.dtype != torch.float32:
         raise TypeError(f"quantize_blocks: x_blocks must be torch.float32, got {x_blocks.dtype}")
-    y = x_blocks * inverse_scale(s).unsqueeze(dim)
+    return e4m3_saturated(x_blocks * inverse_scale(s).unsqueeze(dim))
+
+
+def e4m3_saturated(y: Tensor) -> Tensor:
+    """fp32 ``y`` -> ``float8_e4m3fn``: clamp to [-448, 448], round to nearest even; NaN (also -NaN)
+    -> byte 0x7F; -0 stays 0x80. ``y`` is clamped in place."""
     is_nan = torch.isnan(y)
     y.clamp_(-E4M3_MAX, E4M3_MAX)
     bits = y.to(torch.float8_e4m3fn).view(torch.uint8)
@@ -580,3 +588,141 @@ def pad_and_quantize_mxfp8_2d(
         padded, block="1x32", group_end_offsets=padded_end, scaling_mode=scaling_mode, blocked_scales=True
     )
     return q, scales, padded_start, padded_end
+
+
+# ----------------------------------------------------------------------------------------------
+# FP8 rowwise (SPEC section 7)
+# ----------------------------------------------------------------------------------------------
+
+FP8_EPS = 1e-12
+"""The amax floor of the FP8 rowwise scale (a double): ``q_scale = 448 / max(amax, 1e-12)``."""
+_CLEAR_MANTISSA = -(1 << 23)  # 0xFF800000 as an int32: sign and exponent bits
+
+
+def _amax(x: Tensor, dim: int) -> Tensor:
+    """max |x| over ``dim`` in fp32, NaN if any element is NaN (keepdim)."""
+    a = x.to(torch.float32).abs().amax(dim=dim, keepdim=True)
+    return torch.where(torch.isnan(x).any(dim=dim, keepdim=True), float("nan"), a)
+
+
+def fp8_quant_scale(amax: Tensor, round_scales_to_power_of_2: bool) -> Tensor:
+    """``q_scale = fp32(448 / max(fp64(amax), 1e-12))`` (one rounding, from fp64); with rounding, its
+    mantissa cleared (``2^floor(log2 q_scale)``; 0, Inf and NaN unchanged). fp32, amax's shape."""
+    a = amax.to(torch.float64)
+    a = torch.where(torch.isnan(a), a, a.clamp(min=FP8_EPS))
+    q_scale = (E4M3_MAX / a).to(torch.float32)
+    if round_scales_to_power_of_2:
+        rounded = (q_scale.view(torch.int32) & _CLEAR_MANTISSA).view(torch.float32)
+        q_scale = torch.where(torch.isnan(q_scale), q_scale, rounded)
+    return q_scale
+
+
+def _fp8_cast(x: Tensor, q_scale: Tensor) -> Tensor:
+    """``e4m3(fp32(x) * q_scale)`` saturated (``q_scale`` broadcasts)."""
+    return e4m3_saturated(x.to(torch.float32) * q_scale)
+
+
+def _fp8_along(x: Tensor, dim: int, round_scales: bool) -> tuple[Tensor, Tensor]:
+    """Scale per vector along ``dim`` of x: ``(q in x's layout, dequantization scales, keepdim)``.
+    A vector of no elements (``dim`` of size 0) has the scale 1.0, like an empty group."""
+    if x.shape[dim] == 0:
+        ones = torch.ones_like(x.sum(dim=dim, keepdim=True), dtype=torch.float32)
+        return torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device), ones
+    q_scale = fp8_quant_scale(_amax(x, dim), round_scales)
+    return _fp8_cast(x, q_scale), 1.0 / q_scale
+
+
+def _fp8_rows(x: Tensor, round_scales: bool) -> tuple[Tensor, Tensor]:
+    """Row scales of (R, K): q (R, K) row-major, scales (R,) fp32; row chunks bound the temporaries."""
+    r, k = x.shape
+    q = torch.empty((r, k), dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(r, dtype=torch.float32, device=x.device)
+    step = max(1, _CHUNK_ELEMS // max(k, 1))
+    for r0 in range(0, r, step):
+        qc, sc = _fp8_along(x[r0 : r0 + step], 1, round_scales)
+        q[r0 : r0 + step], scales[r0 : r0 + step] = qc, sc.view(-1)
+    return q, scales
+
+
+def _fp8_group_cols(x: Tensor, ends: list[int], round_scales: bool) -> tuple[Tensor, Tensor]:
+    """Column scales per row group of (M, K): q (M, K) **row-major** (rows past the last group are 0)
+    and scales (G*K,) group-major; an empty group's scales are 1.0."""
+    m, k = x.shape
+    q = torch.zeros((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.ones(len(ends) * k, dtype=torch.float32, device=x.device)
+    start = 0
+    for g, end in enumerate(ends):
+        if end > start:
+            qg, sg = _fp8_along(x[start:end], 0, round_scales)
+            q[start:end], scales[g * k : (g + 1) * k] = qg, sg.view(-1)
+        start = end
+    return q, scales
+
+
+def _col_major(q: Tensor) -> Tensor:
+    """A row-major (M, K) tensor's values with strides (1, M)."""
+    return q.t().contiguous().t()
+
+
+def quantize_fp8_2d(
+    x: Tensor,
+    *,
+    axis: str = "row",
+    group_end_offsets: Tensor | None = None,
+    round_scales_to_power_of_2: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """FP8 rowwise quantization of x (M, K), bf16 or fp32, contiguous (SPEC section 7).
+
+    ``axis="row"``: one scale per row: q (M, K) float8_e4m3fn row-major, scales (M,) fp32.
+    ``axis="col"``: one scale per column: q (M, K) with strides (1, M), scales (K,); with row group
+    end offsets (int32 (G,), any sizes, last <= M) one scale per (group, column): scales (G*K,)
+    group-major (``scales[g*K + k]``), an empty group's scales 1.0, and rows past the last group's end
+    quantize to 0. Scales are the dequantization multipliers ``1 / q_scale``.
+    """
+    checks.check_quantize_fp8_2d(x, axis, group_end_offsets, round_scales_to_power_of_2)
+    if axis == "row":
+        return _fp8_rows(x, round_scales_to_power_of_2)
+    if group_end_offsets is None:
+        q, scales = _fp8_along(x, 0, round_scales_to_power_of_2)
+        return _col_major(q), scales.view(-1)
+    check_group_end_offsets(group_end_offsets, x.shape[0])
+    ends = group_end_offsets.tolist()
+    q, scales = _fp8_group_cols(x, ends, round_scales_to_power_of_2)
+    return _col_major(q), scales
+
+
+def quantize_fp8_2d_dual(
+    x: Tensor, *, group_end_offsets: Tensor | None = None, round_scales_to_power_of_2: bool = True
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(q_row, s_row, q_col, s_col)``: :func:`quantize_fp8_2d` with ``axis="row"`` and with
+    ``axis="col"`` (and the row groups, if given), bit for bit (SPEC section 7)."""
+    checks.check_quantize_fp8_2d_dual(x, group_end_offsets, round_scales_to_power_of_2)
+    q_row, s_row = quantize_fp8_2d(x, axis="row", round_scales_to_power_of_2=round_scales_to_power_of_2)
+    rounding = round_scales_to_power_of_2
+    q_col, s_col = quantize_fp8_2d(
+        x, axis="col", group_end_offsets=group_end_offsets, round_scales_to_power_of_2=rounding
+    )
+    return q_row, s_row, q_col, s_col
+
+
+def quantize_fp8_3d(
+    w: Tensor, *, axis: str = "K", round_scales_to_power_of_2: bool = True
+) -> tuple[Tensor, Tensor]:
+    """FP8 rowwise quantization of expert weights w (E, N, K), bf16 or fp32, contiguous (SPEC 7).
+
+    ``axis="K"``: amax over K: q (E, N, K) row-major, scales (E, N) (the forward's right operand is
+    ``q.transpose(-2, -1)``). ``axis="N"``: amax over N: q (E, N, K) with strides (N*K, 1, N),
+    scales (E, K) (dgrad). Scales are the dequantization multipliers ``1 / q_scale``.
+    """
+    checks.check_quantize_fp8_3d(w, axis, round_scales_to_power_of_2)
+    e, n, k = w.shape
+    if axis == "K":
+        q, scales = _fp8_rows(w.reshape(e * n, k), round_scales_to_power_of_2)
+        return q.view(e, n, k), scales.view(e, n)
+    q = torch.empty_strided((e, n, k), (n * k, 1, n), dtype=torch.float8_e4m3fn, device=w.device)
+    scales = torch.empty((e, k), dtype=torch.float32, device=w.device)
+    for i in range(e):
+        qi, si = _fp8_along(w[i], 0, round_scales_to_power_of_2)
+        q[i].copy_(qi)
+        scales[i] = si.view(-1)
+    return q, scales

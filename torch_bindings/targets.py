@@ -13,8 +13,10 @@ from collections.abc import Callable
 
 import torch
 
+from cute_kernels import registry
+
 from . import backend as _backend
-from .kernel_cache import on_clear
+from .kernel_cache import get_kernel, on_clear
 
 
 class DeviceTarget:
@@ -28,13 +30,21 @@ class DeviceTarget:
         self.num_sms = num_sms
         self.kernels: dict[object, Callable] = {}
 
-    def kernel(self, key: object, make: Callable[[DeviceTarget, object], Callable]) -> Callable:
-        """The callable for the binding's ``key``: from this table, else ``make(self, key)`` (which
-        goes through ``kernel_cache.get_kernel``: memory, disk, then a compile)."""
+    def kernel(self, key: tuple, variant_of: Callable[[tuple, DeviceTarget], object]) -> Callable:
+        """The compiled kernel for the binding's ``key`` (``key[0]``: its ``cute_kernels.registry``
+        name, the rest cheap static choices): from this table, else the registry entry compiles
+        ``variant_of(key, self)`` for this arch through ``kernel_cache.get_kernel`` (memory, disk,
+        then a compile)."""
         kernel = self.kernels.get(key)
         if kernel is None:
-            kernel = self.kernels[key] = make(self, key)
+            kernel = self.kernels[key] = compiled(key[0], variant_of(key, self), self.arch)
         return kernel
+
+
+def compiled(name: str, variant: object, arch: str) -> Callable:
+    """Registry kernel ``name``'s ``variant`` for ``arch`` as a TVM-FFI callable (memory, disk, then
+    ``cute.compile``)."""
+    return get_kernel((name, variant, arch), lambda: registry.entry(name).compile(variant, arch))
 
 
 _targets: dict[int, DeviceTarget] = {}

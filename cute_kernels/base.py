@@ -1,0 +1,58 @@
+"""The shape every kernel class has (after CUTLASS's CuTeDSL examples).
+
+A kernel class is built from one *variant* (a frozen dataclass of compile-time choices: dtype,
+layout, vector width, ...) and one *config* (launch shape: threads, stages, register cap, ...):
+
+- ``variants()``: every variant the bindings may ask for; ``target_name(variant)``: its SASS name;
+- ``default_config(variant, arch)``: the arch's choice, from ``cute_kernels.configs``;
+- ``fake_arguments(variant)``: the symbolic tensors it compiles against (sizes symbolic: one
+  compile per variant and arch, never per shape);
+- ``__call__`` (``@cute.jit``, the host launcher) and ``kernel`` (``@cute.kernel``);
+- ``can_implement(...)``: the limits a caller checks before launching.
+
+:meth:`Kernel.compile` ties them together; the registry (``cute_kernels.registry``) calls it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from cute_utils.jit import compile_tvm_ffi
+
+
+class Kernel:
+    """Base of the kernel classes: the compile path shared by all. Subclasses set :attr:`name` and
+    define the methods listed in the module docstring."""
+
+    #: Registry name (``cute_kernels.registry``); also the configs' function name.
+    name: ClassVar[str] = ""
+
+    def __init__(self, variant: Any, config: Any) -> None:
+        self.variant = variant
+        self.config = config
+
+    @classmethod
+    def variants(cls) -> list:
+        raise NotImplementedError
+
+    @classmethod
+    def target_name(cls, variant: Any) -> str:
+        raise NotImplementedError
+
+    @classmethod
+    def fake_arguments(cls, variant: Any) -> tuple:
+        raise NotImplementedError
+
+    @classmethod
+    def default_config(cls, variant: Any, arch: str) -> Any:
+        """The config ``cute_kernels.configs`` picks for ``variant`` on ``arch``."""
+        from . import configs
+
+        return configs.pick(cls.name, variant, arch)
+
+    @classmethod
+    def compile(cls, variant: Any, arch: str, *, config: Any = None, options: str = "") -> Any:
+        """``cute.compile`` the launcher of ``variant`` for ``arch`` with TVM-FFI on the env stream;
+        ``options`` are appended (``cute_utils.sass.compile_options`` keeps the cubin)."""
+        kernel = cls(variant, config if config is not None else cls.default_config(variant, arch))
+        return compile_tvm_ffi(kernel, cls.fake_arguments(variant), arch, options)

@@ -1,0 +1,89 @@
+"""Hopper (sm_90a) launch configs, one function per registered kernel: ``name(variant) -> config``.
+
+Every choice was measured with the kernel's tuner in ``bench/`` (H200 unless said); the reasons are
+one line here and the numbers in the note cited.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from cute_kernels.pad import PadConfig
+from cute_kernels.quantize import QuantizeConfig
+from cute_kernels.quantize_32x1 import Quantize32x1Config
+from cute_kernels.quantize_dual import DualConfig
+from cute_kernels.swizzle import SwizzleConfig
+
+# --- swizzle (notes/swizzle-persistent-grid.md, notes/swizzle-grouped-window-and-prefetch.md) ---
+# A 64-column window, 256 threads, 4 CTAs per SM: faster than 2 CTAs per SM or 128-thread CTAs;
+# the 128-column window only where it wins (grouped layouts, > 64 columns, <= 64 MiB: +1-5%) and
+# never in 3-D (it spills there).
+_SWIZZLE = SwizzleConfig()
+_SWIZZLE_WIDE = SwizzleConfig(window_cols=128)
+
+
+def swizzle(variant) -> SwizzleConfig:
+    return _SWIZZLE_WIDE if variant.wide else _SWIZZLE
+
+
+# --- quantize 1x32 (notes/quantize-1x32.md, notes/quantize-1x32-groups-and-padding.md) ---
+# 2 vectors per unit x 3 stages (4 KB in flight per warp), warps side by side along K (+2-4% at
+# M K >= 32768 x 7168), ~32768 CTAs numbered run-fastest (+4-6% at 131072 x 7168), a 40-register cap
+# (12 CTAs per SM; uncapped took 42). fp32 without the cap: its padded variant spills under it.
+_QUANTIZE_1X32 = QuantizeConfig()
+_QUANTIZE_1X32_FP32 = replace(_QUANTIZE_1X32, min_ctas_per_sm=0)
+
+
+def quantize_1x32(variant) -> QuantizeConfig:
+    config = _QUANTIZE_1X32 if variant.dtype == "bfloat16" else _QUANTIZE_1X32_FP32
+    return replace(config, max_groups=variant.max_groups)
+
+
+# --- quantize 32x1 (notes/quantize-32x1-grid-and-groups.md) ---
+# 4 CTAs per SM (128 registers, no spills in K-groups) beat no cap by 5-10%; ~32768 CTAs beat
+# ~16384 by 6% and 4096 by 15% at 131072 x 5120/7168; lane-pair sector stores beat per-lane 1.35x.
+_QUANTIZE_32X1 = Quantize32x1Config()
+
+
+def quantize_32x1(variant) -> Quantize32x1Config:
+    return _QUANTIZE_32X1
+
+
+# --- quantize dual (notes/quantize-dual-kernel.md, notes/quantize-dual-row-order.md) ---
+# bf16: one tile per CTA, no ring beyond it (65 KiB of shared memory: 3 CTAs per SM at the
+# 80-register cap), rows spread (0.874-0.898 -> 0.899-0.912 of copy at 131072 x 5120/7168);
+# longer CTAs lost 2-10%. fp32: tiles in order (the spread order's extra register spills the
+# blocked variant); grouped fp32 takes 2 tiles per CTA and no ring (a 2-stage fp32 ring leaves one
+# CTA per SM).
+_DUAL_BF16 = DualConfig(stages=1, tiles_per_cta=1)
+_DUAL_FP32 = DualConfig(stages=1, tiles_per_cta=1, spread_rows=False)
+_DUAL_FP32_GROUPS = DualConfig(stages=1, tiles_per_cta=2, spread_rows=False)
+
+
+def quantize_dual(variant) -> DualConfig:
+    if variant.dtype == "bfloat16":
+        return _DUAL_BF16
+    return _DUAL_FP32_GROUPS if variant.layout.value == "groups" else _DUAL_FP32
+
+
+# --- pad / unpad (notes/pad-unpad-grid.md) ---
+# 128 threads, 4 x 16-byte vectors per lane, 2 row chunks per warp, a non-persistent grid:
+# 0.94-0.99 of copy against 0.89-0.93 for a persistent grid of 4 x 256-thread CTAs per SM.
+_PAD = PadConfig()
+
+
+def pad(variant) -> PadConfig:
+    return _PAD
+
+
+def unpad(variant) -> PadConfig:
+    return _PAD
+
+
+# --- quantize TMA, experimental (notes/quantize-tma.md) ---
+# 8-row boxes, 3 stages, TMA stores of q: 4 KB in flight per warp, 7 CTAs per SM. Not tuned: it
+# measured 2-6% slower than the cp.async 1x32 kernel and no public op runs it.
+def quantize_tma(variant):
+    from cute_kernels.experimental.quantize_tma import TmaQuantizeConfig
+
+    return TmaQuantizeConfig()

@@ -1,0 +1,88 @@
+"""The one registry of the toolkit's kernels: every consumer (bindings, SASS tool, tests, benches,
+tuners) finds a kernel here by name.
+
+An entry names the kernel's module and class; nothing is imported until a kernel is compiled or
+listed, so the bindings import this module on machines without the DSL. Each kernel class (see
+:class:`cute_kernels.base.Kernel`) carries its variants, fake arguments, per-arch config, compile
+and limits; :func:`sass_targets` turns every variant of every entry into a named SASS target.
+
+Adding a kernel: one class (``cute_kernels/<module>.py``), one entry in :data:`KERNELS`, its configs in
+``cute_kernels/configs/sm90.py`` and ``sm100.py``, one binding function.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    """``name``: registry key and SASS-target prefix; ``module`` / ``class_name``: where the kernel
+    class lives; ``production``: whether a public op runs it (experimental kernels are compiled and
+    inspected, never launched by the bindings)."""
+
+    name: str
+    module: str
+    class_name: str
+    production: bool = True
+
+    def kernel_class(self) -> Any:
+        """The kernel class (imports the DSL)."""
+        return getattr(importlib.import_module(self.module), self.class_name)
+
+    def variants(self) -> list:
+        """Every compile-time variant the bindings (or, experimental, the benches) may ask for."""
+        return self.kernel_class().variants()
+
+    def compile(self, variant: Any, arch: str, *, config: Any = None, options: str = "") -> Any:
+        """``cute.compile`` one variant for ``arch`` (TVM-FFI, env stream); ``config`` defaults to the
+        arch's (``cute_kernels.configs``)."""
+        return self.kernel_class().compile(variant, arch, config=config, options=options)
+
+    def sass_targets(self) -> dict[str, Callable[[str], object]]:
+        """``{target name: build(arch)}`` for every variant, compiled with the cubin kept."""
+        cls = self.kernel_class()
+
+        def build(variant: Any) -> Callable[[str], object]:
+            def compile_for(arch: str) -> object:
+                from cute_utils.sass import compile_options
+
+                return cls.compile(variant, arch, options=compile_options(arch))
+
+            return compile_for
+
+        return {cls.target_name(v): build(v) for v in cls.variants()}
+
+
+KERNELS: dict[str, KernelEntry] = {
+    entry.name: entry
+    for entry in (
+        KernelEntry("swizzle", "cute_kernels.swizzle", "SwizzleKernel"),
+        KernelEntry("quantize_1x32", "cute_kernels.quantize", "Quantize1x32Kernel"),
+        KernelEntry("quantize_32x1", "cute_kernels.quantize_32x1", "Quantize32x1Kernel"),
+        KernelEntry("quantize_dual", "cute_kernels.quantize_dual", "QuantizeDualKernel"),
+        KernelEntry("pad", "cute_kernels.pad", "PadKernel"),
+        KernelEntry("unpad", "cute_kernels.pad", "UnpadKernel"),
+        KernelEntry("quantize_tma", "cute_kernels.experimental.quantize_tma", "QuantizeTmaKernel", False),
+    )
+}
+
+
+def entry(name: str) -> KernelEntry:
+    """The entry called ``name``; ``KeyError`` naming the registered kernels otherwise."""
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise KeyError(f"no kernel {name!r} in the registry (registered: {', '.join(KERNELS)})") from None
+
+
+def sass_targets(production_only: bool = False) -> dict[str, Callable[[str], object]]:
+    """Every variant of every registered kernel as a SASS target: name -> build(arch)."""
+    targets: dict[str, Callable[[str], object]] = {}
+    for kernel in KERNELS.values():
+        if kernel.production or not production_only:
+            targets.update(kernel.sass_targets())
+    return targets

@@ -1,0 +1,156 @@
+"""The FP8 rowwise reference (SPEC section 7) on CPU: formulas on special values, layouts, empty
+groups, and agreement with torchao's torch references where they exist (skipped without torchao)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torch_bindings import reference as R
+
+INF, NAN = float("inf"), float("nan")
+
+
+def _bits(t: torch.Tensor) -> list[int]:
+    return t.contiguous().view(torch.uint8).flatten().tolist()
+
+
+def test_scale_formula_and_power_of_2_rounding():
+    amax = torch.tensor([0.0, 1e-13, 1.0, 3.0, 448.0, 1e30, INF, NAN])
+    exact = R.fp8_quant_scale(amax, False)
+    expected = (448.0 / amax.double().clamp(min=1e-12)).float()
+    assert torch.equal(exact[:6], expected[:6])
+    assert exact[6] == 0 and torch.isnan(exact[7])
+    rounded = R.fp8_quant_scale(amax, True)
+    finite = rounded[:6]
+    assert torch.equal(finite, torch.exp2(torch.floor(torch.log2(exact[:6]))))
+    assert rounded[6] == 0 and torch.isnan(rounded[7])
+
+
+def test_special_rows():
+    x = torch.tensor([[INF, 1.0, -2.0], [NAN, 1.0, -NAN], [0.0, -0.0, 0.0], [1e-20, -1e-20, 0.0]])
+    q, s = R.quantize_fp8_2d(x)
+    assert _bits(q[0]) == [0x7F, 0x00, 0x80]  # q_scale 0: finite -> +-0, Inf -> NaN
+    assert s[0] == INF
+    assert _bits(q[1]) == [0x7F] * 3 and torch.isnan(s[1])  # NaN anywhere: all 0x7F
+    assert _bits(q[2]) == [0, 0x80, 0] and s[2] == 1.0 / 2.0**48  # amax 0 -> 448 / 1e-12 -> 2^48
+    assert s[3] == 1.0 / 2.0**48  # below the 1e-12 floor
+
+
+def test_saturation_and_dequantization():
+    torch.manual_seed(0)
+    x = torch.randn(64, 96, dtype=torch.bfloat16) * 1000
+    for round_scales in (True, False):
+        q, s = R.quantize_fp8_2d(x, round_scales_to_power_of_2=round_scales)
+        assert q.float().abs().max() <= 448
+        rel = (q.float() * s[:, None] - x.float()).abs() / x.float().abs().amax(1, keepdim=True)
+        assert rel.max() < 2**-3  # e4m3: 3 mantissa bits, a power-of-2 scale loses at most one more
+
+
+def test_layouts():
+    x = torch.randn(40, 24)
+    q, s = R.quantize_fp8_2d(x, axis="col")
+    assert q.shape == (40, 24) and q.stride() == (1, 40) and s.shape == (24,)
+    w = torch.randn(3, 40, 24)
+    q, s = R.quantize_fp8_3d(w, axis="K")
+    assert q.stride() == (960, 24, 1) and s.shape == (3, 40)
+    q, s = R.quantize_fp8_3d(w, axis="N")
+    assert q.stride() == (960, 1, 40) and s.shape == (3, 24)
+    qn, sn = R.quantize_fp8_2d(w[1], axis="col")
+    assert _bits(q[1]) == _bits(qn) and torch.equal(s[1], sn)
+
+
+def test_groups_empty_and_tail():
+    torch.manual_seed(1)
+    x = torch.randn(50, 8)
+    ends = torch.tensor([0, 20, 20, 45], dtype=torch.int32)
+    q, s = R.quantize_fp8_2d(x, axis="col", group_end_offsets=ends)
+    s = s.view(4, 8)
+    assert torch.equal(s[0], torch.ones(8)) and torch.equal(s[2], torch.ones(8))
+    for g, (lo, hi) in ((1, (0, 20)), (3, (20, 45))):
+        qg, sg = R.quantize_fp8_2d(x[lo:hi], axis="col")
+        assert _bits(q[lo:hi]) == _bits(qg) and torch.equal(s[g], sg)
+    assert _bits(q[45:]) == [0] * 40  # rows past the last group
+
+
+def test_dual_is_the_two_single_calls():
+    x = torch.randn(64, 32, dtype=torch.bfloat16)
+    ends = torch.tensor([10, 10, 64], dtype=torch.int32)
+    q_row, s_row, q_col, s_col = R.quantize_fp8_2d_dual(x, group_end_offsets=ends)
+    q1, s1 = R.quantize_fp8_2d(x)
+    q2, s2 = R.quantize_fp8_2d(x, axis="col", group_end_offsets=ends)
+    assert _bits(q_row) == _bits(q1) and torch.equal(s_row, s1)
+    assert q_col.stride() == q2.stride() and _bits(q_col) == _bits(q2) and torch.equal(s_col, s2)
+
+
+def test_empty_vectors_have_scale_one():
+    assert R.quantize_fp8_2d(torch.zeros(0, 8))[1].shape == (0,)
+    assert torch.equal(R.quantize_fp8_2d(torch.zeros(3, 0))[1], torch.ones(3))
+    assert torch.equal(R.quantize_fp8_2d(torch.zeros(0, 4), axis="col")[1], torch.ones(4))
+
+
+def test_bad_arguments():
+    x = torch.zeros(4, 8)
+    with pytest.raises(ValueError, match="axis"):
+        R.quantize_fp8_2d(x, axis="K")
+    with pytest.raises(ValueError, match="axis='col'"):
+        R.quantize_fp8_2d(x, group_end_offsets=torch.tensor([4], dtype=torch.int32))
+    with pytest.raises(TypeError, match="round_scales_to_power_of_2"):
+        R.quantize_fp8_2d(x, round_scales_to_power_of_2=1)
+    with pytest.raises(ValueError, match="axis"):
+        R.quantize_fp8_3d(torch.zeros(2, 4, 8), axis="row")
+
+
+# --- torchao's torch references (torchao.prototype.moe_training.utils) ---
+
+
+@pytest.fixture(scope="module")
+def torchao_utils():
+    return pytest.importorskip("torchao.prototype.moe_training.utils")
+
+
+@pytest.mark.parametrize("round_scales", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rows_match_torchao(torchao_utils, round_scales, dtype):
+    from torchao.float8.config import ScalingGranularity
+    from torchao.float8.float8_utils import tensor_to_scale, to_fp8_saturated
+
+    torch.manual_seed(2)
+    x = (torch.randn(96, 160) * torch.logspace(-8, 8, 96)[:, None]).to(dtype)
+    scale = tensor_to_scale(
+        x,
+        torch.float8_e4m3fn,
+        scaling_granularity=ScalingGranularity.AXISWISE,
+        axiswise_dim=-1,
+        round_scales_to_power_of_2=round_scales,
+    )
+    expected = to_fp8_saturated(x.to(torch.float32) * scale, torch.float8_e4m3fn)
+    q, s = R.quantize_fp8_2d(x, round_scales_to_power_of_2=round_scales)
+    assert _bits(q) == _bits(expected)
+    assert torch.equal(s, (1.0 / scale).view(-1))
+
+
+@pytest.mark.parametrize("round_scales", [True, False])
+def test_group_columns_match_torchao(torchao_utils, round_scales):
+    torch.manual_seed(3)
+    x = torch.randn(300, 48, dtype=torch.bfloat16) * 7
+    ends = torch.tensor([17, 100, 101, 300], dtype=torch.int32)  # torchao's reference needs non-empty groups
+    expected_q, expected_s = torchao_utils.torch_to_float8_per_group_colwise(
+        x, ends, torch.float8_e4m3fn, round_scales_to_power_of_2=round_scales
+    )
+    q, s = R.quantize_fp8_2d(x, axis="col", group_end_offsets=ends, round_scales_to_power_of_2=round_scales)
+    assert _bits(q) == _bits(expected_q)
+    assert torch.equal(s, 1.0 / expected_s)
+
+
+@pytest.mark.parametrize("round_scales", [True, False])
+def test_3d_n_matches_torchao(torchao_utils, round_scales):
+    torch.manual_seed(4)
+    w = torch.randn(4, 64, 96, dtype=torch.bfloat16)  # (E, N, K)
+    expected_q, expected_s = torchao_utils.torch_to_3d_rowwise_float8_transpose_rhs(
+        w.transpose(-2, -1), torch.float8_e4m3fn, round_scales_to_power_of_2=round_scales
+    )
+    q, s = R.quantize_fp8_3d(w, axis="N", round_scales_to_power_of_2=round_scales)
+    assert q.shape == expected_q.shape and q.stride() == expected_q.stride()
+    assert _bits(q.transpose(-2, -1)) == _bits(expected_q.transpose(-2, -1))
+    assert torch.equal(s, (1.0 / expected_s).view(4, 96))
