@@ -182,7 +182,7 @@ def test_overhead_rule() -> None:
 def test_overhead_measure_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     times = {"op": 12.0, "floor": 10.0}
     monkeypatch.setattr(bench_overhead, "floor_of", lambda fn, device: lambda: "floor")
-    monkeypatch.setattr(bench_overhead, "host_us_per_call", lambda fn: times[fn() or "op"])
+    monkeypatch.setattr(bench_overhead, "host_us_per_call", lambda fn, rounds=9: times[fn() or "op"])
     row = bench_overhead.measure("q3d", lambda: None, torch.device("cpu"))
     assert row == {"call": "q3d", "host_us": 12.0, "floor_us": 10.0, "ratio": 1.2, "status": "ok"}
 

@@ -176,6 +176,7 @@ def test_no_recompiles_across_sizes_and_offsets():
     torch_bindings.swizzle_scales(_scales((100, 8), gen), group_end_offsets=_offsets([50, 100]))
     torch_bindings.swizzle_scales(_scales((100, 8), gen), group_end_offsets=_offsets([50, 100]), groups="K")
     torch_bindings.swizzle_scales(_scales((100, 8), gen))
+    torch_bindings.swizzle_scales(_scales((2, 100, 8), gen))  # 3D: a variant of its own
     # The static dims' classes: K-groups sources with R = K % 4 != 0 may end inside a word (raw
     # loads in their ragged form); M-groups / plain sources with C % 4 == 0 take word loads.
     torch_bindings.swizzle_scales(_scales((17, 8), gen), group_end_offsets=_offsets([5, 8]), groups="K")

@@ -54,15 +54,22 @@ def run_32x1_2d(
     (1, M), scales E8M0 plain (K, M/32), blocked (Rp, Cp) or, with row end offsets, K-groups."""
     checks.check_kernel_inputs(_OP_2D, group_end_offsets, x)
     rows, cols = x.shape
-    checks.check_divisible("x.shape[1] (K)", cols, _BLOCK, why="for the 32x1 kernel", op=_OP_2D)
-    num_groups = None if group_end_offsets is None else group_end_offsets.shape[0]
-    q = torch.empty_strided((rows, cols), (1, rows), dtype=_E4M3, device=x.device)
-    shape = scales_shape_32x1(rows, cols, num_groups, blocked)
+    if cols % _BLOCK:
+        checks.check_divisible("x.shape[1] (K)", cols, _BLOCK, why="for the 32x1 kernel", op=_OP_2D)
+    # S = (K, M/32): plain, blocked (Rp, Cp) or K-groups (Rp, M/32 + 4 G) (scales_shape_32x1 inlined)
+    if group_end_offsets is not None:
+        layout, shape = "k_groups", ((cols + 127) & -128, (rows >> 5) + 4 * group_end_offsets.shape[0])
+    elif blocked:
+        layout, shape = "blocked", ((cols + 127) & -128, ((rows >> 5) + 3) & -4)
+    else:
+        layout, shape = "plain", (cols, rows >> 5)
+    q = x.new_empty_strided((rows, cols), (1, rows), dtype=_E4M3)
     if rows == 0 or cols == 0:  # nothing to quantize: only padding bytes (zeros)
-        return q, torch.zeros(shape, dtype=_E8M0, device=x.device)
-    scales = torch.empty(shape, dtype=_E8M0, device=x.device)
-    layout = "k_groups" if num_groups is not None else ("blocked" if blocked else "plain")
-    _launch(target, x[None], q.t()[None], scales[None], group_end_offsets, mode, layout)
+        return q, x.new_zeros(shape, dtype=_E8M0)
+    scales = x.new_empty(shape, dtype=_E8M0)
+    # The kernel takes (E, M, K) x, (E, K, M) q^T and (E, R, C) scales: E = 1 views.
+    qt3 = q.as_strided((1, cols, rows), (rows * cols, rows, 1))
+    _launch(target, x[None], qt3, scales[None], group_end_offsets, mode, layout)
     return q, scales
 
 
@@ -74,11 +81,14 @@ def run_32x1_3d(
     or blocked (E, Rp, Cp) with every padding byte 0."""
     checks.check_kernel_inputs(_OP_3D, None, w)
     experts, rows, cols = w.shape
-    q = torch.empty_strided((experts, rows, cols), (rows * cols, 1, rows), dtype=_E4M3, device=w.device)
-    shape = (experts, *scales_shape_32x1(rows, cols, None, blocked))
+    q = w.new_empty_strided((experts, rows, cols), (rows * cols, 1, rows), dtype=_E4M3)
+    if blocked:  # per expert S = (K, N/32): plain, or blocked (Rp, Cp)
+        shape = (experts, (cols + 127) & -128, ((rows >> 5) + 3) & -4)
+    else:
+        shape = (experts, cols, rows >> 5)
     if experts == 0 or rows == 0 or cols == 0:
-        return q, torch.zeros(shape, dtype=_E8M0, device=w.device)
-    scales = torch.empty(shape, dtype=_E8M0, device=w.device)
+        return q, w.new_zeros(shape, dtype=_E8M0)
+    scales = w.new_empty(shape, dtype=_E8M0)
     _launch(target, w, q.transpose(1, 2), scales, None, mode, "blocked" if blocked else "plain")
     return q, scales
 

@@ -34,14 +34,18 @@ def _run_1x32(
     w: torch.Tensor, mode: str, blocked: bool, target: targets.DeviceTarget
 ) -> tuple[torch.Tensor, torch.Tensor]:
     experts, n, k = w.shape
-    q = w.new_empty(w.shape, dtype=torch.float8_e4m3fn)
-    scales = w.new_empty(scales_shape_3d(w.shape, "1x32", blocked), dtype=torch.float8_e8m0fnu)
-    if scales.numel():
-        flat_scales = scales.view(-1, scales.shape[-1])
-        layout = "experts" if blocked else "plain"
-        flat_w, flat_q = w.view(experts * n, k), q.view(experts * n, k)
-        launch_1x32(target, layout, flat_w, flat_q, flat_scales, mode, group_param=n)
-    return q, scales
+    # The kernel sees (E N, K) rows; per-expert scales S = (N, K/32), blocked (Rp, Cp) per expert
+    # (scales_shape_3d inlined). q and the scales are allocated flat and viewed 3-D on return.
+    rows = experts * n
+    if blocked:
+        scale_rows, scale_cols, layout = (n + 127) & -128, ((k >> 5) + 3) & -4, "experts"
+    else:
+        scale_rows, scale_cols, layout = n, k >> 5, "plain"
+    q = w.new_empty((rows, k), dtype=torch.float8_e4m3fn)
+    scales = w.new_empty((experts * scale_rows, scale_cols), dtype=torch.float8_e8m0fnu)
+    if rows and scale_cols:
+        launch_1x32(target, layout, w.view(rows, k), q, scales, mode, group_param=n)
+    return q.view(experts, n, k), scales.view(experts, scale_rows, scale_cols)
 
 
 def _run_kernel(

@@ -12,7 +12,7 @@ import torch
 from . import checks, reference, targets
 from .op import KernelOp
 from .quantize import scales_shape_1x32
-from .quantize_32x1 import quantize_2d_32x1_fake, scales_shape_32x1
+from .quantize_32x1 import quantize_2d_32x1_fake
 
 _OP = "quantize_mxfp8_2d_dual"
 _BLOCK = checks.BLOCK_SIZE
@@ -43,8 +43,15 @@ def _run_dual(
     blocked = blocked_scales or num_groups is not None
     q_r = x.new_empty((rows, cols), dtype=_E4M3)
     q_c = x.new_empty_strided((rows, cols), (1, rows), dtype=_E4M3)
-    shape_r = scales_shape_1x32((rows, cols), num_groups, blocked)
-    shape_c = scales_shape_32x1(rows, cols, num_groups, blocked)
+    # scales_shape_1x32 / scales_shape_32x1 inlined (hot path): S_r = (M, K/32), S_c = (K, M/32)
+    if num_groups is not None:
+        shape_r = (rows + 128 * num_groups, ((cols >> 5) + 3) & -4)
+        shape_c = ((cols + 127) & -128, (rows >> 5) + 4 * num_groups)
+    elif blocked:
+        shape_r = ((rows + 127) & -128, ((cols >> 5) + 3) & -4)
+        shape_c = ((cols + 127) & -128, ((rows >> 5) + 3) & -4)
+    else:
+        shape_r, shape_c = (rows, cols >> 5), (cols, rows >> 5)
     if rows == 0 or cols == 0:  # nothing to quantize: only padding bytes (zeros)
         return q_r, x.new_zeros(shape_r, dtype=_E8M0), q_c, x.new_zeros(shape_c, dtype=_E8M0)
     s_r = x.new_empty(shape_r, dtype=_E8M0)
