@@ -191,3 +191,17 @@ def test_overhead_measure_rows(monkeypatch: pytest.MonkeyPatch) -> None:
 
     row = bench_overhead.measure("x", boom, torch.device("cpu"))
     assert row["host_us"] is None and row["status"] == "raised NotImplementedError: later"
+
+
+def test_overhead_cpu_mock_runs_every_op(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from torch_bindings import targets
+
+    def once(fn, rounds=9) -> float:
+        fn()
+        return 1.0
+
+    monkeypatch.setattr(bench_overhead, "host_us_per_call", once)
+    monkeypatch.setattr(targets, "target", targets.target)  # cpu_mock replaces it: restored after
+    monkeypatch.setattr(targets, "_targets", dict(targets._targets))
+    monkeypatch.setattr(torch.cuda, "synchronize", torch.cuda.synchronize)
+    assert bench_overhead.main(["--cpu-mock", "--out", str(tmp_path)]) == 0
