@@ -364,6 +364,20 @@ class Quantize1x32Variant:
     layout: ScaleLayout
     max_groups: int = MAX_GROUPS
     num_sms: int = 0
+    #: 2: x and q (M, K), scales 2-D; 3 (``experts`` and ``plain``): w and q (E, N, K), scales
+    #: (E, R, C), flattened to rows inside the launcher, so the 3-D op makes no host-side views
+    #: per call; the device code is the rank-2 variant's (tests/test_quantize_compile.py).
+    rank: int = 2
+
+    def __post_init__(self) -> None:
+        if self.rank == 3 and self.layout not in (ScaleLayout.EXPERTS, ScaleLayout.PLAIN):
+            raise ValueError(f"rank 3 takes the experts or plain layout, got {self.layout.value}")
+
+
+def _rows_view(t: cute.Tensor) -> cute.Tensor:
+    """A row-major (E, R, C) tensor as (E R, C)."""
+    experts, rows, cols = t.shape
+    return cute.make_tensor(t.iterator, cute.make_layout((experts * rows, cols), stride=(t.stride[1], 1)))
 
 
 class Quantize1x32Kernel(Kernel):
@@ -404,12 +418,15 @@ class Quantize1x32Kernel(Kernel):
                 for layout in ScaleLayout:
                     for g in (SMALL_GROUPS, MAX_GROUPS) if layout.scans_groups else (MAX_GROUPS,):
                         out.append(Quantize1x32Variant(d, m, layout, g))
+                    if layout in (ScaleLayout.EXPERTS, ScaleLayout.PLAIN):  # the 3-D op's operands
+                        out.append(Quantize1x32Variant(d, m, layout, rank=3))
         return out
 
     @classmethod
     def target_name(cls, variant: Quantize1x32Variant) -> str:
-        """``quantize_1x32_<dtype>_<mode>_<layout>[_g<max groups>]``."""
+        """``quantize_1x32_<dtype>_<mode>_<layout>[_g<max groups>][_3d]``."""
         suffix = f"_g{variant.max_groups}" if variant.layout.scans_groups else ""
+        suffix += "_3d" if variant.rank == 3 else ""
         return f"{cls.name}_{variant.dtype}_{variant.mode}_{variant.layout.value}{suffix}"
 
     @classmethod
@@ -426,16 +443,18 @@ class Quantize1x32Kernel(Kernel):
         layout = variant.layout
         rows = cute.sym_int()
         cols = cute.sym_int(divisibility=BLOCK_SIZE)
+        lead = (cute.sym_int(),) if variant.rank == 3 else ()
+        order = (2, 1, 0) if variant.rank == 3 else (1, 0)
         x = cute.runtime.make_fake_compact_tensor(
-            DTYPES[variant.dtype], (rows, cols), stride_order=(1, 0), assumed_align=16
+            DTYPES[variant.dtype], (*lead, rows, cols), stride_order=order, assumed_align=16
         )
         q_rows = cute.sym_int() if layout is ScaleLayout.PADDED else rows
         q = cute.runtime.make_fake_compact_tensor(
-            Float8E4M3FN, (q_rows, cols), stride_order=(1, 0), assumed_align=16
+            Float8E4M3FN, (*lead, q_rows, cols), stride_order=order, assumed_align=16
         )
-        scale_shape = (cute.sym_int(), cute.sym_int())
+        scale_shape = (*lead, cute.sym_int(), cute.sym_int())
         scales = cute.runtime.make_fake_compact_tensor(
-            Float8E8M0FNU, scale_shape, stride_order=(1, 0), assumed_align=4
+            Float8E8M0FNU, scale_shape, stride_order=order, assumed_align=4
         )
         offsets = padded_start = padded_end = None
         if layout.scans_groups:
@@ -485,6 +504,8 @@ class Quantize1x32Kernel(Kernel):
         """Launch on ``stream``. ``scales``: (M, K/32) for ``plain``; otherwise blocked with 128-row
         blocks: (Rp, Cp), M-groups (M + 128 G, Cp), experts (E Rp, Cp) (the (E, Rp, Cp) tensor seen
         as 2-D), padded (padded rows + 128 G, Cp)."""
+        if cutlass.const_expr(self.variant.rank == 3):  # (E, N, K) operands: rows of all experts
+            x, q, scales = _rows_view(x), _rows_view(q), _rows_view(scales)
         config, warp_tiles = self.config, self.warp_tiles
         row_units = ceil_div(scales.shape[0], TILE_ROWS) * warp_tiles
         col_tiles = ceil_div(x.shape[1], TILE_K)

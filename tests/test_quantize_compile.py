@@ -39,6 +39,17 @@ def test_every_layout_and_dtype_is_registered():
         f"quantize_1x32_{d}_{m}_{layout}"
         for d in ("bfloat16", "float32")
         for m in ("floor", "rceil")
-        for layout in layouts
+        for layout in layouts | {"experts_3d", "plain_3d"}
     }
     assert set(TARGETS) == expected
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("layout", ["experts", "plain"])
+def test_rank_3_entry_has_the_rank_2_device_code(arch, layout):
+    """The 3-D op's entry flattens (E, N, K) to rows in the launcher: same instructions."""
+    from cute_utils.sass import cubin_of, disassemble, instruction_hash
+
+    name = f"quantize_1x32_bfloat16_rceil_{layout}"
+    hashes = [instruction_hash(disassemble(cubin_of(TARGETS[n](arch)))) for n in (name, name + "_3d")]
+    assert hashes[0] == hashes[1]

@@ -27,13 +27,15 @@ _E8M0 = torch.float8_e8m0fnu
 
 
 def _variant(key: tuple, target: targets.DeviceTarget):
-    """``key = ("quantize_1x32", torch dtype, mode, layout value, max groups)`` -> the kernel's
-    variant on ``target`` (its SM count sizes the grouped layouts' waves)."""
+    """``key = ("quantize_1x32", torch dtype, mode, layout value, max groups[, 3])`` -> the kernel's
+    variant on ``target`` (its SM count sizes the grouped layouts' waves; a trailing 3: the entry
+    taking (E, N, K) operands)."""
     from cute_kernels.quantize import Quantize1x32Variant, ScaleLayout
 
-    _, dtype, mode, layout, max_groups = key
+    dtype, mode, layout, max_groups = key[1:5]
+    rank = key[5] if len(key) > 5 else 2
     return Quantize1x32Variant(
-        str(dtype).removeprefix("torch."), mode, ScaleLayout(layout), max_groups, target.num_sms
+        str(dtype).removeprefix("torch."), mode, ScaleLayout(layout), max_groups, target.num_sms, rank
     )
 
 

@@ -12,7 +12,7 @@ import torch
 
 from . import checks, reference, targets
 from .op import KernelOp
-from .quantize import launch_1x32
+from .quantize import _KERNEL, _MAX_GROUPS, _variant
 from .quantize_32x1 import run_32x1_3d
 from .swizzle import blocked_output_shape
 
@@ -34,18 +34,18 @@ def _run_1x32(
     w: torch.Tensor, mode: str, blocked: bool, target: targets.DeviceTarget
 ) -> tuple[torch.Tensor, torch.Tensor]:
     experts, n, k = w.shape
-    # The kernel sees (E N, K) rows; per-expert scales S = (N, K/32), blocked (Rp, Cp) per expert
-    # (scales_shape_3d inlined). q and the scales are allocated flat and viewed 3-D on return.
-    rows = experts * n
+    # Per-expert scales S = (N, K/32), blocked (Rp, Cp) per expert (scales_shape_3d inlined). The
+    # kernel's rank-3 entry takes the (E, N, K) tensors as they are (it sees E N rows).
     if blocked:
-        scale_rows, scale_cols, layout = (n + 127) & -128, ((k >> 5) + 3) & -4, "experts"
+        shape, layout = (experts, (n + 127) & -128, ((k >> 5) + 3) & -4), "experts"
     else:
-        scale_rows, scale_cols, layout = n, k >> 5, "plain"
-    q = w.new_empty((rows, k), dtype=torch.float8_e4m3fn)
-    scales = w.new_empty((experts * scale_rows, scale_cols), dtype=torch.float8_e8m0fnu)
-    if rows and scale_cols:
-        launch_1x32(target, layout, w.view(rows, k), q, scales, mode, group_param=n)
-    return q.view(experts, n, k), scales.view(experts, scale_rows, scale_cols)
+        shape, layout = (experts, n, k >> 5), "plain"
+    q = w.new_empty((experts, n, k), dtype=torch.float8_e4m3fn)
+    scales = w.new_empty(shape, dtype=torch.float8_e8m0fnu)
+    if experts and shape[1] and shape[2]:
+        kernel = target.kernel((_KERNEL, w.dtype, mode, layout, _MAX_GROUPS, 3), _variant)
+        kernel(w, q, scales, None, None, None, n)
+    return q, scales
 
 
 def _run_kernel(
