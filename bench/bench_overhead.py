@@ -115,16 +115,22 @@ def _outputs(result: object) -> list[torch.Tensor]:
 
 def floor_of(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
     """The floor of the op ``fn`` calls: ``new_empty`` of each output's shape and dtype, then a bare
-    call of each kernel it launched with the arguments it passed."""
-    table = targets.target(device, "").kernels  # the device is registered: fn() ran on it
+    call of each kernel it launched with the arguments it passed. ``fn`` must already have run its
+    kernel path on ``device`` (the device's kernel table is borrowed and restored)."""
+    target = targets.known(torch.empty(0, device=device))
+    if target is None:
+        raise RuntimeError(f"no kernel ran on {device}: the op took the reference path")
+    table = target.kernels
     saved = dict(table)
-    table.clear()
-    result = fn()  # fills the table with this op's kernels only
-    recorders = {key: _Recorder(kernel) for key, kernel in table.items()}
-    table.update(recorders)
-    fn()
-    table.clear()
-    table.update(saved)
+    try:
+        table.clear()
+        result = fn()  # fills the table with this op's kernels only
+        recorders = {key: _Recorder(kernel) for key, kernel in table.items()}
+        table.update(recorders)
+        fn()
+    finally:
+        table.clear()
+        table.update(saved)
     calls = [(r.kernel, r.args) for r in recorders.values() if r.args is not None]
     like = [(t, tuple(t.shape), t.dtype) for t in _outputs(result)]
 
@@ -138,7 +144,9 @@ def floor_of(fn: Callable[[], object], device: torch.device) -> Callable[[], Non
 
 
 def _status(host_us: float, floor_us: float) -> str:
-    limit = max(RATIO * floor_us, CAP_US) if floor_us < SMALL_FLOOR_US else RATIO * floor_us
+    """SPEC section 6: at most ``RATIO`` x the floor, and at most ``CAP_US`` where the floor is under
+    ``SMALL_FLOOR_US`` (both must hold)."""
+    limit = RATIO * floor_us if floor_us >= SMALL_FLOOR_US else min(RATIO * floor_us, CAP_US)
     return "ok" if host_us <= limit else f"over {limit:.1f} us"
 
 
@@ -168,7 +176,6 @@ def cpu_mock() -> torch.device:
     target = targets.DeviceTarget("sm_90a", 132)
     target.kernels = _NoopKernels()
     targets._targets[-1] = target  # CPU tensors: get_device() == -1
-    targets.target = lambda device, arch: target  # floor_of's lookup
     torch.cuda.synchronize = lambda *args: None  # host_us_per_call's syncs
     return torch.device("cpu")
 

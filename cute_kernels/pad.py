@@ -27,8 +27,8 @@ Offsets are never trusted: ends are clamped to ``[0, rows]`` (see ``cute_utils.g
 read and write is bounded by the tensors' row counts, unpad clamps ``padded_start`` and zero-fills
 any row whose source would lie outside ``padded``. Garbage offsets give garbage rows, never a fault.
 
-All sizes are symbolic (M, D, P, N, G, the alignment): one compile per (op, element size, vector
-width, config, arch).
+All sizes are symbolic (M, D, P, N, G, the alignment): one compile per (op, dtype, vector width,
+config, arch); every dtype of one size compiles to the same instructions.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from cutlass import (
 from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import ceil_div
+from cute_utils.constants import PAD_KERNEL_DTYPES
 from cute_utils.groups import (
     MAX_GROUPS,
     find_group,
@@ -71,10 +72,11 @@ VECTOR_BYTES = 16
 #: Element types the kernels move, one per element size: padding copies bytes, so every dtype of 1,
 #: 2, 4 or 8 bytes runs as the integer type of its size (the bindings pass a same-size view).
 DTYPES = {"uint8": Uint8, "int16": Int16, "int32": Int32, "int64": Int64}
-#: Every element type a kernel may be compiled for: the carriers, plus common dtypes the bindings pass
-#: as they are (no host-side view per call). The data moves as words, so a dtype's instructions are
-#: those of its size's carrier (tests/test_pad_compile.py compares the hashes); SASS inspection
-#: compiles the carriers only.
+#: Every element type a kernel may be compiled for (``cute_utils.constants.PAD_KERNEL_DTYPES``, the
+#: list the bindings read): the carriers, plus common dtypes the bindings pass as they are (no
+#: host-side view per call). The data moves as words, so a dtype's instructions are those of its
+#: size's carrier (tests/test_pad_compile.py compares the hashes); SASS inspection compiles the
+#: carriers only.
 ELEMENT_TYPES = {
     **DTYPES,
     "int8": Int8,
@@ -86,6 +88,7 @@ ELEMENT_TYPES = {
     "float8_e5m2": Float8E5M2,
     "float8_e8m0fnu": Float8E8M0FNU,
 }
+assert set(ELEMENT_TYPES) == set(PAD_KERNEL_DTYPES), "cute_utils.constants.PAD_KERNEL_DTYPES"
 _WORD_BY_BYTES = {1: Uint8, 2: Uint16, 4: Uint32}
 
 

@@ -467,12 +467,6 @@ class Quantize1x32Kernel(Kernel):
         return x, q, scales, offsets, padded_start, padded_end, Int32(0), stream
 
     @staticmethod
-    def max_groups_for(num_groups: int) -> int:
-        """The variant's ``max_groups`` for ``num_groups`` groups: small scan arrays up to
-        ``SMALL_GROUPS``, else ``MAX_GROUPS``."""
-        return SMALL_GROUPS if num_groups <= SMALL_GROUPS else MAX_GROUPS
-
-    @staticmethod
     def can_implement(cols: int, num_groups: int | None, *data_ptrs: int) -> bool:
         """K a multiple of 32, at most ``MAX_GROUPS`` groups (grouped layouts), and x and q (their
         ``data_ptrs``) 16-byte aligned: the kernel's vector accesses."""
@@ -492,9 +486,9 @@ class Quantize1x32Kernel(Kernel):
     @cute.jit
     def __call__(
         self,
-        x: cute.Tensor,  # (M, K) bf16/fp32 row-major, K % 32 == 0, 16-byte aligned
-        q: cute.Tensor,  # Float8E4M3FN (M, K), or (padded rows, K) for ``padded``
-        scales: cute.Tensor,  # Float8E8M0FNU, 4-byte aligned (see below)
+        x: cute.Tensor,  # (M, K) bf16/fp32 row-major, K % 32 == 0, 16-byte aligned (rank 3: (E, N, K))
+        q: cute.Tensor,  # Float8E4M3FN (M, K), or (padded rows, K) for ``padded`` (rank 3: (E, N, K))
+        scales: cute.Tensor,  # Float8E8M0FNU, 4-byte aligned (see below; rank 3: (E, R, C))
         offsets,  # Int32 (G,) row end offsets for ``m_groups`` and ``padded``, else None
         padded_start,  # Int32 (G,) output for ``padded`` (written by CTA 0), else None
         padded_end,  # Int32 (G,) output for ``padded`` (written by CTA 0), else None

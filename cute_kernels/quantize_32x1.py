@@ -211,10 +211,29 @@ class Quantize32x1Variant:
     dtype: str
     mode: str
     layout: ScaleLayout
+    #: 3: (E, M, K) operands; 2: one matrix's x (M, K), q (M, K) column-major and 2-D scales, seen
+    #: by the launcher as E = 1 operands (no host-side views per call; the device code is the
+    #: rank-3 variant's: tests/test_quantize_32x1_compile.py).
+    rank: int = 3
 
     def __post_init__(self) -> None:
+        if self.rank not in (2, 3):
+            raise ValueError(f"rank must be 2 or 3, got {self.rank}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be 'floor' or 'rceil', got {self.mode!r}")
+
+
+def _one_expert(t: cute.Tensor, divby: int, transpose: bool = False) -> cute.Tensor:
+    """A 2-D operand as the kernel's (1, R, C) one: row-major (R, C) ``t``, or with ``transpose`` a
+    column-major (C, R) ``t`` seen as its row-major (R, C) transpose. The leading extent is a
+    dynamic 1 and its stride a 64-bit R C divisible by ``divby``: the types of a 3-D operand's
+    layout, so the kernel compiles to the rank-3 variant's instructions."""
+    cols, rows = t.shape if transpose else t.shape[::-1]
+    row_stride = t.stride[1] if transpose else t.stride[0]
+    wide = cutlass.Int64(rows) * cols
+    stride = cute.assume(wide, divby=divby) if divby > 1 else wide
+    layout = cute.make_layout((Int32(1), rows, cols), stride=(stride, row_stride, 1))
+    return cute.make_tensor(t.iterator, layout)
 
 
 @dataclass(frozen=True)
@@ -258,28 +277,37 @@ class Quantize32x1Kernel(Kernel):
 
     @classmethod
     def variants(cls) -> list[Quantize32x1Variant]:
-        return [Quantize32x1Variant(d, m, layout) for d in DTYPES for m in MODES for layout in ScaleLayout]
+        return [
+            Quantize32x1Variant(d, m, layout, rank)
+            for d in DTYPES
+            for m in MODES
+            for layout in ScaleLayout
+            for rank in (3, 2)
+        ]
 
     @classmethod
     def target_name(cls, variant: Quantize32x1Variant) -> str:
-        return f"{cls.name}_{variant.dtype}_{variant.mode}_{variant.layout.value}"
+        suffix = "_2d" if variant.rank == 2 else ""
+        return f"{cls.name}_{variant.dtype}_{variant.mode}_{variant.layout.value}{suffix}"
 
     @classmethod
     def fake_arguments(cls, variant: Quantize32x1Variant) -> tuple:
         """Fake tensors (E, M, K, scale shapes and G symbolic; M and K multiples of 32) and the env
         stream."""
-        experts = cute.sym_int()
         rows, cols = cute.sym_int(divisibility=BLOCK_SIZE), cute.sym_int(divisibility=BLOCK_SIZE)
-        x = cute.runtime.make_fake_compact_tensor(
-            DTYPES[variant.dtype], (experts, rows, cols), stride_order=(2, 1, 0), assumed_align=16
-        )
-        qt = cute.runtime.make_fake_compact_tensor(
-            Float8E4M3FN, (experts, cols, rows), stride_order=(2, 1, 0), assumed_align=16
-        )
-        scale_shape = (experts, cute.sym_int(), cute.sym_int())
-        scales = cute.runtime.make_fake_compact_tensor(
-            Float8E8M0FNU, scale_shape, stride_order=(2, 1, 0), assumed_align=16
-        )
+
+        def fake(dtype, shape, order):
+            return cute.runtime.make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=16)
+
+        if variant.rank == 3:
+            experts = cute.sym_int()
+            x = fake(DTYPES[variant.dtype], (experts, rows, cols), (2, 1, 0))
+            qt = fake(Float8E4M3FN, (experts, rows, cols), (2, 0, 1))  # q: (N K, 1, N) strides
+            scales = fake(Float8E8M0FNU, (experts, cute.sym_int(), cute.sym_int()), (2, 1, 0))
+        else:  # x (M, K) row-major, q (M, K) column-major (strides (1, M)), scales 2-D
+            x = fake(DTYPES[variant.dtype], (rows, cols), (1, 0))
+            qt = fake(Float8E4M3FN, (rows, cols), (0, 1))
+            scales = fake(Float8E8M0FNU, (cute.sym_int(), cute.sym_int()), (1, 0))
         offsets = None
         if variant.layout is ScaleLayout.K_GROUPS:
             offsets = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
@@ -296,12 +324,18 @@ class Quantize32x1Kernel(Kernel):
     @cute.jit
     def __call__(
         self,
-        x: cute.Tensor,  # (E, M, K) bf16/fp32 row-major, M and K multiples of 32
-        qt: cute.Tensor,  # (E, K, M) Float8E4M3FN row-major: q^T
-        scales: cute.Tensor,  # E8M0 (E, K, M/32) plain, (E, Rp, Cp) blocked, (1, Rp, M/32 + 4 G) k_groups
+        x: cute.Tensor,  # (E, M, K) bf16/fp32 row-major, M and K multiples of 32 (rank 2: (M, K))
+        qt: cute.Tensor,  # Float8E4M3FN q (E, M, K), strides (M K, 1, M) (rank 2: (M, K), strides (1, M))
+        scales: cute.Tensor,  # E8M0 (E, K, M/32) plain, (E, Rp, Cp) blocked, (1, Rp, M/32 + 4 G)
+        # k_groups (rank 2: the same without E)
         offsets,  # Int32 (G,) row end offsets (k_groups), else None
         stream,
     ):
+        if cutlass.const_expr(self.variant.rank == 2):  # one matrix: x (M, K), q (M, K) column-major
+            x, qt = _one_expert(x, 1024), _one_expert(qt, 1024, transpose=True)
+            scales = _one_expert(scales, 1)
+        else:  # q (E, M, K) with strides (M K, 1, M), seen as its row-major transpose (E, K, M)
+            qt = cute.make_tensor(qt.iterator, cute.select(qt.layout, mode=[0, 2, 1]))
         experts, rows, cols = x.shape
         row_tiles = ceil_div(rows, TILE_M)
         col_tiles = ceil_div(cols, TILE_K)

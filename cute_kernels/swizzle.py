@@ -62,7 +62,7 @@ from cute_utils.blocked import (
     funnel_word,
     store_chunk,
 )
-from cute_utils.constants import MAX_GROUPS
+from cute_utils.constants import MAX_GROUPS, SWIZZLE_WIDE_MAX_BYTES
 from cute_utils.groups import (
     find_group,
     m_groups_row_block,
@@ -110,7 +110,7 @@ class SwizzleConfig:
 
 #: Grouped scales of at most this many bytes (and more than 64 columns) take the 128-column window
 #: (``SwizzleVariant.wide``; the reasons are in ``cute_kernels/configs/sm90.py``).
-WIDE_MAX_BYTES = 64 << 20
+WIDE_MAX_BYTES = SWIZZLE_WIDE_MAX_BYTES
 #: Source columns left of its padded position that a K-groups window's prefetch also takes.
 K_GROUPS_PREFETCH_SLACK = 64
 

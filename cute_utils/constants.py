@@ -13,3 +13,22 @@ TILE_COLS = 4
 MAX_GROUPS = 2048
 #: Group count up to which the 1x32 M-groups kernel uses its variant with small scan arrays.
 SMALL_GROUPS = 64
+#: dtypes (torch names) the pad / unpad kernels are compiled for as they are; any other dtype of 1,
+#: 2, 4 or 8 bytes runs as the integer carrier of its size (uint8, int16, int32, int64).
+PAD_KERNEL_DTYPES = (
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "bfloat16",
+    "float16",
+    "float32",
+    "float64",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e8m0fnu",
+)
+#: The swizzle's 128-column window is taken for grouped scales of more than 64 columns and at most
+#: this many bytes (notes/swizzle-grouped-window-and-prefetch.md).
+SWIZZLE_WIDE_MAX_BYTES = 64 << 20

@@ -108,3 +108,31 @@ def test_unpad_num_tokens_checked(num_tokens, error, match):
     start = torch.tensor([0, 16], dtype=torch.int32)
     with pytest.raises(error, match=match):
         torch_bindings.unpad_token_groups(padded, ends, start, num_tokens=num_tokens)
+
+
+@pytest.mark.parametrize(
+    "dtype,carrier,width",
+    [
+        ("bfloat16", "int16", 16),
+        ("float16", "int16", 2),
+        ("float8_e4m3fn", "uint8", 16),
+        ("int8", "uint8", 1),
+        ("float32", "int32", 4),
+        ("float64", "int64", 8),
+    ],
+)
+def test_dtype_kernels_have_the_carrier_instructions(dtype, carrier, width):
+    """Bindings compile pad / unpad per dtype (no carrier view per call): the same instructions."""
+    from cute_kernels import registry
+    from cute_kernels.pad import ELEMENT_TYPES, RowGatherVariant
+    from cute_utils.constants import PAD_KERNEL_DTYPES
+    from cute_utils.sass import compile_options, cubin_of, disassemble, instruction_hash
+
+    assert set(ELEMENT_TYPES) == set(PAD_KERNEL_DTYPES) and dtype in PAD_KERNEL_DTYPES
+    entry = registry.entry("pad")
+
+    def hash_of(name: str) -> str:
+        compiled = entry.compile(RowGatherVariant(name, width), "sm_90a", options=compile_options("sm_90a"))
+        return instruction_hash(disassemble(cubin_of(compiled)))
+
+    assert hash_of(dtype) == hash_of(carrier)

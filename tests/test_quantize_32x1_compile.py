@@ -38,7 +38,18 @@ def test_every_variant_is_registered():
         for m in ("floor", "rceil")
         for layout in ("plain", "blocked", "k_groups")
     }
-    assert set(TARGETS) == single
+    assert set(TARGETS) == single | {name + "_2d" for name in single}
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("layout", ["plain", "blocked", "k_groups"])
+def test_rank_2_entry_has_the_rank_3_device_code(arch, layout):
+    """The 2-D op's entry turns (M, K) operands into E = 1 ones in the launcher: same instructions."""
+    from cute_utils.sass import cubin_of, disassemble, instruction_hash
+
+    name = f"quantize_32x1_bfloat16_rceil_{layout}"
+    hashes = [instruction_hash(disassemble(cubin_of(TARGETS[n](arch)))) for n in (name, name + "_2d")]
+    assert hashes[0] == hashes[1]
 
 
 def test_limits_and_variants():
@@ -47,7 +58,7 @@ def test_limits_and_variants():
 
     variant = Quantize32x1Variant("bfloat16", "rceil", ScaleLayout.K_GROUPS)
     assert Quantize32x1Kernel.target_name(variant) == "quantize_32x1_bfloat16_rceil_k_groups"
-    assert len(Quantize32x1Kernel.variants()) == 12
+    assert len(Quantize32x1Kernel.variants()) == 24
     assert Quantize32x1Kernel.can_implement(64, 96) and Quantize32x1Kernel.can_implement(32, 32, MAX_GROUPS)
     assert not Quantize32x1Kernel.can_implement(48, 32)  # M % 32
     assert not Quantize32x1Kernel.can_implement(32, 48)  # K % 32

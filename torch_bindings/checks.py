@@ -47,6 +47,16 @@ __all__ = [
     "check_swizzle",
     "check_tensor",
     "check_unpad",
+    "check_quantize_fp8_2d",
+    "check_quantize_fp8_2d_dual",
+    "check_quantize_fp8_3d",
+    "FP8_AXES_2D",
+    "FP8_AXES_3D",
+    "MAX_KERNEL_GROUPS",
+    "fast_offsets_ok",
+    "fast_pad_ok",
+    "fast_quantize_ok",
+    "fast_unpad_ok",
     "unpad_row_count",
     "describe",
 ]
@@ -274,30 +284,8 @@ _SWIZZLE_DTYPES = frozenset(SCALE_DTYPES)
 
 def check_swizzle(scales: Any, group_end_offsets: Any, groups: Any, *, op: str = "swizzle_scales") -> None:
     """``swizzle_scales``: scales 2-D (R, C) or 3-D (E, R, C), E8M0 or uint8, contiguous; offsets only
-    with 2-D scales; groups in ("M", "K")."""
-    # Eager fast path (host overhead): accept valid arguments with a handful of metadata reads; any
-    # doubt falls through to the full checks below, which raise the errors.
-    if (
-        isinstance(scales, torch.Tensor)
-        and type(groups) is str
-        and (groups == "M" or groups == "K")
-        and scales.dtype in _SWIZZLE_DTYPES
-        and scales.is_contiguous()
-    ):
-        ndim = scales.dim()
-        if group_end_offsets is None:
-            if ndim == 2 or ndim == 3:
-                return
-        elif (
-            ndim == 2
-            and isinstance(group_end_offsets, torch.Tensor)
-            and group_end_offsets.dtype == OFFSETS_DTYPE
-            and group_end_offsets.dim() == 1
-            and group_end_offsets.numel() > 0
-            and group_end_offsets.is_contiguous()
-            and group_end_offsets.device == scales.device
-        ):
-            return
+    with 2-D scales; groups in ("M", "K"). (The eager fast path's cheaper test is
+    ``torch_bindings.swizzle._fast_ok``.)"""
     _check_swizzle_full(scales, group_end_offsets, groups, op)
 
 
@@ -424,6 +412,7 @@ def fast_quantize_ok(x: Any, ndim: int, scaling_mode: Any, blocked_scales: Any) 
         and x.dtype in _QUANT_DTYPE_SET
         and x.dim() == ndim
         and not x.shape[-1] % BLOCK_SIZE
+        and type(scaling_mode) is str
         and (scaling_mode == "rceil" or scaling_mode == "floor")
         and (blocked_scales is True or blocked_scales is False)
         and x.is_contiguous()
@@ -439,6 +428,7 @@ def fast_offsets_ok(offsets: Any, x: torch.Tensor) -> bool:
         and offsets.numel() > 0
         and offsets.is_contiguous()
         and offsets.get_device() == x.get_device()
+        and offsets.is_cuda == x.is_cuda  # same index, other device type (cpu/meta: both -1)
     )
 
 

@@ -58,9 +58,9 @@ def _source_fingerprint() -> str:
 
         digest = hashlib.sha256(f"{_PACKAGE_VERSION}|{cutlass.__version__}|{sys.version_info[:2]}".encode())
         root = Path(__file__).resolve().parent.parent
-        for package in _SOURCE_PACKAGES:
-            for path in sorted((root / package).glob("*.py")):
-                digest.update(path.name.encode())
+        for package in _SOURCE_PACKAGES:  # every module, subpackages (configs/, experimental/) too
+            for path in sorted((root / package).rglob("*.py")):
+                digest.update(str(path.relative_to(root)).encode())
                 digest.update(path.read_bytes())
         _fingerprint = digest.hexdigest()
     return _fingerprint

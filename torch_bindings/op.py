@@ -45,15 +45,16 @@ class KernelOp:
     def dispatch(self, backend: str, *args: Any) -> Any:
         """Run the op on ``args`` with ``backend`` (a method with positional arguments: the fastest
         call Python has, ~0.3 us less than ``__call__`` with a keyword)."""
-        if (backend == "auto" or backend == "cute") and self.fast_ok(*args):
+        compiling = torch.compiler.is_compiling()  # first: dynamo must not guard on the tables
+        if not compiling and (backend == "auto" or backend == "cute") and self.fast_ok(*args):
             target = targets.known(args[0])
-            if target is not None and not torch.compiler.is_compiling():  # eager fast path
+            if target is not None:  # eager fast path
                 return self.run(target, *args)
         self.check(*args)
         target = targets.select(self.name, backend, args[0])
         if target is None:
             return self.reference(*args)
-        if torch.compiler.is_compiling():
+        if compiling:
             return self.custom_op(*args)
         return self.run(target, *args)
 

@@ -3,13 +3,17 @@
 One launch per call, no host-device sync (except ``unpad_token_groups(..., num_tokens=None)``, which
 must read the output row count from the device: training loops pass ``num_tokens``). Each call picks
 the widest vector (16 bytes, 4 bytes or one element) that divides the row size in bytes and both
-data pointers; kernels are compiled once per (op, element size, vector width, arch) with symbolic
-sizes: padding copies bytes, so every dtype of 1, 2, 4 or 8 bytes runs as the integer type of its size.
+data pointers; kernels are compiled once per (op, dtype, vector width, arch) with symbolic sizes.
+Padding copies bytes: the common dtypes (``cute_utils.constants.PAD_KERNEL_DTYPES``) have kernels
+of their own, passed without a view, and any other dtype of 1, 2, 4 or 8 bytes runs as the integer
+type of its size; both compile to the same instructions.
 """
 
 from __future__ import annotations
 
 import torch
+
+from cute_utils.constants import PAD_KERNEL_DTYPES
 
 from . import checks, reference, targets
 from .op import KernelOp
@@ -17,16 +21,14 @@ from .op import KernelOp
 _PAD = "pad_token_groups"
 _UNPAD = "unpad_token_groups"
 _VECTOR_BYTES = (16, 4)  # then one element: cute_kernels.pad.vector_widths
-#: dtypes with kernels of their own (cute_kernels.pad.ELEMENT_TYPES); others run as their carrier.
-_KERNEL_DTYPES = frozenset(
-    (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bfloat16, torch.float16)
-    + (torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu)
-)
+#: dtypes with kernels of their own (cute_utils.constants.PAD_KERNEL_DTYPES); others run as their
+#: integer carrier.
+_KERNEL_DTYPES = frozenset(getattr(torch, name) for name in PAD_KERNEL_DTYPES)
 _MAX_GROUPS = checks.MAX_KERNEL_GROUPS
 
 
 def _variant(key: tuple, target: targets.DeviceTarget):
-    """``key = (registry name, integer carrier dtype, vector bytes)`` -> the kernel's variant."""
+    """``key = (registry name, torch dtype, vector bytes)`` -> the kernel's variant."""
     from cute_kernels.pad import RowGatherVariant
 
     return RowGatherVariant(str(key[1]).removeprefix("torch."), key[2])

@@ -1,16 +1,16 @@
 """``quantize_mxfp8_2d``: PyTorch entry point of the 1x32 quantization kernel (``cute_kernels.quantize``).
 
 The 32x1 block runs ``cute_kernels.quantize_32x1`` through ``torch_bindings.quantize_32x1``.
-``launch_1x32`` is the one launcher of the 1x32 kernel (also used by ``pad_quantize`` and
-``quantize_3d``): its key ``("quantize_1x32", dtype, mode, layout, max groups)`` finds the compiled
-kernel in the device's table; the variant (and the kernel module) is built only on a miss.
+The 1x32 kernel's key in a device's table is ``("quantize_1x32", dtype, mode, layout, max groups)``
+(``launch_1x32``, also used by ``pad_quantize``), with a trailing 3 for the entry that takes
+``quantize_3d``'s (E, N, K) operands; the variant (and the kernel module) is built only on a miss.
 """
 
 from __future__ import annotations
 
 import torch
 
-from cute_utils.constants import SMALL_GROUPS
+from cute_utils.constants import BLOCK_SIZE, SMALL_GROUPS
 
 from . import checks, reference, targets
 from .op import KernelOp
@@ -18,15 +18,15 @@ from .quantize_32x1 import quantize_2d_32x1_op, run_32x1_2d
 from .swizzle import blocked_output_shape
 
 _OP = "quantize_mxfp8_2d"
-_KERNEL = "quantize_1x32"  # cute_kernels.registry name
-_MAX_GROUPS = checks.MAX_KERNEL_GROUPS
+KERNEL = "quantize_1x32"  # cute_kernels.registry name
+MAX_GROUPS = checks.MAX_KERNEL_GROUPS
 _SMALL_GROUPS = SMALL_GROUPS  # the M-groups variant with small scan arrays
-_BLOCK = 32
+_BLOCK = BLOCK_SIZE
 _E4M3 = torch.float8_e4m3fn
 _E8M0 = torch.float8_e8m0fnu
 
 
-def _variant(key: tuple, target: targets.DeviceTarget):
+def variant_of(key: tuple, target: targets.DeviceTarget):
     """``key = ("quantize_1x32", torch dtype, mode, layout value, max groups[, 3])`` -> the kernel's
     variant on ``target`` (its SM count sizes the grouped layouts' waves; a trailing 3: the entry
     taking (E, N, K) operands)."""
@@ -49,10 +49,10 @@ def scales_shape_1x32(x_shape: tuple, num_groups: int | None, blocked: bool) -> 
 
 def _max_groups(group_end_offsets: torch.Tensor | None) -> int:
     """Group capacity of the kernel variant for these offsets (small scan arrays when G <= 64;
-    ``Quantize1x32Kernel.max_groups_for``)."""
+    ``cute_utils.constants.SMALL_GROUPS``)."""
     if group_end_offsets is not None and group_end_offsets.shape[0] <= _SMALL_GROUPS:
         return _SMALL_GROUPS
-    return _MAX_GROUPS
+    return MAX_GROUPS
 
 
 def launch_1x32(
@@ -69,7 +69,7 @@ def launch_1x32(
 ) -> None:
     """Launch the 1x32 kernel variant ``layout`` (``cute_kernels.quantize.ScaleLayout`` value) on
     pre-allocated outputs; argument contract in ``cute_kernels.quantize.Quantize1x32Kernel.__call__``."""
-    kernel = target.kernel((_KERNEL, x.dtype, mode, layout, _max_groups(group_end_offsets)), _variant)
+    kernel = target.kernel((KERNEL, x.dtype, mode, layout, _max_groups(group_end_offsets)), variant_of)
     kernel(x, q, scales, group_end_offsets, padded_start, padded_end, group_param)
 
 
@@ -89,13 +89,13 @@ def run_1x32_2d(
         layout, shape = "m_groups", (rows + 128 * group_end_offsets.shape[0], padded_cols)
         key_groups = _max_groups(group_end_offsets)
     elif blocked:
-        layout, shape, key_groups = "blocked", ((rows + 127) & -128, padded_cols), _MAX_GROUPS
+        layout, shape, key_groups = "blocked", ((rows + 127) & -128, padded_cols), MAX_GROUPS
     else:
-        layout, shape, key_groups = "plain", (rows, cols >> 5), _MAX_GROUPS
+        layout, shape, key_groups = "plain", (rows, cols >> 5), MAX_GROUPS
     q = x.new_empty((rows, cols), dtype=_E4M3)
     scales = x.new_empty(shape, dtype=_E8M0)
     if shape[0] and cols:
-        kernel = target.kernel((_KERNEL, x.dtype, mode, layout, key_groups), _variant)
+        kernel = target.kernel((KERNEL, x.dtype, mode, layout, key_groups), variant_of)
         kernel(x, q, scales, group_end_offsets, None, None, 0)
     return q, scales
 
@@ -123,6 +123,7 @@ def _quantize_fake(
 def _fast_ok(x, block, group_end_offsets, scaling_mode, blocked_scales) -> bool:
     return (
         checks.fast_quantize_ok(x, 2, scaling_mode, blocked_scales)
+        and type(block) is str
         and (block == "1x32" or (block == "32x1" and not x.shape[0] % _BLOCK))
         and (group_end_offsets is None or (blocked_scales and checks.fast_offsets_ok(group_end_offsets, x)))
     )

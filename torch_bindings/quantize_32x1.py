@@ -12,22 +12,25 @@ from __future__ import annotations
 
 import torch
 
+from cute_utils.constants import BLOCK_SIZE
+
 from . import checks, targets
 from .swizzle import blocked_output_shape
 
 _OP_2D = "quantize_mxfp8_2d"
 _OP_3D = "quantize_mxfp8_3d"
-_BLOCK = 32
+_BLOCK = BLOCK_SIZE
 _E4M3 = torch.float8_e4m3fn
 _E8M0 = torch.float8_e8m0fnu
 
 
 def _variant(key: tuple, target: targets.DeviceTarget):
-    """``key = ("quantize_32x1", torch dtype, mode, layout name)`` -> the kernel's variant."""
+    """``key = ("quantize_32x1", torch dtype, mode, layout name, rank)`` -> the kernel's variant
+    (rank 2: one matrix's operands as they are; rank 3: expert weights)."""
     from cute_kernels.quantize_32x1 import Quantize32x1Variant, ScaleLayout
 
-    _, dtype, mode, layout = key
-    return Quantize32x1Variant(str(dtype).removeprefix("torch."), mode, ScaleLayout(layout))
+    _, dtype, mode, layout, rank = key
+    return Quantize32x1Variant(str(dtype).removeprefix("torch."), mode, ScaleLayout(layout), rank)
 
 
 def scales_shape_32x1(rows: int, cols: int, num_groups: int | None, blocked: bool) -> tuple:
@@ -38,9 +41,11 @@ def scales_shape_32x1(rows: int, cols: int, num_groups: int | None, blocked: boo
     return blocked_output_shape((cols, rows // _BLOCK), num_groups, "K")
 
 
-def _launch(target: targets.DeviceTarget, x3, qt3, scales3, offsets, mode: str, layout: str) -> None:
-    """Run the kernel on (E, M, K) x, (E, K, M) q^T and (E, R, C) scales."""
-    target.kernel(("quantize_32x1", x3.dtype, mode, layout), _variant)(x3, qt3, scales3, offsets)
+def _launch(target: targets.DeviceTarget, x, q, scales, offsets, mode: str, layout: str) -> None:
+    """Run the kernel on the public tensors: rank 3, (E, M, K) x and q (strides (M K, 1, M)) and
+    (E, R, C) scales; rank 2, (M, K) x and q (strides (1, M)) and 2-D scales."""
+    key = ("quantize_32x1", x.dtype, mode, layout, x.dim())
+    target.kernel(key, _variant)(x, q, scales, offsets)
 
 
 def run_32x1_2d(
@@ -67,9 +72,7 @@ def run_32x1_2d(
     if rows == 0 or cols == 0:  # nothing to quantize: only padding bytes (zeros)
         return q, x.new_zeros(shape, dtype=_E8M0)
     scales = x.new_empty(shape, dtype=_E8M0)
-    # The kernel takes (E, M, K) x, (E, K, M) q^T and (E, R, C) scales: E = 1 views.
-    qt3 = q.as_strided((1, cols, rows), (rows * cols, rows, 1))
-    _launch(target, x[None], qt3, scales[None], group_end_offsets, mode, layout)
+    _launch(target, x, q, scales, group_end_offsets, mode, layout)  # the rank-2 entry: no views
     return q, scales
 
 
@@ -89,7 +92,7 @@ def run_32x1_3d(
     if experts == 0 or rows == 0 or cols == 0:
         return q, w.new_zeros(shape, dtype=_E8M0)
     scales = w.new_empty(shape, dtype=_E8M0)
-    _launch(target, w, q.transpose(1, 2), scales, None, mode, "blocked" if blocked else "plain")
+    _launch(target, w, q, scales, None, mode, "blocked" if blocked else "plain")  # no views
     return q, scales
 
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import torch
 
+from cute_utils.constants import BLOCK_SIZE
+
 from . import checks, reference, targets
 from .op import KernelOp
-from .quantize import _KERNEL, _MAX_GROUPS, _variant
+from .quantize import KERNEL, MAX_GROUPS, variant_of
 from .quantize_32x1 import run_32x1_3d
 from .swizzle import blocked_output_shape
 
 _OP = "quantize_mxfp8_3d"
-_BLOCK = 32
+_BLOCK = BLOCK_SIZE
 
 
 def scales_shape_3d(w_shape: tuple, block: str, blocked: bool) -> tuple:
@@ -43,7 +45,7 @@ def _run_1x32(
     q = w.new_empty((experts, n, k), dtype=torch.float8_e4m3fn)
     scales = w.new_empty(shape, dtype=torch.float8_e8m0fnu)
     if experts and shape[1] and shape[2]:
-        kernel = target.kernel((_KERNEL, w.dtype, mode, layout, _MAX_GROUPS, 3), _variant)
+        kernel = target.kernel((KERNEL, w.dtype, mode, layout, MAX_GROUPS, 3), variant_of)
         kernel(w, q, scales, None, None, None, n)
     return q, scales
 
@@ -81,7 +83,8 @@ def _quantize_3d_fake(
 
 def _fast_ok(w, block, scaling_mode, blocked_scales) -> bool:
     return (
-        (block == "1x32" or block == "32x1")
+        type(block) is str
+        and (block == "1x32" or block == "32x1")
         and checks.fast_quantize_ok(w, 3, scaling_mode, blocked_scales)
         and (block == "1x32" or not w.shape[1] % 32)
     )

@@ -644,6 +644,19 @@ def _fp8_rows(x: Tensor, round_scales: bool) -> tuple[Tensor, Tensor]:
     return q, scales
 
 
+def _fp8_cols(x: Tensor, round_scales: bool) -> tuple[Tensor, Tensor]:
+    """Column scales of (R, K): q (R, K) **row-major**, scales (K,) fp32; column chunks bound the
+    temporaries."""
+    r, k = x.shape
+    q = torch.empty((r, k), dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(k, dtype=torch.float32, device=x.device)
+    step = max(1, _CHUNK_ELEMS // max(r, 1))
+    for c0 in range(0, k, step):
+        qc, sc = _fp8_along(x[:, c0 : c0 + step], 0, round_scales)
+        q[:, c0 : c0 + step], scales[c0 : c0 + step] = qc, sc.view(-1)
+    return q, scales
+
+
 def _fp8_group_cols(x: Tensor, ends: list[int], round_scales: bool) -> tuple[Tensor, Tensor]:
     """Column scales per row group of (M, K): q (M, K) **row-major** (rows past the last group are 0)
     and scales (G*K,) group-major; an empty group's scales are 1.0."""
@@ -653,8 +666,7 @@ def _fp8_group_cols(x: Tensor, ends: list[int], round_scales: bool) -> tuple[Ten
     start = 0
     for g, end in enumerate(ends):
         if end > start:
-            qg, sg = _fp8_along(x[start:end], 0, round_scales)
-            q[start:end], scales[g * k : (g + 1) * k] = qg, sg.view(-1)
+            q[start:end], scales[g * k : (g + 1) * k] = _fp8_cols(x[start:end], round_scales)
         start = end
     return q, scales
 
@@ -683,8 +695,8 @@ def quantize_fp8_2d(
     if axis == "row":
         return _fp8_rows(x, round_scales_to_power_of_2)
     if group_end_offsets is None:
-        q, scales = _fp8_along(x, 0, round_scales_to_power_of_2)
-        return _col_major(q), scales.view(-1)
+        q, scales = _fp8_cols(x, round_scales_to_power_of_2)
+        return _col_major(q), scales
     check_group_end_offsets(group_end_offsets, x.shape[0])
     ends = group_end_offsets.tolist()
     q, scales = _fp8_group_cols(x, ends, round_scales_to_power_of_2)
@@ -722,7 +734,6 @@ def quantize_fp8_3d(
     q = torch.empty_strided((e, n, k), (n * k, 1, n), dtype=torch.float8_e4m3fn, device=w.device)
     scales = torch.empty((e, k), dtype=torch.float32, device=w.device)
     for i in range(e):
-        qi, si = _fp8_along(w[i], 0, round_scales_to_power_of_2)
+        qi, scales[i] = _fp8_cols(w[i], round_scales_to_power_of_2)
         q[i].copy_(qi)
-        scales[i] = si.view(-1)
     return q, scales

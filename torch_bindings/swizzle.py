@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from cute_utils.constants import MAX_GROUPS, TILE_COLS, TILE_ROWS
+from cute_utils.constants import MAX_GROUPS, SWIZZLE_WIDE_MAX_BYTES, TILE_COLS, TILE_ROWS
 
 from . import checks, reference, targets
 from .op import KernelOp
@@ -36,7 +36,6 @@ _E8M0 = torch.float8_e8m0fnu
 _LAYOUTS = ("plain", "plain", "m_groups", "k_groups")  # by (code & 7) >> 1 (1: 3-D plain)
 _WIDE = 8  # code bit: the layout's 128-column-window config (cute_kernels.swizzle.wide_window)
 _RAGGED = 16  # code bit: raw-word loads of a source that ends inside an aligned word
-_WIDE_MAX_BYTES = 64 << 20  # cute_kernels.swizzle.WIDE_MAX_BYTES
 #: The kernel-table key of each variant code (built once: no tuple per call).
 _KEYS = tuple(("swizzle", code) for code in range(2 * _RAGGED))
 _SCALE_DTYPES = frozenset(checks.SCALE_DTYPES)
@@ -45,7 +44,7 @@ _SCALE_DTYPES = frozenset(checks.SCALE_DTYPES)
 def wide_window(rows: int, cols: int) -> bool:
     """Whether grouped (rows, cols) scales take the wide-window kernel: the host-side copy of
     ``cute_kernels.swizzle.wide_window`` (the hot path does not import the kernel modules)."""
-    return cols > 64 and rows * cols <= _WIDE_MAX_BYTES
+    return cols > 64 and rows * cols <= SWIZZLE_WIDE_MAX_BYTES
 
 
 def _variant(key: tuple, target: targets.DeviceTarget):
