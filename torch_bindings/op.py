@@ -18,6 +18,8 @@ import torch
 
 from . import targets
 
+_TARGETS = targets._targets  # device index -> DeviceTarget (the dict object never changes)
+
 
 def _never(*args: Any) -> bool:
     return False
@@ -47,7 +49,7 @@ class KernelOp:
         call Python has, ~0.3 us less than ``__call__`` with a keyword)."""
         compiling = torch.compiler.is_compiling()  # first: dynamo must not guard on the tables
         if not compiling and (backend == "auto" or backend == "cute") and self.fast_ok(*args):
-            target = targets.known(args[0])
+            target = _TARGETS.get(args[0].get_device())  # targets.known, inlined (hot path)
             if target is not None:  # eager fast path
                 return self.run(target, *args)
         self.check(*args)
