@@ -201,6 +201,8 @@ def test_overhead_cpu_mock_runs_every_op(monkeypatch: pytest.MonkeyPatch, tmp_pa
         return 1.0
 
     monkeypatch.setattr(bench_overhead, "host_us_per_call", once)
-    monkeypatch.setattr(targets, "_targets", dict(targets._targets))
     monkeypatch.setattr(torch.cuda, "synchronize", torch.cuda.synchronize)
-    assert bench_overhead.main(["--cpu-mock", "--out", str(tmp_path)]) == 0
+    try:
+        assert bench_overhead.main(["--cpu-mock", "--out", str(tmp_path)]) == 0
+    finally:
+        targets._targets.pop(-1, None)  # cpu_mock's CPU target
