@@ -66,6 +66,7 @@ KERNELS: dict[str, KernelEntry] = {
         KernelEntry("quantize_dual", "cute_kernels.quantize_dual", "QuantizeDualKernel"),
         KernelEntry("pad", "cute_kernels.pad", "PadKernel"),
         KernelEntry("unpad", "cute_kernels.pad", "UnpadKernel"),
+        KernelEntry("quantize_fp8_row", "cute_kernels.quantize_fp8", "Fp8RowKernel"),
         KernelEntry("quantize_tma", "cute_kernels.experimental.quantize_tma", "QuantizeTmaKernel", False),
     )
 }

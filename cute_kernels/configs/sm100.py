@@ -16,3 +16,4 @@ quantize_dual = sm90.quantize_dual
 pad = sm90.pad
 unpad = sm90.unpad
 quantize_tma = sm90.quantize_tma
+quantize_fp8_row = sm90.quantize_fp8_row

@@ -80,6 +80,17 @@ def unpad(variant) -> PadConfig:
     return _PAD
 
 
+# --- FP8 rowwise, one scale per row (bench/tune_fp8_rowwise.py, H100, 2026-11-23) ---
+# 16 warps per CTA (one row each), 16 steps in flight per lane (a 7168-element bf16 row in two
+# batches), one CTA per SM at the register cap: 0.81-0.83 of copy at K = 7168 where 8 warps took
+# 0.73-0.78 and 4 warps 0.66-0.69; 0.98 at K = 2048. fp32 (not measured): 8 steps, the same bytes
+# in flight (16 spill at the cap).
+def quantize_fp8_row(variant):
+    from cute_kernels.quantize_fp8 import Fp8RowConfig
+
+    return Fp8RowConfig(threads=512, unroll=16 if variant.dtype == "bfloat16" else 8, ctas_per_sm=1)
+
+
 # --- quantize TMA, experimental (notes/quantize-tma.md) ---
 # 8-row boxes, 3 stages, TMA stores of q: 4 KB in flight per warp, 7 CTAs per SM. Not tuned: it
 # measured 2-6% slower than the cp.async 1x32 kernel and no public op runs it.

@@ -1,0 +1,214 @@
+"""FP8 rowwise quantization with one scale per row (SPEC section 7): ``Fp8RowKernel``.
+
+It serves ``quantize_fp8_2d(axis="row")`` on x (M, K) and ``quantize_fp8_3d(axis="K")`` on w
+(E, N, K), whose rows the launcher flattens to (E N, K) (rank-3 variant). One warp per row, a CTA
+of ``threads / 32`` consecutive rows. Two passes over the row: the amax pass loads the row and
+keeps the bits of ``max |x|`` (integer max: NaN propagates), reduced over the warp; the cast pass
+loads it again (a warp's row was just read: the second read comes from L2, so DRAM sees the row
+once), multiplies by ``q_scale`` (``cute_utils.fp8``) and stores E4M3 bytes
+(``cvt.rn.satfinite.e4m3x2.f32``). Lane 0 stores the row's dequantization scale ``1 / q_scale``; a
+row of no elements gets 1.0.
+
+Variants: ``vector`` (K % 8 == 0, 16-byte aligned rows): 8 elements per lane step (16-byte loads
+of bf16, two of fp32, 8-byte stores of q); otherwise one element per lane step, any K. All sizes
+are symbolic: one compile per (dtype, rounding, vector, rank, arch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float8E4M3FN, Float32, Int32
+
+from cute_utils.blocked import ceil_div
+from cute_utils.fp8 import fp8_quant_scale, reciprocal_rn
+from cute_utils.mx import lane_group_max, max_abs_bits, scale_values
+
+from .base import Kernel
+
+DTYPES = {"bfloat16": BFloat16, "float32": Float32}
+VECTOR = 8
+_WARP = 32
+
+
+@dataclass(frozen=True)
+class Fp8RowConfig:
+    """``threads`` per CTA (one row per warp), ``unroll`` of the amax pass's load loop (vectors in
+    flight per lane), ``ctas_per_sm`` the register cap keeps room for."""
+
+    threads: int = 256
+    unroll: int = 4
+    ctas_per_sm: int = 4
+
+    def __post_init__(self) -> None:
+        if self.threads % _WARP or not 0 < self.threads <= 1024:
+            raise ValueError(f"threads={self.threads} must be a multiple of 32 in [32, 1024]")
+        if self.unroll < 1 or self.ctas_per_sm < 1 or self.ctas_per_sm * self.threads > 2048:
+            raise ValueError(f"unroll={self.unroll}, ctas_per_sm={self.ctas_per_sm}: out of range")
+
+
+@dataclass(frozen=True)
+class Fp8RowVariant:
+    """``dtype`` (a :data:`DTYPES` name), ``round_pow2`` (power-of-2 scales), ``vector`` (8-element
+    steps: K % 8 == 0 and 16-byte aligned rows), ``rank`` (2: x and q (M, K), scales (M,); 3: w and
+    q (E, N, K), scales (E, N))."""
+
+    dtype: str
+    round_pow2: bool = True
+    vector: bool = True
+    rank: int = 2
+
+
+def _rows(t: cute.Tensor) -> cute.Tensor:
+    """(E, N, K) -> (E N, K) for a row-major tensor; (E, N) -> (E N,)."""
+    if cutlass.const_expr(cute.rank(t.layout) == 2):
+        experts, n = t.shape
+        return cute.make_tensor(t.iterator, cute.make_layout(experts * n, stride=t.stride[1]))
+    experts, n, k = t.shape
+    return cute.make_tensor(t.iterator, cute.make_layout((experts * n, k), stride=(t.stride[1], 1)))
+
+
+def _steps(t: cute.Tensor, width: int) -> cute.Tensor:
+    """(rows, K / width, width) view of a row-major (rows, K) tensor: ``[r, v, None]`` is step v."""
+    rows, cols = t.shape
+    layout = cute.make_layout((rows, cols // width, width), stride=(t.stride[0], width, 1))
+    return cute.make_tensor(t.iterator, layout)
+
+
+class Fp8RowKernel(Kernel):
+    """One scale per row (module docstring). Launch: ``kernel(x, q, scales)``."""
+
+    name = "quantize_fp8_row"
+
+    def __init__(self, variant: Fp8RowVariant, config: Fp8RowConfig) -> None:
+        super().__init__(variant, config)
+        self.width = VECTOR if variant.vector else 1
+        self.warps = config.threads // _WARP
+
+    @classmethod
+    def variants(cls) -> list[Fp8RowVariant]:
+        return [
+            Fp8RowVariant(d, r, v, rank)
+            for d in DTYPES
+            for r in (True, False)
+            for v in (True, False)
+            for rank in (2, 3)
+        ]
+
+    @classmethod
+    def target_name(cls, variant: Fp8RowVariant) -> str:
+        rounding = "pow2" if variant.round_pow2 else "exact"
+        step = "v8" if variant.vector else "v1"
+        return f"{cls.name}_{variant.dtype}_{rounding}_{step}" + ("_3d" if variant.rank == 3 else "")
+
+    @classmethod
+    def fake_arguments(cls, variant: Fp8RowVariant) -> tuple:
+        """x and q (M, K) or (E, N, K) row-major (K a multiple of 8 and 16-byte alignment for the
+        vector variant), scales fp32 (M,) or (E, N), and the env stream."""
+        width = VECTOR if variant.vector else 1
+        cols = cute.sym_int(divisibility=width)
+        lead = (cute.sym_int(), cute.sym_int()) if variant.rank == 3 else (cute.sym_int(),)
+        order = (2, 1, 0) if variant.rank == 3 else (1, 0)
+        align = 16 if variant.vector else DTYPES[variant.dtype].width // 8
+
+        def fake(dtype, shape, order, align):
+            make = cute.runtime.make_fake_compact_tensor
+            return make(dtype, shape, stride_order=order, assumed_align=align)
+
+        x = fake(DTYPES[variant.dtype], (*lead, cols), order, align)
+        q = fake(Float8E4M3FN, (*lead, cols), order, 8 if variant.vector else 1)
+        scales = fake(Float32, lead, order[1:] if variant.rank == 3 else (0,), 4)
+        return x, q, scales, cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+
+    @staticmethod
+    def can_implement(cols: int, vector: bool, *data_ptrs: int) -> bool:
+        """Any K for the element variant; the vector one needs K % 8 == 0 and 16-byte pointers."""
+        return not vector or (cols % VECTOR == 0 and all(p % 16 == 0 for p in data_ptrs))
+
+    @cute.jit
+    def __call__(
+        self,
+        x: cute.Tensor,  # (M, K) bf16/fp32 row-major (rank 3: (E, N, K))
+        q: cute.Tensor,  # Float8E4M3FN, x's shape, row-major
+        scales: cute.Tensor,  # fp32 (M,) (rank 3: (E, N))
+        stream,
+    ):
+        if cutlass.const_expr(self.variant.rank == 3):
+            x, q, scales = _rows(x), _rows(q), _rows(scales)
+        grid = cutlass.max(ceil_div(x.shape[0], self.warps), 1)
+        self.kernel(x, q, scales).launch(
+            grid=[grid, 1, 1],
+            block=[self.config.threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=self.config.ctas_per_sm,
+            preferred_smem_carveout=0,  # no shared memory (given, so no device is queried at compile)
+        )
+
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, q: cute.Tensor, scales: cute.Tensor):
+        tid, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(tid // _WARP)
+        lane = tid % _WARP
+        row = cta * self.warps + warp
+        rows, cols = x.shape
+        if row < rows:
+            x_steps, q_steps = _steps(x, self.width), _steps(q, self.width)
+            amax = self._row_amax(x_steps, row, lane)
+            q_scale = fp8_quant_scale(amax, self.variant.round_pow2)
+            if lane == 0:
+                scale = reciprocal_rn(q_scale)
+                if cols == 0:
+                    scale = Float32(1.0)
+                scales[row] = scale
+            self._cast_row(x_steps, q_steps, row, lane, q_scale)
+
+    @cute.jit
+    def _load_batch(self, x_steps: cute.Tensor, frags: cute.Tensor, row: Int32, first: Int32, lane: Int32):
+        """Issue the loads of steps ``first + 32 u + lane`` (u < unroll) of row ``row`` into
+        ``frags[None, u]``, all before any is used (steps past the row end are skipped)."""
+        for u in cutlass.range_constexpr(self.config.unroll):
+            v = first + u * _WARP + lane
+            if v < x_steps.shape[1]:
+                cute.autovec_copy(x_steps[row, v, None], frags[None, u])
+
+    def _batch_fragments(self, element_type):
+        layout = cute.make_layout((self.width, self.config.unroll), stride=(1, self.width))
+        return cute.make_rmem_tensor(layout, element_type), cute.make_rmem_tensor(self.width, Float32)
+
+    @cute.jit
+    def _row_amax(self, x_steps: cute.Tensor, row: Int32, lane: Int32) -> Int32:
+        """Bits of ``max |x|`` over row ``row``, the same on every lane of the warp. The row is read
+        in batches of ``unroll`` steps per lane, every load of a batch in flight at once."""
+        unroll = self.config.unroll
+        frags, values = self._batch_fragments(x_steps.element_type)
+        amax = Int32(0)
+        for first in cutlass.range(0, x_steps.shape[1], _WARP * unroll, unroll=1):
+            self._load_batch(x_steps, frags, row, first, lane)
+            for u in cutlass.range_constexpr(unroll):
+                if first + u * _WARP + lane < x_steps.shape[1]:
+                    values.store(frags[None, u].load().to(Float32))
+                    amax = cutlass.max(amax, max_abs_bits(values))
+        return lane_group_max(amax, _WARP)
+
+    @cute.jit
+    def _cast_row(self, x_steps: cute.Tensor, q_steps: cute.Tensor, row: Int32, lane: Int32, q_scale):
+        """Row ``row`` times ``q_scale`` as E4M3 bytes (saturating, RNE, NaN -> 0x7F), read in the
+        same batches as :meth:`_row_amax`."""
+        unroll = self.config.unroll
+        frags, values = self._batch_fragments(x_steps.element_type)
+        q_frag = cute.make_rmem_tensor(cute.make_layout(self.width), Float8E4M3FN)
+        for first in cutlass.range(0, x_steps.shape[1], _WARP * unroll, unroll=1):
+            self._load_batch(x_steps, frags, row, first, lane)
+            for u in cutlass.range_constexpr(unroll):
+                v = first + u * _WARP + lane
+                if v < x_steps.shape[1]:
+                    values.store(frags[None, u].load().to(Float32))
+                    scale_values(values, q_scale)
+                    q_frag.store(values.load().to(Float8E4M3FN))
+                    cute.autovec_copy(q_frag, q_steps[row, v, None])
+
+
+__all__ = ["DTYPES", "Fp8RowConfig", "Fp8RowKernel", "Fp8RowVariant"]

@@ -1,0 +1,35 @@
+"""The FP8 rowwise row kernel compiles for sm_90a and sm_100a on a CPU-only machine with the SASS we
+expect: no local memory, 16-byte loads and 8-byte q stores in the vector variants, the saturating
+E4M3 conversion, the fp64 scale division; the registry lists every variant."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import kernel_targets
+
+TARGETS = kernel_targets("quantize_fp8_row")
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_compiles_with_expected_sass(compiled, target):
+    arch, summaries = compiled
+    (kernel,) = summaries[target]
+    text = kernel.format()
+    assert kernel.arch == arch
+    assert kernel.local_bytes == 0 and kernel.local_loads == 0 and kernel.local_stores == 0, text
+    assert kernel.registers <= 128, text  # one 512-thread CTA per SM (cute_kernels/configs/sm90.py)
+    assert kernel.opcode("F2FP") >= 1 and all("UE8M0" not in m for m in kernel.counts), text
+    assert any(m.startswith(("DMUL", "DFMA")) for m in kernel.counts), "q_scale divides in fp64"
+    if "_v8" in target:
+        assert kernel.global_loads(128) >= 2 and kernel.global_stores(64) >= 1, text
+
+
+def test_every_variant_is_registered():
+    expected = {
+        f"quantize_fp8_row_{d}_{r}_{v}{suffix}"
+        for d in ("bfloat16", "float32")
+        for r in ("pow2", "exact")
+        for v in ("v8", "v1")
+        for suffix in ("", "_3d")
+    }
+    assert set(TARGETS) == expected
