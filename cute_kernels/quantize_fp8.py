@@ -1,17 +1,18 @@
 """FP8 rowwise quantization with one scale per row (SPEC section 7): ``Fp8RowKernel``.
 
 It serves ``quantize_fp8_2d(axis="row")`` on x (M, K) and ``quantize_fp8_3d(axis="K")`` on w
-(E, N, K), whose rows the launcher flattens to (E N, K) (rank-3 variant). One warp per row, a CTA
-of ``threads / 32`` consecutive rows. Two passes over the row: the amax pass loads the row and
-keeps the bits of ``max |x|`` (integer max: NaN propagates), reduced over the warp; the cast pass
-loads it again (a warp's row was just read: the second read comes from L2, so DRAM sees the row
-once), multiplies by ``q_scale`` (``cute_utils.fp8``) and stores E4M3 bytes
-(``cvt.rn.satfinite.e4m3x2.f32``). Lane 0 stores the row's dequantization scale ``1 / q_scale``; a
-row of no elements gets 1.0.
+(E, N, K), whose rows the launcher flattens to (E N, K) (rank-3 variant). One warp per row (a CTA
+of ``threads / 32`` consecutive rows), or with ``row_per_cta`` a whole CTA per row (its warps'
+maxima combined in shared memory). Two passes over the row: the amax pass loads the row and keeps
+the bits of ``max |x|`` (integer max: NaN propagates); the cast pass loads it again (the row was
+just read: the second read comes from L2, so DRAM sees the row once), multiplies by ``q_scale``
+(``cute_utils.fp8``) and stores E4M3 bytes (``cvt.rn.satfinite.e4m3x2.f32``). Loads go in batches of
+``unroll`` steps per thread, all in flight before any is used. The row's first thread stores its
+dequantization scale ``1 / q_scale``; a row of no elements gets 1.0.
 
-Variants: ``vector`` (K % 8 == 0, 16-byte aligned rows): 8 elements per lane step (16-byte loads
-of bf16, two of fp32, 8-byte stores of q); otherwise one element per lane step, any K. All sizes
-are symbolic: one compile per (dtype, rounding, vector, rank, arch).
+Variants: ``vector`` (K % 8 == 0, 16-byte aligned rows): 8 elements per step (16-byte loads of
+bf16, two of fp32, 8-byte stores of q); otherwise one element per step, any K. All sizes are
+symbolic: one compile per (dtype, rounding, vector, rank, arch).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float8E4M3FN, Float32, Int32
+from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import ceil_div
 from cute_utils.fp8 import fp8_quant_scale, reciprocal_rn
@@ -35,12 +37,14 @@ _WARP = 32
 
 @dataclass(frozen=True)
 class Fp8RowConfig:
-    """``threads`` per CTA (one row per warp), ``unroll`` of the amax pass's load loop (vectors in
-    flight per lane), ``ctas_per_sm`` the register cap keeps room for."""
+    """``threads`` per CTA, ``row_per_cta`` (False: one row per warp; True: the whole CTA on one row,
+    its warps' maxima combined in shared memory), ``unroll`` (steps in flight per thread and batch),
+    ``ctas_per_sm`` the register cap keeps room for."""
 
     threads: int = 256
     unroll: int = 4
     ctas_per_sm: int = 4
+    row_per_cta: bool = False
 
     def __post_init__(self) -> None:
         if self.threads % _WARP or not 0 < self.threads <= 1024:
@@ -70,6 +74,17 @@ def _rows(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.make_layout((experts * n, k), stride=(t.stride[1], 1)))
 
 
+@cute.jit
+def _cta_max(amax: Int32, warp_max: cute.Tensor, tid: Int32, warps: cutlass.Constexpr) -> Int32:
+    """Max of every warp's ``amax`` (each already warp-reduced), through shared memory."""
+    if tid % _WARP == 0:
+        warp_max[tid // _WARP] = amax
+    cute.arch.barrier()
+    for w in cutlass.range_constexpr(warps):
+        amax = cutlass.max(amax, warp_max[w])
+    return amax
+
+
 def _steps(t: cute.Tensor, width: int) -> cute.Tensor:
     """(rows, K / width, width) view of a row-major (rows, K) tensor: ``[r, v, None]`` is step v."""
     rows, cols = t.shape
@@ -86,6 +101,8 @@ class Fp8RowKernel(Kernel):
         super().__init__(variant, config)
         self.width = VECTOR if variant.vector else 1
         self.warps = config.threads // _WARP
+        self.row_threads = config.threads if config.row_per_cta else _WARP  # threads sharing a row
+        self.rows_per_cta = 1 if config.row_per_cta else self.warps
 
     @classmethod
     def variants(cls) -> list[Fp8RowVariant]:
@@ -137,7 +154,7 @@ class Fp8RowKernel(Kernel):
     ):
         if cutlass.const_expr(self.variant.rank == 3):
             x, q, scales = _rows(x), _rows(q), _rows(scales)
-        grid = cutlass.max(ceil_div(x.shape[0], self.warps), 1)
+        grid = cutlass.max(ceil_div(x.shape[0], self.rows_per_cta), 1)
         self.kernel(x, q, scales).launch(
             grid=[grid, 1, 1],
             block=[self.config.threads, 1, 1],
@@ -150,27 +167,30 @@ class Fp8RowKernel(Kernel):
     def kernel(self, x: cute.Tensor, q: cute.Tensor, scales: cute.Tensor):
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
-        warp = cute.arch.make_warp_uniform(tid // _WARP)
-        lane = tid % _WARP
-        row = cta * self.warps + warp
+        row = cta * self.rows_per_cta + tid // self.row_threads
+        part = tid % self.row_threads  # this thread's place among the row's threads
+        smem = SmemAllocator()
+        warp_max = smem.allocate_tensor(Int32, cute.make_layout(self.warps), 16)
         rows, cols = x.shape
-        if row < rows:
+        if row < rows:  # uniform over a CTA that shares a row (the grid has one CTA per row)
             x_steps, q_steps = _steps(x, self.width), _steps(q, self.width)
-            amax = self._row_amax(x_steps, row, lane)
+            amax = self._row_amax(x_steps, row, part)
+            if cutlass.const_expr(self.config.row_per_cta):
+                amax = _cta_max(amax, warp_max, tid, self.warps)
             q_scale = fp8_quant_scale(amax, self.variant.round_pow2)
-            if lane == 0:
+            if part == 0:
                 scale = reciprocal_rn(q_scale)
                 if cols == 0:
                     scale = Float32(1.0)
                 scales[row] = scale
-            self._cast_row(x_steps, q_steps, row, lane, q_scale)
+            self._cast_row(x_steps, q_steps, row, part, q_scale)
 
     @cute.jit
-    def _load_batch(self, x_steps: cute.Tensor, frags: cute.Tensor, row: Int32, first: Int32, lane: Int32):
-        """Issue the loads of steps ``first + 32 u + lane`` (u < unroll) of row ``row`` into
-        ``frags[None, u]``, all before any is used (steps past the row end are skipped)."""
+    def _load_batch(self, x_steps: cute.Tensor, frags: cute.Tensor, row: Int32, first: Int32, part: Int32):
+        """Issue the loads of steps ``first + T u + part`` (u < unroll, T the row's threads) of row
+        ``row`` into ``frags[None, u]``, all before any is used (steps past the row end skipped)."""
         for u in cutlass.range_constexpr(self.config.unroll):
-            v = first + u * _WARP + lane
+            v = first + u * self.row_threads + part
             if v < x_steps.shape[1]:
                 cute.autovec_copy(x_steps[row, v, None], frags[None, u])
 
@@ -179,31 +199,31 @@ class Fp8RowKernel(Kernel):
         return cute.make_rmem_tensor(layout, element_type), cute.make_rmem_tensor(self.width, Float32)
 
     @cute.jit
-    def _row_amax(self, x_steps: cute.Tensor, row: Int32, lane: Int32) -> Int32:
-        """Bits of ``max |x|`` over row ``row``, the same on every lane of the warp. The row is read
-        in batches of ``unroll`` steps per lane, every load of a batch in flight at once."""
+    def _row_amax(self, x_steps: cute.Tensor, row: Int32, part: Int32) -> Int32:
+        """Bits of ``max |x|`` over this thread's steps of row ``row``, then over its warp. The row
+        is read in batches of ``unroll`` steps per thread, every load of a batch in flight at once."""
         unroll = self.config.unroll
         frags, values = self._batch_fragments(x_steps.element_type)
         amax = Int32(0)
-        for first in cutlass.range(0, x_steps.shape[1], _WARP * unroll, unroll=1):
-            self._load_batch(x_steps, frags, row, first, lane)
+        for first in cutlass.range(0, x_steps.shape[1], self.row_threads * unroll, unroll=1):
+            self._load_batch(x_steps, frags, row, first, part)
             for u in cutlass.range_constexpr(unroll):
-                if first + u * _WARP + lane < x_steps.shape[1]:
+                if first + u * self.row_threads + part < x_steps.shape[1]:
                     values.store(frags[None, u].load().to(Float32))
                     amax = cutlass.max(amax, max_abs_bits(values))
         return lane_group_max(amax, _WARP)
 
     @cute.jit
-    def _cast_row(self, x_steps: cute.Tensor, q_steps: cute.Tensor, row: Int32, lane: Int32, q_scale):
+    def _cast_row(self, x_steps: cute.Tensor, q_steps: cute.Tensor, row: Int32, part: Int32, q_scale):
         """Row ``row`` times ``q_scale`` as E4M3 bytes (saturating, RNE, NaN -> 0x7F), read in the
         same batches as :meth:`_row_amax`."""
         unroll = self.config.unroll
         frags, values = self._batch_fragments(x_steps.element_type)
         q_frag = cute.make_rmem_tensor(cute.make_layout(self.width), Float8E4M3FN)
-        for first in cutlass.range(0, x_steps.shape[1], _WARP * unroll, unroll=1):
-            self._load_batch(x_steps, frags, row, first, lane)
+        for first in cutlass.range(0, x_steps.shape[1], self.row_threads * unroll, unroll=1):
+            self._load_batch(x_steps, frags, row, first, part)
             for u in cutlass.range_constexpr(unroll):
-                v = first + u * _WARP + lane
+                v = first + u * self.row_threads + part
                 if v < x_steps.shape[1]:
                     values.store(frags[None, u].load().to(Float32))
                     scale_values(values, q_scale)

@@ -81,10 +81,10 @@ def unpad(variant) -> PadConfig:
 
 
 # --- FP8 rowwise, one scale per row (bench/tune_fp8_rowwise.py, H100, 2026-11-23) ---
-# 16 warps per CTA (one row each), 16 steps in flight per lane (a 7168-element bf16 row in two
-# batches), one CTA per SM at the register cap: 0.81-0.83 of copy at K = 7168 where 8 warps took
-# 0.73-0.78 and 4 warps 0.66-0.69; 0.98 at K = 2048. fp32 (not measured): 8 steps, the same bytes
-# in flight (16 spill at the cap).
+# One row per warp, 16 warps per CTA, 16 steps in flight per thread, one CTA per SM: the config the
+# GPU tests and bench_fp8_rowwise measured (0.81-0.98 of copy). A whole CTA per row measured
+# 0.99-1.02 in the tuner at K = 2048 and 7168 (notes/fp8-rowwise-row-kernel.md) but has not been
+# through the GPU tests and the bench yet: the next config. fp32: 8 steps (16 spill).
 def quantize_fp8_row(variant):
     from cute_kernels.quantize_fp8 import Fp8RowConfig
 
