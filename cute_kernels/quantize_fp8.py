@@ -160,7 +160,8 @@ class Fp8RowKernel(Kernel):
             block=[self.config.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=self.config.ctas_per_sm,
-            preferred_smem_carveout=0,  # no shared memory (given, so no device is queried at compile)
+            # little shared memory (row_per_cta's warp maxima); given, so no device is queried
+            preferred_smem_carveout=0,
         )
 
     @cute.kernel

@@ -113,3 +113,44 @@ def test_kernel_less_paths_raise_not_slow():
         torch_bindings.quantize_fp8_3d(x.view(2, 32, 32), axis="N")
     q, s = torch_bindings.quantize_fp8_2d(x, axis="col", backend="reference")
     assert s.shape == (32,)
+
+
+@pytest.mark.parametrize("rounding", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_special_values_element_variant_and_3d(dtype, rounding):
+    blocks = _special_blocks(dtype).cuda()
+    _check_2d(torch.cat([blocks, blocks[:, :1]], 1), rounding)  # K = 33: one element per step
+    w = blocks[:16].reshape(1, 16, 32)
+    with no_sync():
+        q, s = torch_bindings.quantize_fp8_3d(w, round_scales_to_power_of_2=rounding, backend="cute")
+    q_ref, s_ref = reference.quantize_fp8_3d(w, round_scales_to_power_of_2=rounding)
+    assert_same_bytes(q, q_ref, "q")
+    assert_same_bytes(s, s_ref, "scales")
+
+
+@pytest.mark.parametrize("shape", [(4, 0), (0, 3, 8), (2, 0, 8), (2, 3, 0)])
+def test_empty_dims(shape):
+    x = torch.zeros(shape, dtype=torch.bfloat16, device="cuda")
+    run = torch_bindings.quantize_fp8_3d if len(shape) == 3 else torch_bindings.quantize_fp8_2d
+    ref = reference.quantize_fp8_3d if len(shape) == 3 else reference.quantize_fp8_2d
+    with no_sync():
+        q, s = run(x, backend="cute")
+    q_ref, s_ref = ref(x)
+    assert_same_bytes(q, q_ref, "q")
+    assert_same_bytes(s, s_ref, "scales")
+
+
+def test_3d_with_n_one_as_a_transposed_view():
+    """(E, 1, K) taken from a (1, E, K) tensor: contiguous, but its size-1 dim's stride is E K."""
+    w = (
+        _random_x((1, 5 * 64), torch.bfloat16, torch.Generator().manual_seed(9))
+        .view(1, 5, 64)
+        .transpose(0, 1)
+    )
+    with no_sync():
+        q, s = torch_bindings.quantize_fp8_3d(w, backend="cute")
+        q1, s1 = torch_bindings.quantize_mxfp8_3d(w, backend="cute")
+    for got, want in zip((q, s), reference.quantize_fp8_3d(w.contiguous()), strict=True):
+        assert_same_bytes(got, want)
+    for got, want in zip((q1, s1), reference.quantize_mxfp8_3d(w.contiguous()), strict=True):
+        assert_same_bytes(got, want)

@@ -154,3 +154,47 @@ def test_3d_n_matches_torchao(torchao_utils, round_scales):
     assert q.shape == expected_q.shape and q.stride() == expected_q.stride()
     assert _bits(q.transpose(-2, -1)) == _bits(expected_q.transpose(-2, -1))
     assert torch.equal(s, (1.0 / expected_s).view(4, 96))
+
+
+# --- the public functions on CPU (the reference path) and their fakes ---
+
+
+def test_public_functions_on_cpu_run_the_reference():
+    import torch_bindings as tb
+
+    x = torch.randn(32, 40, dtype=torch.bfloat16)
+    for axis in ("row", "col"):
+        got, want = tb.quantize_fp8_2d(x, axis=axis), R.quantize_fp8_2d(x, axis=axis)
+        assert _bits(got[0]) == _bits(want[0]) and torch.equal(got[1], want[1])
+    assert len(tb.quantize_fp8_2d_dual(x)) == 4
+    with pytest.raises(RuntimeError, match="backend='cute'"):
+        tb.quantize_fp8_2d(x, backend="cute")
+    w = torch.randn(1, 3, 16).transpose(0, 1)  # (3, 1, 16), strides (16, 48, 1): contiguous by torch
+    assert w.is_contiguous()
+    got, want = tb.quantize_fp8_3d(w), R.quantize_fp8_3d(w.contiguous())
+    assert _bits(got[0]) == _bits(want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("shape", [(5, 24), (0, 8), (4, 0)])
+def test_fakes_match_the_kernel_path_layout(shape):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torch_bindings import quantize_fp8 as binding
+
+    with FakeTensorMode():
+        x = torch.empty(shape, dtype=torch.bfloat16)
+        q, s = binding._rows_2d_fake(x, True)
+        w = torch.empty((2, *shape), dtype=torch.float32)
+        qw, sw = binding._rows_3d_fake(w, False)
+    assert q.shape == shape and q.dtype == torch.float8_e4m3fn
+    assert q.numel() == 0 or q.stride() == (shape[1], 1)
+    assert s.shape == (shape[0],) and s.dtype == torch.float32
+    assert qw.shape == (2, *shape) and sw.shape == (2, shape[0])
+
+
+def test_unit_n_rows_sets_the_row_stride():
+    from torch_bindings.quantize_fp8 import _unit_n_rows
+
+    w = torch.randn(1, 3, 16).transpose(0, 1)
+    assert w.stride(1) == 48 and _unit_n_rows(w).stride() == (16, 16, 1)
+    assert torch.equal(_unit_n_rows(w), w)

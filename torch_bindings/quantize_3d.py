@@ -36,6 +36,8 @@ def _run_1x32(
     w: torch.Tensor, mode: str, blocked: bool, target: targets.DeviceTarget
 ) -> tuple[torch.Tensor, torch.Tensor]:
     experts, n, k = w.shape
+    if n == 1 and w.stride(1) != k:  # a size-1 dim's stride is free; the kernel reads it as row stride
+        w = w.as_strided(w.shape, (k, k, 1))
     # Per-expert scales S = (N, K/32), blocked (Rp, Cp) per expert (scales_shape_3d inlined). The
     # kernel's rank-3 entry takes the (E, N, K) tensors as they are (it sees E N rows).
     if blocked:

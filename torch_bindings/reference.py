@@ -635,40 +635,41 @@ def _fp8_along(x: Tensor, dim: int, round_scales: bool) -> tuple[Tensor, Tensor]
 def _fp8_rows(x: Tensor, round_scales: bool) -> tuple[Tensor, Tensor]:
     """Row scales of (R, K): q (R, K) row-major, scales (R,) fp32; row chunks bound the temporaries."""
     r, k = x.shape
-    q = torch.empty((r, k), dtype=torch.float8_e4m3fn, device=x.device)
+    q = torch.empty((r, k), dtype=torch.uint8, device=x.device)  # bytes: float8 slices do not compile
     scales = torch.empty(r, dtype=torch.float32, device=x.device)
     step = max(1, _CHUNK_ELEMS // max(k, 1))
     for r0 in range(0, r, step):
         qc, sc = _fp8_along(x[r0 : r0 + step], 1, round_scales)
-        q[r0 : r0 + step], scales[r0 : r0 + step] = qc, sc.view(-1)
-    return q, scales
+        q[r0 : r0 + step], scales[r0 : r0 + step] = qc.view(torch.uint8), sc.view(-1)
+    return q.view(torch.float8_e4m3fn), scales
 
 
 def _fp8_cols(x: Tensor, round_scales: bool) -> tuple[Tensor, Tensor]:
     """Column scales of (R, K): q (R, K) **row-major**, scales (K,) fp32; column chunks bound the
     temporaries."""
     r, k = x.shape
-    q = torch.empty((r, k), dtype=torch.float8_e4m3fn, device=x.device)
+    q = torch.empty((r, k), dtype=torch.uint8, device=x.device)  # bytes: float8 slices do not compile
     scales = torch.empty(k, dtype=torch.float32, device=x.device)
     step = max(1, _CHUNK_ELEMS // max(r, 1))
     for c0 in range(0, k, step):
         qc, sc = _fp8_along(x[:, c0 : c0 + step], 0, round_scales)
-        q[:, c0 : c0 + step], scales[c0 : c0 + step] = qc, sc.view(-1)
-    return q, scales
+        q[:, c0 : c0 + step], scales[c0 : c0 + step] = qc.view(torch.uint8), sc.view(-1)
+    return q.view(torch.float8_e4m3fn), scales
 
 
 def _fp8_group_cols(x: Tensor, ends: list[int], round_scales: bool) -> tuple[Tensor, Tensor]:
     """Column scales per row group of (M, K): q (M, K) **row-major** (rows past the last group are 0)
     and scales (G*K,) group-major; an empty group's scales are 1.0."""
     m, k = x.shape
-    q = torch.zeros((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    q = torch.zeros((m, k), dtype=torch.uint8, device=x.device)  # bytes: float8 slices do not compile
     scales = torch.ones(len(ends) * k, dtype=torch.float32, device=x.device)
     start = 0
     for g, end in enumerate(ends):
         if end > start:
-            q[start:end], scales[g * k : (g + 1) * k] = _fp8_cols(x[start:end], round_scales)
+            qg, scales[g * k : (g + 1) * k] = _fp8_cols(x[start:end], round_scales)
+            q[start:end] = qg.view(torch.uint8)
         start = end
-    return q, scales
+    return q.view(torch.float8_e4m3fn), scales
 
 
 def _col_major(q: Tensor) -> Tensor:
@@ -731,9 +732,9 @@ def quantize_fp8_3d(
     if axis == "K":
         q, scales = _fp8_rows(w.reshape(e * n, k), round_scales_to_power_of_2)
         return q.view(e, n, k), scales.view(e, n)
-    q = torch.empty_strided((e, n, k), (n * k, 1, n), dtype=torch.float8_e4m3fn, device=w.device)
+    q = torch.empty_strided((e, n, k), (n * k, 1, n), dtype=torch.uint8, device=w.device)  # bytes
     scales = torch.empty((e, k), dtype=torch.float32, device=w.device)
     for i in range(e):
         qi, scales[i] = _fp8_cols(w[i], round_scales_to_power_of_2)
-        q[i].copy_(qi)
-    return q, scales
+        q[i].copy_(qi.view(torch.uint8))
+    return q.view(torch.float8_e4m3fn), scales
