@@ -7,8 +7,9 @@ the floor is under 7 us. Both are timed back to back on tiny inputs with a host 
 work is a few microseconds, so the host is the bottleneck), alternately, fastest round of each.
 Ops: ``swizzle_scales`` (plain, M-groups, K-groups), ``quantize_mxfp8_2d`` (1x32 plain scales,
 blocked, M-groups; 32x1), ``quantize_mxfp8_2d_dual``, ``quantize_mxfp8_3d`` (1x32, 32x1),
-``pad_token_groups``, ``unpad_token_groups`` (with ``num_tokens``, the no-sync form) and
-``pad_and_quantize_mxfp8_2d``. An op that raises gets a row saying so. The last rows time the
+``pad_token_groups``, ``unpad_token_groups`` (with ``num_tokens``, the no-sync form),
+``pad_and_quantize_mxfp8_2d``, ``quantize_fp8_2d(axis="row")`` and ``quantize_fp8_3d(axis="K")``.
+An op that raises gets a row saying so. The last rows time the
 ``torch.ops`` custom-op dispatch (the ``torch.compile`` path) and bare allocations, for scale.
 """
 
@@ -80,6 +81,8 @@ def op_cases(device: torch.device) -> dict[str, Callable[[], object]]:
         "pad_token_groups": lambda: tb.pad_token_groups(x, ends),
         "unpad_token_groups (num_tokens)": lambda: tb.unpad_token_groups(padded, ends, start, num_tokens=256),
         "pad_and_quantize_mxfp8_2d": lambda: tb.pad_and_quantize_mxfp8_2d(x, ends),
+        "quantize_fp8_2d row": lambda: tb.quantize_fp8_2d(x),
+        "quantize_fp8_3d K": lambda: tb.quantize_fp8_3d(w),
     }
 
 
