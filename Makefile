@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 FUZZ_MINUTES ?= 5
 SEED ?=
 
-.PHONY: install test test-gpu fuzz sanitize demo bench sass lint clean
+.PHONY: install test test-gpu fuzz sanitize demo bench sass lint clean sass-hashes
 
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -43,6 +43,12 @@ bench: $(STAMP)
 
 sass: $(STAMP)
 	$(PYTHON) -m cute_utils.sass all --arch all
+
+# The instruction hashes CI compares every build with (tests/sass_hashes.txt); run when a change of
+# SASS is intended.
+sass-hashes: $(STAMP)
+	{ echo "# nvidia-cutlass-dsl $$($(PYTHON) -c 'import cutlass; print(cutlass.__version__)')"; \
+	  CUTE_KERNELS_DISK_CACHE=0 $(PYTHON) -m cute_utils.sass all --hash; } > tests/sass_hashes.txt
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,11 +126,52 @@ def _archs() -> tuple[str, ...]:
     return tuple(sass.ARCHS)
 
 
+#: ``{(target, arch): instruction hash}`` of every build the ``compiled`` fixture made this run.
+_BUILT_HASHES: dict[tuple[str, str], str] = {}
+#: The recorded instruction hashes: ``tests/sass_hashes.txt`` (``python -m cute_utils.sass '*' --hash``
+#: under a ``# nvidia-cutlass-dsl <version>`` line; regenerate it when a change of SASS is intended
+#: and say why in the commit).
+GOLDEN_HASHES = Path(__file__).with_name("sass_hashes.txt")
+
+
 @pytest.fixture(scope="module", params=_archs())
 def compiled(request):
-    """``(arch, {target: SASS summaries})`` for the test module's ``TARGETS``, compiled once per arch."""
+    """``(arch, {target: SASS summaries})`` for the test module's ``TARGETS``, compiled once per arch
+    (each build's instruction hash is kept for :func:`assert_recorded_hashes`)."""
     from cute_utils import sass
 
     arch = request.param
-    targets = request.module.TARGETS
-    return arch, {name: sass.summarize(sass.cubin_of(build(arch))) for name, build in targets.items()}
+    out = {}
+    for name, build in request.module.TARGETS.items():
+        cubin = sass.cubin_of(build(arch))
+        text = sass.disassemble(cubin)
+        out[name] = sass.summarize(cubin, sass=text)
+        _BUILT_HASHES[name, arch] = sass.instruction_hash(text)
+    return arch, out
+
+
+def _recorded_hashes() -> tuple[str, dict[tuple[str, str], str]]:
+    lines = GOLDEN_HASHES.read_text().splitlines()
+    version = lines[0].removeprefix("# nvidia-cutlass-dsl ").strip()
+    table = {}
+    for line in lines[1:]:
+        name, arch, digest = line.split()
+        table[name, arch] = digest
+    return version, table
+
+
+def assert_recorded_hashes(compiled) -> None:
+    """Every target the ``compiled`` fixture built for its arch has the instruction hash recorded in
+    ``tests/sass_hashes.txt`` (skipped under another DSL version: ptxas may schedule differently)."""
+    import cutlass
+
+    arch, summaries = compiled
+    version, table = _recorded_hashes()
+    if version != cutlass.__version__:
+        pytest.skip(f"hashes recorded with nvidia-cutlass-dsl {version}, this is {cutlass.__version__}")
+    changed = [
+        f"{name} [{arch}]: {table.get((name, arch), 'not recorded')} -> {_BUILT_HASHES[name, arch]}"
+        for name in sorted(summaries)
+        if table.get((name, arch)) != _BUILT_HASHES[name, arch]
+    ]
+    assert not changed, "SASS changed (regenerate tests/sass_hashes.txt if intended):\n" + "\n".join(changed)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import kernel_targets
+from conftest import assert_recorded_hashes, kernel_targets
 
 TARGETS = kernel_targets("swizzle")
 
@@ -60,3 +60,7 @@ def test_configs_take_the_wide_window_where_asked(arch):
     kernel = registry.entry("swizzle").kernel_class()
     for variant in kernel.variants():
         assert kernel.default_config(variant, arch).window_cols == (128 if variant.wide else 64), variant
+
+
+def test_instruction_hashes_are_the_recorded_ones(compiled):
+    assert_recorded_hashes(compiled)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import kernel_targets
+from conftest import assert_recorded_hashes, kernel_targets
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import cute_kernels.pad
@@ -136,3 +136,7 @@ def test_dtype_kernels_have_the_carrier_instructions(dtype, carrier, width):
         return instruction_hash(disassemble(cubin_of(compiled)))
 
     assert hash_of(dtype) == hash_of(carrier)
+
+
+def test_instruction_hashes_are_the_recorded_ones(compiled):
+    assert_recorded_hashes(compiled)

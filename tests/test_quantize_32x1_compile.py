@@ -6,7 +6,7 @@ Blackwell-only E8M0 conversion (integer bit math: both archs compute the same bi
 from __future__ import annotations
 
 import pytest
-from conftest import kernel_targets
+from conftest import assert_recorded_hashes, kernel_targets
 
 TARGETS = kernel_targets("quantize_32x1")
 
@@ -65,3 +65,7 @@ def test_limits_and_variants():
     assert not Quantize32x1Kernel.can_implement(32, 32, MAX_GROUPS + 1)
     with pytest.raises(ValueError, match="mode"):
         Quantize32x1Variant("bfloat16", "nearest", ScaleLayout.PLAIN)
+
+
+def test_instruction_hashes_are_the_recorded_ones(compiled):
+    assert_recorded_hashes(compiled)

@@ -7,7 +7,7 @@ same bits)."""
 from __future__ import annotations
 
 import pytest
-from conftest import kernel_targets
+from conftest import assert_recorded_hashes, kernel_targets
 
 TARGETS = kernel_targets("quantize_1x32")
 
@@ -53,3 +53,7 @@ def test_rank_3_entry_has_the_rank_2_device_code(arch, layout):
     name = f"quantize_1x32_bfloat16_rceil_{layout}"
     hashes = [instruction_hash(disassemble(cubin_of(TARGETS[n](arch)))) for n in (name, name + "_3d")]
     assert hashes[0] == hashes[1]
+
+
+def test_instruction_hashes_are_the_recorded_ones(compiled):
+    assert_recorded_hashes(compiled)

@@ -4,7 +4,7 @@ modes) compiles for sm_90a and sm_100a on a CPU-only machine with the SASS we ex
 from __future__ import annotations
 
 import pytest
-from conftest import kernel_targets
+from conftest import assert_recorded_hashes, kernel_targets
 
 TARGETS = kernel_targets("quantize_dual")
 
@@ -60,3 +60,7 @@ def test_compiles_with_expected_sass(compiled, target):
         assert kernel.shared_stores(8) >= 4, "each lane stages 2 + 2 scale bytes"
     if "groups" in target:
         assert kernel.counts.get("SHFL.UP", 0) >= 1, "the dual kernel scans the group sizes in-kernel"
+
+
+def test_instruction_hashes_are_the_recorded_ones(compiled):
+    assert_recorded_hashes(compiled)

@@ -5,7 +5,7 @@ E4M3 conversion, the fp64 scale division; the registry lists every variant."""
 from __future__ import annotations
 
 import pytest
-from conftest import kernel_targets
+from conftest import assert_recorded_hashes, kernel_targets
 
 TARGETS = kernel_targets("quantize_fp8_row")
 
@@ -33,3 +33,7 @@ def test_every_variant_is_registered():
         for suffix in ("", "_3d")
     }
     assert set(TARGETS) == expected
+
+
+def test_instruction_hashes_are_the_recorded_ones(compiled):
+    assert_recorded_hashes(compiled)
