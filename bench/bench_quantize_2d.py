@@ -563,19 +563,26 @@ def _spread(t: Any) -> dict[str, Any]:
     }
 
 
-def _time_compiled_ref(
-    compiled_ref: dict[str, Callable[..., Any]],
-    case: QuantCase,
-    x: torch.Tensor,
-    offs: torch.Tensor | None,
-    ref: tuple[torch.Tensor, torch.Tensor] | None,
-    sets: Sequence[tuple[Any, ...]],
-    timing: dict[str, Any],
-    methods: dict[str, str],
-    notes: list[str],
-) -> float | None:
-    """Microseconds of ``torch.compile(reference)`` for ``case`` (``None`` if it raised, noted);
-    its output is compared with ``ref`` (a difference is a note)."""
+@dataclass
+class _BaselineRun:
+    """What timing a baseline for one case needs: the case and its inputs (``x``, ``offs``, the
+    rotated ``sets``), the reference output ``ref`` to compare with (``None``: unchecked), the timing
+    options, and the row's ``methods`` and ``notes`` that the timings add to."""
+
+    case: QuantCase
+    x: torch.Tensor
+    offs: torch.Tensor | None
+    ref: tuple[torch.Tensor, torch.Tensor] | None
+    sets: Sequence[tuple[Any, ...]]
+    timing: dict[str, Any]
+    methods: dict[str, str]
+    notes: list[str]
+
+
+def _time_compiled_ref(compiled_ref: dict[str, Callable[..., Any]], run: _BaselineRun) -> float | None:
+    """Microseconds of ``torch.compile(reference)`` for ``run.case`` (``None`` if it raised, noted);
+    its output is compared with ``run.ref`` (a difference is a note)."""
+    case, offs, ref, notes = run.case, run.offs, run.ref, run.notes
     mode = case.mode
     if case.groups > 0:
 
@@ -588,7 +595,7 @@ def _time_compiled_ref(
 
     try:
         t0 = time.perf_counter()
-        cout = cfn(x)
+        cout = cfn(run.x)
         torch.cuda.synchronize()
         first_s = time.perf_counter() - t0
         if first_s > 2.0:
@@ -598,8 +605,8 @@ def _time_compiled_ref(
             if why:
                 notes.append(f"compile(ref) output differs: {why}")
         del cout
-        t = time_cuda_detailed(cfn, sets, **timing)
-        methods["compile"] = t.method
+        t = time_cuda_detailed(cfn, run.sets, **run.timing)
+        run.methods["compile"] = t.method
         return t.us
     except Exception as exc:  # noqa: BLE001
         notes.append(f"compile(ref) n/a: {short_error(exc)}")
@@ -607,20 +614,11 @@ def _time_compiled_ref(
         return None
 
 
-def _time_torchao(
-    torchao: TorchaoBaselines,
-    case: QuantCase,
-    x: torch.Tensor,
-    offs: torch.Tensor | None,
-    ref: tuple[torch.Tensor, torch.Tensor] | None,
-    sets: Sequence[tuple[Any, ...]],
-    timing: dict[str, Any],
-    methods: dict[str, str],
-    notes: list[str],
-) -> tuple[float | None, str | None]:
-    """torchao's microseconds and path name for ``case`` (``None`` us where it cannot run, noted);
-    its output is compared with ``ref`` (a difference is a note)."""
-    base_name, base_fn, bout = torchao.run_first(case.groups > 0, case.mode, x, offs)
+def _time_torchao(torchao: TorchaoBaselines, run: _BaselineRun) -> tuple[float | None, str | None]:
+    """torchao's microseconds and path name for ``run.case`` (``None`` us where it cannot run,
+    noted); its output is compared with ``run.ref`` (a difference is a note)."""
+    offs, ref, notes = run.offs, run.ref, run.notes
+    base_name, base_fn, bout = torchao.run_first(run.case.groups > 0, run.case.mode, run.x, offs)
     if base_fn is None:
         notes.append("torchao n/a (see meta.torchao.unavailable)")
         return None, base_name
@@ -634,8 +632,8 @@ def _time_torchao(
         def tfn(xx: torch.Tensor) -> Any:
             return base_fn(xx, offs)
 
-        t = time_cuda_detailed(tfn, sets, **timing)
-        methods["torchao"] = t.method
+        t = time_cuda_detailed(tfn, run.sets, **run.timing)
+        run.methods["torchao"] = t.method
         return t.us, base_name
     except Exception as exc:  # noqa: BLE001
         notes.append(f"torchao n/a: {short_error(exc)}")
@@ -713,14 +711,15 @@ def bench_variant(
             status = f"FAIL: timing raised {short_error(exc)}"
             traceback.print_exc(file=sys.stderr)
 
+    baseline_run = _BaselineRun(case, x, offs, ref, sets, timing, methods, notes)
     compile_us: float | None = None
     if compiled_ref is not None:
-        compile_us = _time_compiled_ref(compiled_ref, case, x, offs, ref, sets, timing, methods, notes)
+        compile_us = _time_compiled_ref(compiled_ref, baseline_run)
 
     base_us: float | None = None
     base_name: str | None = None
     if torchao is not None:
-        base_us, base_name = _time_torchao(torchao, case, x, offs, ref, sets, timing, methods, notes)
+        base_us, base_name = _time_torchao(torchao, baseline_run)
 
     del ref
     torch.cuda.empty_cache()

@@ -44,8 +44,8 @@ SHAPES = {
 #: Also timed on one input set (all of it L2-resident): shows fixed costs that DRAM latency hides.
 IN_L2 = {"plain": [(65536, 160)], "m_groups": [(65536, 160)], "k_groups": [(5120, 4096)]}
 #: (config, grid scale): the scale multiplies the SM count the persistent grid is sized for, so
-#: above 1 the CTAs run in waves and each walks fewer row blocks. Session 8: the grouped layouts'
-#: L2 prefetch of the first work item, on and off.
+#: above 1 the CTAs run in waves and each walks fewer row blocks. Also the grouped layouts'
+#: L2 prefetch of the first work item, on and off (notes/swizzle-grouped-window-and-prefetch.md).
 CONFIGS = [
     (SwizzleConfig(threads=256, window_cols=64, ctas_per_sm=4), 1),
     (SwizzleConfig(threads=256, window_cols=128, ctas_per_sm=4), 1),

@@ -80,10 +80,9 @@ def entry(name: str) -> KernelEntry:
         raise KeyError(f"no kernel {name!r} in the registry (registered: {', '.join(KERNELS)})") from None
 
 
-def sass_targets(production_only: bool = False) -> dict[str, Callable[[str], object]]:
+def sass_targets() -> dict[str, Callable[[str], object]]:
     """Every variant of every registered kernel as a SASS target: name -> build(arch)."""
     targets: dict[str, Callable[[str], object]] = {}
     for kernel in KERNELS.values():
-        if kernel.production or not production_only:
-            targets.update(kernel.sass_targets())
+        targets.update(kernel.sass_targets())
     return targets

@@ -192,9 +192,11 @@ def test_fakes_match_the_kernel_path_layout(shape):
     assert qw.shape == (2, *shape) and sw.shape == (2, shape[0])
 
 
-def test_unit_n_rows_sets_the_row_stride():
-    from torch_bindings.quantize_fp8 import _unit_n_rows
+def test_expert_rows_sets_the_row_stride():
+    from torch_bindings.quantize_3d import expert_rows
 
     w = torch.randn(1, 3, 16).transpose(0, 1)
-    assert w.stride(1) == 48 and _unit_n_rows(w).stride() == (16, 16, 1)
-    assert torch.equal(_unit_n_rows(w), w)
+    assert w.stride(1) == 48 and expert_rows(w).stride() == (16, 16, 1)
+    assert torch.equal(expert_rows(w), w)
+    plain = torch.randn(3, 2, 16)
+    assert expert_rows(plain) is plain

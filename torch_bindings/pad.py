@@ -20,7 +20,6 @@ from .op import KernelOp
 
 _PAD = "pad_token_groups"
 _UNPAD = "unpad_token_groups"
-_VECTOR_BYTES = (16, 4)  # then one element: cute_kernels.pad.vector_widths
 #: dtypes with kernels of their own (cute_utils.constants.PAD_KERNEL_DTYPES); others run as their
 #: integer carrier.
 _KERNEL_DTYPES = frozenset(getattr(torch, name) for name in PAD_KERNEL_DTYPES)
@@ -34,20 +33,10 @@ def _variant(key: tuple, target: targets.DeviceTarget):
     return RowGatherVariant(str(key[1]).removeprefix("torch."), key[2])
 
 
-def vector_bytes(element_size: int, *tensors: torch.Tensor) -> int:
-    """Widest access (16, 4 or ``element_size`` bytes) that divides the row size of the 2-D
-    ``tensors`` and, for each, its data pointer and row stride in bytes (TVM-FFI checks the stride
-    divisibility a kernel declares; a row-major (M, 0) tensor has row stride 1)."""
-    row_bytes = tensors[0].shape[1] * element_size
-    for width in _VECTOR_BYTES:
-        if width > element_size and row_bytes % width == 0:
-            if all(t.data_ptr() % width == 0 and t.stride(0) * element_size % width == 0 for t in tensors):
-                return width
-    return element_size
-
-
-def _row_vector_bytes(t: torch.Tensor, cols: int) -> int:
-    """:func:`vector_bytes` of one row-major tensor of ``cols`` columns (the eager path's form)."""
+def vector_bytes(t: torch.Tensor, cols: int) -> int:
+    """Widest access (16, 4 or the element size in bytes) that divides the row size of the 2-D
+    row-major ``t`` of ``cols`` columns, its data pointer and its row stride in bytes (TVM-FFI
+    checks the stride divisibility a kernel declares; a row-major (M, 0) tensor has row stride 1)."""
     size = t.element_size()
     row_bytes, pointer, stride_bytes = cols * size, t.data_ptr(), t.stride(0) * size
     if size < 16 and not (row_bytes % 16 or pointer % 16 or stride_bytes % 16):
@@ -84,7 +73,7 @@ def _run_pad(
     out = data.new_empty((reference.padded_rows(rows, num_groups, alignment), cols))
     padded_start = group_end_offsets.new_empty(num_groups)
     padded_end = group_end_offsets.new_empty(num_groups)
-    width = _row_vector_bytes(data, cols)  # out: fresh from the caching allocator, 512-byte aligned
+    width = vector_bytes(data, cols)  # out: fresh from the caching allocator, 512-byte aligned
     kernel = target.kernel(("pad", data.dtype, width), _variant)
     # Always launched: CTA 0 writes padded_start / padded_end even when there is no data.
     kernel(data, out, group_end_offsets, padded_start, padded_end, alignment)
@@ -153,7 +142,7 @@ def _run_unpad(
     cols = padded.shape[1]
     out = data.new_empty((num_tokens, cols))
     if num_tokens and cols:
-        kernel = target.kernel(("unpad", data.dtype, _row_vector_bytes(data, cols)), _variant)
+        kernel = target.kernel(("unpad", data.dtype, vector_bytes(data, cols)), _variant)
         kernel(data, out, group_end_offsets, padded_start)  # out: fresh, 512-byte aligned
     return out if data is padded else out.view(padded.dtype)
 

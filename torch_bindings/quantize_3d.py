@@ -32,12 +32,21 @@ def scales_shape_3d(w_shape: tuple, block: str, blocked: bool) -> tuple:
     return blocked_output_shape((experts, *per_expert), None, "M")
 
 
+def expert_rows(w: torch.Tensor) -> torch.Tensor:
+    """Contiguous w (E, N, K) as the rank-3 kernel entries read it: they flatten it to (E N, K) rows
+    with ``w.stride(1)`` as the row stride. PyTorch lets a size-1 dim's stride be anything (an
+    (E, 1, K) view of a (1, E, K) tensor has N K there), so that case gets stride K."""
+    if w.shape[1] == 1 and w.stride(1) != w.shape[2]:
+        return w.as_strided(w.shape, (w.shape[2], w.shape[2], 1))
+    return w
+
+
 def _run_1x32(
     w: torch.Tensor, mode: str, blocked: bool, target: targets.DeviceTarget
 ) -> tuple[torch.Tensor, torch.Tensor]:
     experts, n, k = w.shape
-    if n == 1 and w.stride(1) != k:  # a size-1 dim's stride is free; the kernel reads it as row stride
-        w = w.as_strided(w.shape, (k, k, 1))
+    if n == 1:  # the one shape whose row stride PyTorch leaves free
+        w = expert_rows(w)
     # Per-expert scales S = (N, K/32), blocked (Rp, Cp) per expert (scales_shape_3d inlined). The
     # kernel's rank-3 entry takes the (E, N, K) tensors as they are (it sees E N rows).
     if blocked:

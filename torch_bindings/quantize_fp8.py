@@ -13,6 +13,7 @@ import torch
 
 from . import checks, reference, targets
 from .op import KernelOp
+from .quantize_3d import expert_rows
 
 _OP_2D, _OP_DUAL, _OP_3D = "quantize_fp8_2d", "quantize_fp8_2d_dual", "quantize_fp8_3d"
 _KERNEL = "quantize_fp8_row"  # cute_kernels.registry name
@@ -35,19 +36,12 @@ def _not_written(op: str, what: str) -> NotImplementedError:
     )
 
 
-def _unit_n_rows(w: torch.Tensor) -> torch.Tensor:
-    """A contiguous (E, 1, K) tensor with its size-1 dim's stride set to K: the rank-3 kernels read
-    that stride as the row stride of the flattened (E N, K) rows, and PyTorch lets a size-1 dim's
-    stride be anything (a transposed (1, E, K) view has N K there)."""
-    return w.as_strided(w.shape, (w.shape[2], w.shape[2], 1))
-
-
 def _run_rows(
     target: targets.DeviceTarget, x: torch.Tensor, round_pow2: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One scale per row of x (M, K) or w (E, N, K): q in x's shape, row-major; scales x.shape[:-1]."""
-    if x.dim() == 3 and x.shape[1] == 1 and x.stride(1) != x.shape[2]:
-        x = _unit_n_rows(x)
+    if x.dim() == 3 and x.shape[1] == 1:  # the one shape whose row stride PyTorch leaves free
+        x = expert_rows(x)
     q = x.new_empty(x.shape, dtype=_E4M3)
     scales = x.new_empty(x.shape[:-1], dtype=torch.float32)
     if scales.numel():
