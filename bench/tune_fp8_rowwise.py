@@ -1,72 +1,94 @@
-"""Tune the FP8 row kernel's config (``cute_kernels.quantize_fp8.Fp8RowConfig``) on the GPU at hand.
+"""Tune the FP8 row kernel's config (``cute_kernels.quantize_fp8.Fp8RowConfig``) per K class on the
+GPU at hand, and write the per-device table the bindings read (``cute_kernels/configs/tuned.json``).
 
-Sweeps threads per CTA x amax-pass unroll x CTAs per SM on bf16 (16384 | 131072) x (2048 | 7168),
-power-of-2 scales, inputs rotated past L2; prints us and the ratio to a copy of the same bytes, and
-checks every config's bytes against the first one's. (The per-arch JSON table of issue 20 is not
-written yet: pick by hand into ``cute_kernels/configs/sm90.py``.)
+For each K class (the next power of 2 of K: the binding's compile key) sweeps threads per CTA x
+unroll x (one row per warp | a whole CTA per row) on bf16 x (16384, K) for the class's K values,
+power-of-2 scales, inputs rotated past L2; prints us and the ratio to a copy of the same bytes,
+checks every config's bytes against the first one's, and keeps the config with the best worst
+ratio over the class's K values. ``--write FILE`` merges the winners into FILE (the table's
+format: ``cute_kernels.configs``) under this arch and device name.
 
-    python -m bench.tune_fp8_rowwise [--quick]   # --quick: CTA-per-row configs and the shipped one
+    python -m bench.tune_fp8_rowwise [--quick] [--write cute_kernels/configs/tuned.json]
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
+from pathlib import Path
 
 import torch
 
 from bench.common.baselines import copy_baseline_best
-from bench.common.cli import make_parser
+from bench.common.cli import make_parser, progress
 from bench.common.timing import make_rotating_inputs, time_cuda
 from cute_kernels import registry
 from cute_kernels.quantize_fp8 import Fp8RowConfig, Fp8RowVariant
 
-SHAPES = [(16384, 2048), (16384, 7168), (131072, 2048), (131072, 7168)]
-CONFIGS = [  # one row per warp, then a whole CTA per row
-    Fp8RowConfig(threads=t, unroll=u, ctas_per_sm=c)
-    for t, u, c in itertools.product((128, 256, 512, 1024), (2, 4, 8, 16, 32), (1, 2, 4, 8))
-    if t * c <= 2048
-] + [
-    Fp8RowConfig(threads=t, unroll=u, ctas_per_sm=c, row_per_cta=True)
-    for t, u, c in itertools.product((128, 256, 512, 1024), (1, 2, 4, 8), (1, 2, 4, 8))
-    if t * c <= 2048
-]
+ROWS = 16384
+CLASSES = {1024: (1024,), 2048: (2048,), 4096: (4096,), 8192: (5120, 7168)}
+CONFIGS = [  # a whole CTA per row (the tuned kind), then one row per warp
+    Fp8RowConfig(threads=t, unroll=u, ctas_per_sm=1, row_per_cta=True)
+    for t, u in itertools.product((128, 256, 512, 1024), (1, 2, 4, 8))
+] + [Fp8RowConfig(threads=t, unroll=u, ctas_per_sm=1) for t, u in itertools.product((256, 512), (8, 16))]
+
+
+def _ratios(cols: int, kernels: dict) -> dict:
+    """``{config: (ratio to copy, us)}`` at (ROWS, cols); raises if a config's bytes differ."""
+
+    def make():
+        x = torch.randn(ROWS, cols, device="cuda", dtype=torch.bfloat16)
+        q = torch.empty(ROWS, cols, device="cuda", dtype=torch.float8_e4m3fn)
+        return x, q, torch.empty(ROWS, device="cuda", dtype=torch.float32)
+
+    sets = make_rotating_inputs(make)
+    copy_us = copy_baseline_best(ROWS * cols * 3 + ROWS * 4)[0].us
+    first, out = None, {}
+    for config, kernel in kernels.items():
+        kernel(*sets[0])
+        got = (sets[0][1].view(torch.uint8).clone(), sets[0][2].clone())
+        first = first or got
+        if not (torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])):
+            raise AssertionError(f"{config}: bytes differ from {next(iter(kernels))}")
+        us = time_cuda(lambda x, q, s, k=kernel: k(x, q, s), sets)
+        out[config] = (copy_us / us, us)
+    del sets
+    torch.cuda.empty_cache()
+    return out
+
+
+def _write(path: Path, arch: str, device: str, winners: dict) -> None:
+    table = json.loads(path.read_text()) if path.exists() else {}
+    per_device = table.setdefault("quantize_fp8_row", {}).setdefault(arch, {}).setdefault(device, {})
+    for k_class, config in winners.items():
+        per_device[f"bfloat16/k{k_class}"] = dataclasses.asdict(config)
+    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(winners)} entries for {device} ({arch}) into {path}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = make_parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = make_parser(__doc__.splitlines()[0])
+    parser.add_argument("--write", type=Path, default=None, help="merge the winners into this table")
+    args = parser.parse_args(argv)
     arch = {9: "sm_90a", 10: "sm_100a"}[torch.cuda.get_device_capability()[0]]
+    device = torch.cuda.get_device_name()
+    configs = [c for c in CONFIGS if c.row_per_cta] if args.quick else CONFIGS
     entry, variant = registry.entry("quantize_fp8_row"), Fp8RowVariant("bfloat16")
-    configs = CONFIGS
-    if args.quick:
-        configs = [c for c in CONFIGS if c.row_per_cta or (c.unroll == 16 and c.threads == 512)]
     kernels = {config: entry.compile(variant, arch, config=config) for config in configs}
-    print(f"device: {torch.cuda.get_device_name()}, {len(configs)} configs")
-    for rows, cols in SHAPES:
-
-        def make(rows=rows, cols=cols):
-            x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
-            q = torch.empty(rows, cols, device="cuda", dtype=torch.float8_e4m3fn)
-            return x, q, torch.empty(rows, device="cuda", dtype=torch.float32)
-
-        sets = make_rotating_inputs(make)
-        moved = rows * cols * 3 + rows * 4
-        copy_us = copy_baseline_best(moved)[0].us
-        first, results = None, []
-        for config, kernel in kernels.items():
-            kernel(*sets[0])
-            out = (sets[0][1].view(torch.uint8).clone(), sets[0][2].clone())
-            first = first or out
-            same = torch.equal(out[0], first[0]) and torch.equal(out[1], first[1])
-            us = time_cuda(lambda x, q, s, k=kernel: k(x, q, s), sets)
-            results.append((copy_us / us, us, config, same))
-        for ratio, us, config, same in sorted(results, key=lambda r: -r[0])[:6]:
-            print(
-                f"{rows}x{cols} threads={config.threads:4d} unroll={config.unroll:2d} "
-                f"row/CTA={config.row_per_cta:d} ctas/SM={config.ctas_per_sm} {us:8.1f} us "
-                f"ratio {ratio:.3f} same={same}"
-            )
-        del sets
-        torch.cuda.empty_cache()
+    print(f"device: {device}, {len(configs)} configs")
+    winners = {}
+    for k_class, cols_list in CLASSES.items():
+        progress(f"K class {k_class}: K = {cols_list}")
+        per_cols = [_ratios(cols, kernels) for cols in cols_list]
+        worst = {c: min(r[c][0] for r in per_cols) for c in configs}
+        ranked = sorted(configs, key=lambda c: -worst[c])
+        for config in ranked[:4]:
+            us = ", ".join(f"{r[config][1]:.1f}" for r in per_cols)
+            print(f"k{k_class} {config} worst ratio {worst[config]:.3f} us [{us}]")
+        winners[k_class] = ranked[0]
+    if args.write is not None:
+        _write(args.write, arch, device, winners)
 
 
 if __name__ == "__main__":

@@ -171,7 +171,9 @@ def quantize_column(values: cute.Tensor, j: cutlass.Constexpr, s: Int32, q: cute
 
 
 @cute.jit
-def store_sector_pairs(words: cute.Tensor, dst: cute.Tensor, e: Int32, k0: Int32, block: Int32, valid):
+def store_sector_pairs(
+    words: cute.Tensor, dst: cute.Tensor, e: Int32, k0: Int32, block: Int32, valid, cols=None
+):
     """Store the E4M3 blocks of a thread's two columns (``words``: (2, 8) Uint32, column ``k0 + j``
     in row j) so that lanes ``2i`` and ``2i + 1`` write the two 16-byte halves of one 32-byte sector
     in each store instruction (whole sectors into L2, not half ones).
@@ -179,7 +181,8 @@ def store_sector_pairs(words: cute.Tensor, dst: cute.Tensor, e: Int32, k0: Int32
     ``dst``: (E, K, M/32, 2, 4) Uint32 view of q^T (``[e, k, c, h, None]``: half h of block c of
     column k). Lane pairs own columns ``k_even .. k_even + 3``; each lane gives its partner the
     halves the partner stores (4 shuffles per column). Every lane must call this (shuffles);
-    only lanes with ``valid`` store.
+    only lanes with ``valid`` store, and with ``cols`` given only columns below it (a lane stores
+    into its partner's columns too: with K % 4 == 2 one of the pair may be past K).
     """
     odd = cute.arch.lane_idx() % 2
     received = cute.make_rmem_tensor(cute.make_layout((COLS_PER_THREAD, 4), stride=(4, 1)), Uint32)
@@ -198,9 +201,15 @@ def store_sector_pairs(words: cute.Tensor, dst: cute.Tensor, e: Int32, k0: Int32
             if odd != 0:
                 first[i] = received[j, i]
                 second[i] = words[j, 4 + i]
-        if valid:
-            cute.autovec_copy(first, dst[e, k0 - 2 * odd + j, block, odd, None])
-            cute.autovec_copy(second, dst[e, k0 + 2 - 2 * odd + j, block, odd, None])
+        if cutlass.const_expr(cols is None):
+            if valid:
+                cute.autovec_copy(first, dst[e, k0 - 2 * odd + j, block, odd, None])
+                cute.autovec_copy(second, dst[e, k0 + 2 - 2 * odd + j, block, odd, None])
+        else:
+            if valid and k0 - 2 * odd + j < cols:
+                cute.autovec_copy(first, dst[e, k0 - 2 * odd + j, block, odd, None])
+            if valid and k0 + 2 - 2 * odd + j < cols:
+                cute.autovec_copy(second, dst[e, k0 + 2 - 2 * odd + j, block, odd, None])
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,8 @@ KERNELS: dict[str, KernelEntry] = {
         KernelEntry("pad", "cute_kernels.pad", "PadKernel"),
         KernelEntry("unpad", "cute_kernels.pad", "UnpadKernel"),
         KernelEntry("quantize_fp8_row", "cute_kernels.quantize_fp8", "Fp8RowKernel"),
+        KernelEntry("quantize_fp8_col_amax", "cute_kernels.quantize_fp8_col", "Fp8ColAmaxKernel"),
+        KernelEntry("quantize_fp8_col_cast", "cute_kernels.quantize_fp8_col", "Fp8ColCastKernel"),
         KernelEntry("quantize_tma", "cute_kernels.experimental.quantize_tma", "QuantizeTmaKernel", False),
     )
 }

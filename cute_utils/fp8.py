@@ -55,9 +55,18 @@ def reciprocal_rn(value: Float32, *, loc=None, ip=None) -> Float32:
 def fp8_quant_scale(amax_bits: Int32, round_pow2: cutlass.Constexpr) -> Float32:
     """``q_scale`` of a vector whose ``max |x|`` has the bits ``amax_bits`` (SPEC section 7): the
     multiplier before the E4M3 conversion. NaN amax -> NaN; Inf -> 0."""
-    q_scale = _quant_scale_fp64(amax_bits.bitcast(Float32))
-    if cutlass.const_expr(round_pow2):
-        q_scale = (q_scale.bitcast(Int32) & Int32(_CLEAR_MANTISSA)).bitcast(Float32)
+    return fp8_quant_scale_masked(amax_bits, Int32(_CLEAR_MANTISSA if round_pow2 else -1))
+
+
+#: The ``mask`` of :func:`fp8_quant_scale_masked` for power-of-2 scales (``-1``: exact scales).
+POW2_MASK = _CLEAR_MANTISSA
+
+
+@cute.jit
+def fp8_quant_scale_masked(amax_bits: Int32, mask: Int32) -> Float32:
+    """:func:`fp8_quant_scale` with the rounding as a run-time ``mask`` ANDed into the scale's bits
+    (:data:`POW2_MASK` rounds down to a power of 2, ``-1`` keeps the scale)."""
+    q_scale = (_quant_scale_fp64(amax_bits.bitcast(Float32)).bitcast(Int32) & mask).bitcast(Float32)
     if amax_bits > _INF_BITS:
         q_scale = Int32(_QUIET_NAN_BITS).bitcast(Float32)
     return q_scale

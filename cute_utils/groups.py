@@ -422,3 +422,33 @@ def m_groups_scale_rows(
         if out_row - prefix[h] * 128 < end - start:
             zero_row = Int32(-1)
     return data_row, zero_row
+
+
+#: End of the no-group "group" ``G`` (rows past every group): above any row index.
+NO_GROUP_END = 0x7FFFFFFF
+
+
+@cute.jit
+def group_of_row(offsets: cute.Tensor, num_groups: Int32, total: Int32, row: Int32, steps: Int32) -> Int32:
+    """Number of groups whose clamped end (:func:`clamped_end`, read from global ``offsets``) is
+    ``<= row``: a binary search of ``steps`` halvings (``G.bit_length()``, a run-time value, so any
+    group count works). For valid (non-decreasing) offsets it is the group that owns ``row``, or
+    ``G`` past every group; garbage offsets give some index in ``[0, G]``."""
+    pos = Int32(0)
+    for k in cutlass.range(steps, unroll=1):
+        step = Int32(1) << (steps - 1 - k)
+        if pos + step <= num_groups:
+            if clamped_end(offsets, pos + step - 1, total) <= row:
+                pos = pos + step
+    return pos
+
+
+@cute.jit
+def row_group_bounds(offsets: cute.Tensor, g: Int32, num_groups: Int32, total: Int32):
+    """``(start, end)`` of group ``g`` (:func:`group_bounds`); ``g == G`` (past every group) gives
+    ``(clamped end of G - 1, NO_GROUP_END)``."""
+    start = clamped_end(offsets, cutlass.min(g, num_groups) - 1, total)
+    end = Int32(NO_GROUP_END)
+    if g < num_groups:
+        start, end = group_bounds(offsets, g, total)
+    return start, end

@@ -315,6 +315,30 @@ def _quantize_3d_case(draw, limits: Limits) -> Case:
     return Case("quantize_3d", (experts, n, k), draw(_QUANT_DTYPES), draw(_SEEDS), None, kwargs)
 
 
+@st.composite
+def _fp8_cols_case(draw, limits: Limits, op: str) -> Case:
+    """FP8 column scales (``fp8_cols``) or the FP8 dual (``fp8_dual``): x (M, K) of any K, row
+    groups of any sizes (one case in five ungrouped); power-of-2 or exact scales."""
+    rows, cols = draw(matrix_shape(limits, col_multiple=1))
+    ends = tuple(draw(group_ends(rows, tile=128)))
+    if draw(st.integers(0, 4)) == 0:
+        ends = None
+    kwargs = (("round_scales_to_power_of_2", draw(st.booleans())),)
+    return Case(op, (rows, cols), draw(_QUANT_DTYPES), draw(_SEEDS), ends, kwargs)
+
+
+@st.composite
+def _fp8_3d_case(draw, limits: Limits) -> Case:
+    """FP8 expert weights (E, N, K) of any N and K, scales along K or N."""
+    experts = draw(_edge_int(1, 33, (1, 2, 8, 16, 32)))
+    n, k = draw(matrix_shape(Limits(limits.max_elems // experts, 9000), col_multiple=1))
+    kwargs = (
+        ("axis", draw(st.sampled_from(("K", "N")))),
+        ("round_scales_to_power_of_2", draw(st.booleans())),
+    )
+    return Case("fp8_3d", (experts, n, k), draw(_QUANT_DTYPES), draw(_SEEDS), None, kwargs)
+
+
 def case_strategy(op: str, limits: Limits = Limits()) -> st.SearchStrategy[Case]:
     """The case strategy of ``op`` (a key of :data:`OPS`)."""
     modes = {"scaling_mode": _MODES}
@@ -328,6 +352,9 @@ def case_strategy(op: str, limits: Limits = Limits()) -> st.SearchStrategy[Case]
         "unpad": lambda: _pad_case(limits, "unpad"),
         "pad_and_quantize": lambda: _pad_quantize_case(limits),
         "quantize_3d": lambda: _quantize_3d_case(limits),
+        "fp8_cols": lambda: _fp8_cols_case(limits, "fp8_cols"),
+        "fp8_dual": lambda: _fp8_cols_case(limits, "fp8_dual"),
+        "fp8_3d": lambda: _fp8_3d_case(limits),
     }
     return strategies[op]()
 
@@ -401,6 +428,12 @@ def _call(module, case: Case, inputs: Inputs, backend: dict) -> tuple:
         return (module.unpad_token_groups(x, offsets, start, num_tokens=tokens, **backend),)
     if case.op == "pad_and_quantize":
         return module.pad_and_quantize_mxfp8_2d(x, offsets, **kw, **backend)
+    if case.op == "fp8_cols":
+        return module.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets, **kw, **backend)
+    if case.op == "fp8_dual":
+        return module.quantize_fp8_2d_dual(x, group_end_offsets=offsets, **kw, **backend)
+    if case.op == "fp8_3d":
+        return module.quantize_fp8_3d(x, **kw, **backend)
     q, s = module.quantize_mxfp8_3d(x, **kw, **backend)
     return (q.transpose(1, 2) if kw["block"] == "32x1" else q), s
 
@@ -457,7 +490,7 @@ def _garbage_kwargs(op: str) -> tuple:
     kw = {"swizzle_m": {"groups": "M"}, "swizzle_k": {"groups": "K"}}.get(op, {})
     if op in ("pad", "unpad", "pad_and_quantize"):
         kw = {"alignment": 32}
-    return tuple(kw.items())
+    return tuple(kw.items())  # fp8_cols / fp8_dual: the defaults
 
 
 #: Ops fuzzed (all that take group offsets, and the 3D op) and the ops the garbage check covers.
@@ -471,8 +504,11 @@ OPS = (
     "unpad",
     "pad_and_quantize",
     "quantize_3d",
+    "fp8_cols",
+    "fp8_dual",
+    "fp8_3d",
 )
-GROUPED_OPS = tuple(op for op in OPS if op != "quantize_3d")
+GROUPED_OPS = tuple(op for op in OPS if op not in ("quantize_3d", "fp8_3d"))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """FP8 rowwise quantization (SPEC section 7): ``quantize_fp8_2d``, ``quantize_fp8_2d_dual``,
 ``quantize_fp8_3d``.
 
-Kernels so far: one scale per row (``cute_kernels.quantize_fp8.Fp8RowKernel``) for
-``quantize_fp8_2d(axis="row")`` and ``quantize_fp8_3d(axis="K")``. The column scales (with and without
-token groups), the dual and ``quantize_fp8_3d(axis="N")`` have their reference only: on a GPU they
-raise ``NotImplementedError`` unless ``backend="reference"`` is asked for (no silent slow path).
+Kernels: one scale per row (``cute_kernels.quantize_fp8.Fp8RowKernel``, one launch) for
+``quantize_fp8_2d(axis="row")`` and ``quantize_fp8_3d(axis="K")``; column scales
+(``cute_kernels.quantize_fp8_col``: a zero fill, the amax pass, the cast pass) for
+``quantize_fp8_2d(axis="col")`` with and without row groups and ``quantize_fp8_3d(axis="N")``; the
+dual runs both (not fused yet).
 """
 
 from __future__ import annotations
@@ -16,24 +17,76 @@ from .op import KernelOp
 from .quantize_3d import expert_rows
 
 _OP_2D, _OP_DUAL, _OP_3D = "quantize_fp8_2d", "quantize_fp8_2d_dual", "quantize_fp8_3d"
-_KERNEL = "quantize_fp8_row"  # cute_kernels.registry name
+_KERNEL = "quantize_fp8_row"  # cute_kernels.registry names
+_COL_AMAX, _COL_CAST = "quantize_fp8_col_amax", "quantize_fp8_col_cast"
 _E4M3 = torch.float8_e4m3fn
 _QUANT_DTYPES = frozenset(checks.QUANT_DTYPES)
 
 
 def _variant(key: tuple, target: targets.DeviceTarget):
-    """``key = ("quantize_fp8_row", torch dtype, round_pow2, vector, rank)`` -> the kernel's variant."""
+    """``key = ("quantize_fp8_row", torch dtype, round_pow2, vector, rank, K class)`` -> the
+    kernel's variant."""
     from cute_kernels.quantize_fp8 import Fp8RowVariant
 
-    _, dtype, round_pow2, vector, rank = key
+    _, dtype, round_pow2, vector, rank, _ = key
     return Fp8RowVariant(str(dtype).removeprefix("torch."), round_pow2, vector, rank)
 
 
-def _not_written(op: str, what: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"{op}: the kernel for {what} is not written yet (issue 20); pass backend='reference' to run "
-        "the PyTorch reference"
-    )
+def _row_config(key: tuple, variant, target: targets.DeviceTarget):
+    """The row kernel's config for the key's K class (``cute_kernels.configs.pick_for_shape``)."""
+    from cute_kernels import configs
+
+    shape_class = f"{variant.dtype}/k{key[-1]}"
+    return configs.pick_for_shape(_KERNEL, variant, target.arch, target.name, shape_class)
+
+
+def k_class(cols: int) -> int:
+    """The row kernel's K class: the next power of 2 of K, at least 256 (one compile per class)."""
+    return 1 << max(cols - 1, 255).bit_length()
+
+
+def _col_variant(key: tuple, target: targets.DeviceTarget):
+    """``key = (registry name, torch dtype, layout, vector_loads, vector_stores)`` -> the column
+    kernels' variant."""
+    from cute_kernels.quantize_fp8_col import Fp8ColVariant
+
+    _, dtype, layout, vector_loads, vector_stores = key
+    return Fp8ColVariant(str(dtype).removeprefix("torch."), layout, vector_loads, vector_stores)
+
+
+def _pow2_mask(round_pow2: bool) -> int:
+    """The cast pass's rounding mask (``cute_utils.fp8.POW2_MASK`` without importing the DSL)."""
+    return -(1 << 23) if round_pow2 else -1
+
+
+def _run_cols(
+    target: targets.DeviceTarget, x: torch.Tensor, offsets: torch.Tensor | None, round_pow2: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale per column (per row group with ``offsets``) of x (M, K), or per column of each
+    expert of w (E, N, K): q with x's shape and the transposed strides ((1, M) / (N K, 1, N)),
+    scales (K,), (G K,) or (E, K). Two passes (amax, cast) after zeroing the amax words."""
+    *lead, rows, cols = x.shape
+    if x.dim() == 3:
+        q = x.new_empty_strided(x.shape, (rows * cols, 1, rows), dtype=_E4M3)
+        scales = x.new_empty((lead[0], cols), dtype=torch.float32)
+        layout, groups = "experts", lead[0]
+    else:
+        q = x.new_empty_strided(x.shape, (1, rows), dtype=_E4M3)
+        groups = 1 if offsets is None else offsets.shape[0]
+        scales = x.new_empty(groups * cols, dtype=torch.float32)
+        layout = "plain" if offsets is None else "groups"
+    if not scales.numel():
+        return q, scales
+    if not x.numel():  # no rows: every group is empty
+        return q, scales.fill_(1.0)
+    vector_loads = not (cols & 1 or x.data_ptr() % (2 * x.element_size()))
+    vector_stores = not rows & 15  # q: fresh, 256-byte aligned
+    amax = torch.zeros(groups * cols, dtype=torch.int32, device=x.device)
+    steps = groups.bit_length()
+    target.kernel((_COL_AMAX, x.dtype, layout, vector_loads, True), _col_variant)(x, amax, offsets, steps)
+    cast = target.kernel((_COL_CAST, x.dtype, layout, vector_loads, vector_stores), _col_variant)
+    cast(x, q, amax, scales, offsets, _pow2_mask(round_pow2), steps)
+    return q, scales
 
 
 def _run_rows(
@@ -44,10 +97,12 @@ def _run_rows(
         x = expert_rows(x)
     q = x.new_empty(x.shape, dtype=_E4M3)
     scales = x.new_empty(x.shape[:-1], dtype=torch.float32)
+    if not x.shape[-1]:  # rows of no elements: scale 1.0 (and PyTorch's strides of (M, 0) are 1)
+        return q, scales.fill_(1.0)
     if scales.numel():
         vector = not (x.shape[-1] & 7 or x.data_ptr() & 15)  # q: fresh, 512-byte aligned
-        key = (_KERNEL, x.dtype, round_pow2, vector, x.dim())
-        target.kernel(key, _variant)(x, q, scales)
+        key = (_KERNEL, x.dtype, round_pow2, vector, x.dim(), k_class(x.shape[-1]))
+        target.kernel(key, _variant, _row_config)(x, q, scales)
     return q, scales
 
 
@@ -66,22 +121,41 @@ def _rows_2d_fake(x: torch.Tensor, round_pow2: bool) -> tuple[torch.Tensor, torc
     return x.new_empty(x.shape, dtype=_E4M3), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
+@torch.library.custom_op("cute_kernels::quantize_fp8_2d_col", mutates_args=())
+def _cols_2d_op(
+    x: torch.Tensor, group_end_offsets: torch.Tensor | None, round_pow2: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _run_cols(targets.select(_OP_2D, "cute", x), x, group_end_offsets, round_pow2)
+
+
+@_cols_2d_op.register_fake
+def _cols_2d_fake(
+    x: torch.Tensor, group_end_offsets: torch.Tensor | None, round_pow2: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, cols = x.shape
+    groups = 1 if group_end_offsets is None else group_end_offsets.shape[0]
+    q = x.new_empty_strided(x.shape, (1, rows), dtype=_E4M3)
+    return q, x.new_empty(groups * cols, dtype=torch.float32)
+
+
 def _fast_2d_ok(x, axis, group_end_offsets, round_pow2) -> bool:
     return (
         isinstance(x, torch.Tensor)
         and x.dtype in _QUANT_DTYPES
         and x.dim() == 2
         and type(axis) is str
-        and axis == "row"
-        and group_end_offsets is None
+        and (
+            (axis == "row" and group_end_offsets is None)
+            or (axis == "col" and (group_end_offsets is None or checks.fast_offsets_ok(group_end_offsets, x)))
+        )
         and (round_pow2 is True or round_pow2 is False)
         and x.is_contiguous()
     )
 
 
 def _run_2d(target: targets.DeviceTarget, x, axis, group_end_offsets, round_pow2):
-    if axis != "row":
-        raise _not_written(_OP_2D, "column scales (axis='col')")
+    if axis == "col":
+        return _run_cols(target, x, group_end_offsets, round_pow2)
     return _run_rows(target, x, round_pow2)
 
 
@@ -92,8 +166,8 @@ def _reference_2d(x, axis, group_end_offsets, round_pow2):
 
 
 def _custom_2d(x, axis, group_end_offsets, round_pow2):
-    if axis != "row":
-        raise _not_written(_OP_2D, "column scales (axis='col')")
+    if axis == "col":
+        return _cols_2d_op(x, group_end_offsets, round_pow2)
     return _rows_2d_op(x, round_pow2)
 
 
@@ -115,20 +189,40 @@ def quantize_fp8_2d(
     ``axis="row"``: one scale per row: q (M, K) ``float8_e4m3fn`` row-major, scales fp32 (M,).
     ``axis="col"``: one scale per column: q (M, K) with strides (1, M), scales (K,), or with int32
     row-group end offsets (G,) one per (group, column): scales (G*K,) group-major, an empty group's
-    1.0 (reference only so far). Scales are the dequantization multipliers ``1 / q_scale``
-    (``q * scale ~ x``), what ``torch._scaled_grouped_mm`` takes. The row kernel: one launch, no
-    host sync, no recompile when M or K change.
+    1.0 and rows past the last group's end quantize to 0. Scales are the dequantization multipliers
+    ``1 / q_scale`` (``q * scale ~ x``), what ``torch._scaled_grouped_mm`` takes. Rows: one launch;
+    columns: a zero fill and two passes over x (amax, cast). No host sync, no recompile when M, K
+    or the offsets change.
     """
     return _QUANTIZE_2D.dispatch(backend, x, axis, group_end_offsets, round_scales_to_power_of_2)
 
 
 # ----------------------------------------------------------------------------------------------
-# quantize_fp8_2d_dual (reference only so far)
+# quantize_fp8_2d_dual
 # ----------------------------------------------------------------------------------------------
 
 
+@torch.library.custom_op("cute_kernels::quantize_fp8_2d_dual", mutates_args=())
+def _dual_op(
+    x: torch.Tensor, group_end_offsets: torch.Tensor | None, round_pow2: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _run_dual(targets.select(_OP_DUAL, "cute", x), x, group_end_offsets, round_pow2)
+
+
+@_dual_op.register_fake
+def _dual_fake(
+    x: torch.Tensor, group_end_offsets: torch.Tensor | None, round_pow2: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (*_rows_2d_fake(x, round_pow2), *_cols_2d_fake(x, group_end_offsets, round_pow2))
+
+
+def _fast_dual_ok(x, group_end_offsets, round_pow2) -> bool:
+    return _fast_2d_ok(x, "col", group_end_offsets, round_pow2)
+
+
 def _run_dual(target: targets.DeviceTarget, x, group_end_offsets, round_pow2):
-    raise _not_written(_OP_DUAL, "the dual (row and column scales)")
+    """The row kernel then the two column passes: three reads of x (not yet fused)."""
+    return (*_run_rows(target, x, round_pow2), *_run_cols(target, x, group_end_offsets, round_pow2))
 
 
 def _reference_dual(x, group_end_offsets, round_pow2):
@@ -137,12 +231,8 @@ def _reference_dual(x, group_end_offsets, round_pow2):
     )
 
 
-def _custom_dual(x, group_end_offsets, round_pow2):
-    raise _not_written(_OP_DUAL, "the dual (row and column scales)")
-
-
 _QUANTIZE_DUAL = KernelOp(
-    _OP_DUAL, checks.check_quantize_fp8_2d_dual, _run_dual, _reference_dual, _custom_dual
+    _OP_DUAL, checks.check_quantize_fp8_2d_dual, _run_dual, _reference_dual, _dual_op, fast_ok=_fast_dual_ok
 )
 
 
@@ -154,8 +244,9 @@ def quantize_fp8_2d_dual(
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(q_row, s_row, q_col, s_col)``: :func:`quantize_fp8_2d` with ``axis="row"`` and with
-    ``axis="col"`` (and the row groups, if given), bit for bit (SPEC section 7). Reference only so
-    far: on a GPU pass ``backend="reference"``."""
+    ``axis="col"`` (and the row groups, if given), bit for bit (SPEC section 7). So far the row
+    kernel and the column passes one after the other (x read three times; a fused kernel would
+    read it twice)."""
     return _QUANTIZE_DUAL.dispatch(backend, x, group_end_offsets, round_scales_to_power_of_2)
 
 
@@ -174,21 +265,33 @@ def _rows_3d_fake(w: torch.Tensor, round_pow2: bool) -> tuple[torch.Tensor, torc
     return w.new_empty(w.shape, dtype=_E4M3), w.new_empty(w.shape[:-1], dtype=torch.float32)
 
 
+@torch.library.custom_op("cute_kernels::quantize_fp8_3d_n", mutates_args=())
+def _cols_3d_op(w: torch.Tensor, round_pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _run_cols(targets.select(_OP_3D, "cute", w), w, None, round_pow2)
+
+
+@_cols_3d_op.register_fake
+def _cols_3d_fake(w: torch.Tensor, round_pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    experts, n, k = w.shape
+    q = w.new_empty_strided(w.shape, (n * k, 1, n), dtype=_E4M3)
+    return q, w.new_empty((experts, k), dtype=torch.float32)
+
+
 def _fast_3d_ok(w, axis, round_pow2) -> bool:
     return (
         isinstance(w, torch.Tensor)
         and w.dtype in _QUANT_DTYPES
         and w.dim() == 3
         and type(axis) is str
-        and axis == "K"
+        and (axis == "K" or axis == "N")
         and (round_pow2 is True or round_pow2 is False)
         and w.is_contiguous()
     )
 
 
 def _run_3d(target: targets.DeviceTarget, w, axis, round_pow2):
-    if axis != "K":
-        raise _not_written(_OP_3D, "scales along N (axis='N')")
+    if axis == "N":
+        return _run_cols(target, w, None, round_pow2)
     return _run_rows(target, w, round_pow2)
 
 
@@ -197,8 +300,8 @@ def _reference_3d(w, axis, round_pow2):
 
 
 def _custom_3d(w, axis, round_pow2):
-    if axis != "K":
-        raise _not_written(_OP_3D, "scales along N (axis='N')")
+    if axis == "N":
+        return _cols_3d_op(w, round_pow2)
     return _rows_3d_op(w, round_pow2)
 
 
@@ -214,6 +317,6 @@ def quantize_fp8_3d(
 
     ``axis="K"``: amax over K: q (E, N, K) row-major, scales fp32 (E, N) (the forward's right
     operand is ``q.transpose(-2, -1)``). ``axis="N"``: amax over N: q (E, N, K) with strides
-    (N*K, 1, N), scales (E, K) (reference only so far). Scales are ``1 / q_scale``.
+    (N*K, 1, N), scales (E, K) (two passes over w: amax, cast). Scales are ``1 / q_scale``.
     """
     return _QUANTIZE_3D.dispatch(backend, w, axis, round_scales_to_power_of_2)

@@ -20,31 +20,42 @@ from .kernel_cache import get_kernel, on_clear
 
 
 class DeviceTarget:
-    """A CUDA device the kernels run on: ``arch`` ("sm_90a" / "sm_100a"), ``num_sms``, and
-    ``kernels`` (binding key -> TVM-FFI callable, filled by :meth:`kernel`)."""
+    """A CUDA device the kernels run on: ``arch`` ("sm_90a" / "sm_100a"), ``num_sms``, ``name``
+    (``torch.cuda.get_device_name``: the tuned tables' key), and ``kernels`` (binding key ->
+    TVM-FFI callable, filled by :meth:`kernel`)."""
 
-    __slots__ = ("arch", "num_sms", "kernels")
+    __slots__ = ("arch", "num_sms", "name", "kernels")
 
-    def __init__(self, arch: str, num_sms: int) -> None:
+    def __init__(self, arch: str, num_sms: int, name: str = "") -> None:
         self.arch = arch
         self.num_sms = num_sms
+        self.name = name
         self.kernels: dict[object, Callable] = {}
 
-    def kernel(self, key: tuple, variant_of: Callable[[tuple, DeviceTarget], object]) -> Callable:
+    def kernel(
+        self,
+        key: tuple,
+        variant_of: Callable[[tuple, DeviceTarget], object],
+        config_of: Callable[[tuple, object, DeviceTarget], object] | None = None,
+    ) -> Callable:
         """The compiled kernel for the binding's ``key`` (``key[0]``: its ``cute_kernels.registry``
         name, the rest cheap static choices): from this table, else the registry entry compiles
         ``variant_of(key, self)`` for this arch through ``kernel_cache.get_kernel`` (memory, disk,
-        then a compile)."""
+        then a compile), with the arch's default config or ``config_of(key, variant, self)``
+        (kernels tuned per shape class)."""
         kernel = self.kernels.get(key)
         if kernel is None:
-            kernel = self.kernels[key] = compiled(key[0], variant_of(key, self), self.arch)
+            variant = variant_of(key, self)
+            config = None if config_of is None else config_of(key, variant, self)
+            kernel = self.kernels[key] = compiled(key[0], variant, self.arch, config)
         return kernel
 
 
-def compiled(name: str, variant: object, arch: str) -> Callable:
-    """Registry kernel ``name``'s ``variant`` for ``arch`` as a TVM-FFI callable (memory, disk, then
-    ``cute.compile``)."""
-    return get_kernel((name, variant, arch), lambda: registry.entry(name).compile(variant, arch))
+def compiled(name: str, variant: object, arch: str, config: object = None) -> Callable:
+    """Registry kernel ``name``'s ``variant`` for ``arch`` (with ``config``, else the arch's
+    default) as a TVM-FFI callable (memory, disk, then ``cute.compile``)."""
+    key = (name, variant, arch) if config is None else (name, variant, arch, config)
+    return get_kernel(key, lambda: registry.entry(name).compile(variant, arch, config=config))
 
 
 _targets: dict[int, DeviceTarget] = {}
@@ -61,7 +72,9 @@ def target(device: torch.device, arch: str) -> DeviceTarget:
     index = device.index if device.index is not None else torch.cuda.current_device()
     found = _targets.get(index)
     if found is None:
-        found = _targets[index] = DeviceTarget(arch, _backend.num_sms(index))
+        found = _targets[index] = DeviceTarget(
+            arch, _backend.num_sms(index), torch.cuda.get_device_name(index)
+        )
     return found
 
 

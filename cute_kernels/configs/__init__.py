@@ -1,10 +1,19 @@
 """Launch configs per GPU arch: ``sm90`` (Hopper) and ``sm100`` (Blackwell), one function per kernel
 (named as in ``cute_kernels.registry``) taking the variant and returning its config, each choice
-with a one-line reason and the note that measured it."""
+with a one-line reason and the note that measured it.
+
+Kernels whose best config depends on the shape also have ``<kernel>_for_shape(variant, shape_class,
+tuned)`` there: ``shape_class`` a string the binding derives from the call (``"bfloat16/k2048"``),
+``tuned`` the entry of the per-device table ``tuned.json`` (written by the kernel's tuner in
+``bench/``: ``{kernel: {arch: {device name: {shape class: config fields}}}}``) or None, when the
+function falls back to its heuristic."""
 
 from __future__ import annotations
 
+import functools
 import importlib
+import json
+from pathlib import Path
 from typing import Any
 
 _MODULES = {"sm_90a": "sm90", "sm_100a": "sm100"}
@@ -16,3 +25,28 @@ def pick(kernel: str, variant: Any, arch: str) -> Any:
         raise ValueError(f"no configs for arch {arch!r} (known: {', '.join(_MODULES)})")
     module = importlib.import_module(f"{__name__}.{_MODULES[arch]}")
     return getattr(module, kernel)(variant)
+
+
+#: The tuners' per-device tables (``bench/tune_*.py --write``).
+TUNED_TABLE = Path(__file__).with_name("tuned.json")
+
+
+@functools.cache
+def _tuned() -> dict:
+    return json.loads(TUNED_TABLE.read_text()) if TUNED_TABLE.exists() else {}
+
+
+def tuned_entry(kernel: str, arch: str, device: str, shape_class: str) -> dict | None:
+    """The tuned config fields of ``kernel`` for ``shape_class`` on the device named ``device``
+    (``torch.cuda.get_device_name()``), or None when the table has none."""
+    return _tuned().get(kernel, {}).get(arch, {}).get(device, {}).get(shape_class)
+
+
+def pick_for_shape(kernel: str, variant: Any, arch: str, device: str, shape_class: str) -> Any:
+    """The config of ``kernel``'s ``variant`` for ``shape_class`` on ``device`` (an ``arch`` GPU):
+    the tuned table's entry, else the arch module's heuristic."""
+    if arch not in _MODULES:
+        raise ValueError(f"no configs for arch {arch!r} (known: {', '.join(_MODULES)})")
+    module = importlib.import_module(f"{__name__}.{_MODULES[arch]}")
+    tuned = tuned_entry(kernel, arch, device, shape_class)
+    return getattr(module, f"{kernel}_for_shape")(variant, shape_class, tuned)

@@ -17,3 +17,6 @@ pad = sm90.pad
 unpad = sm90.unpad
 quantize_tma = sm90.quantize_tma
 quantize_fp8_row = sm90.quantize_fp8_row
+quantize_fp8_row_for_shape = sm90.quantize_fp8_row_for_shape
+quantize_fp8_col_amax = sm90.quantize_fp8_col_amax
+quantize_fp8_col_cast = sm90.quantize_fp8_col_cast

@@ -91,6 +91,40 @@ def quantize_fp8_row(variant):
     return Fp8RowConfig(threads=512, unroll=16 if variant.dtype == "bfloat16" else 8, ctas_per_sm=1)
 
 
+def quantize_fp8_row_for_shape(variant, shape_class: str, tuned: dict | None):
+    """The row kernel per K class (``"<dtype>/k<next power of 2 of K>"``): the tuned entry, else a
+    whole CTA per row with ``threads x unroll`` steps just covering the row (unroll 4 up to K = 4096,
+    else 2; tuner: 1.00-1.02 of copy at K = 2048 and 7168, notes/fp8-rowwise-row-kernel.md)."""
+    from cute_kernels.quantize_fp8 import VECTOR, Fp8RowConfig
+
+    if tuned is not None:
+        return Fp8RowConfig(**tuned)
+    cols = int(shape_class.rsplit("/k", 1)[1])
+    steps = cols // (VECTOR if variant.vector else 1)
+    unroll = 4 if cols <= 4096 else 2
+    threads = min(max(128, 1 << max(steps // unroll - 1, 1).bit_length()), 1024)
+    return Fp8RowConfig(threads=threads, unroll=unroll, ctas_per_sm=1, row_per_cta=True)
+
+
+# --- FP8 column scales (notes/fp8-col-kernels.md) ---
+# Amax pass: 128-thread CTAs over 256-column tiles, row spans shrunk until ~8192 CTAs (1.01 of
+# copy at 16384 x 7168 G = 8 on H100; 2048: 0.95); cast pass: 128 rows x 256 columns per CTA,
+# two 32-row blocks of loads in flight for bf16 (0.92 vs one block: 0.76; 4 blocks spill: 0.26;
+# fp32 and the element variants spill with two), 3 CTAs per SM (2 or 4: 0.69-0.86).
+def quantize_fp8_col_amax(variant):
+    from cute_kernels.quantize_fp8_col import Fp8ColAmaxConfig
+
+    return Fp8ColAmaxConfig()
+
+
+def quantize_fp8_col_cast(variant):
+    from cute_kernels.quantize_fp8_col import Fp8ColCastConfig
+
+    # two blocks in flight only where they fit the 168-register cap (bf16, vector loads and stores)
+    fits = variant.dtype == "bfloat16" and variant.vector_loads and variant.vector_stores
+    return Fp8ColCastConfig(load_blocks=2 if fits else 1)
+
+
 # --- quantize TMA, experimental (notes/quantize-tma.md) ---
 # 8-row boxes, 3 stages, TMA stores of q: 4 KB in flight per warp, 7 CTAs per SM. Not tuned: it
 # measured 2-6% slower than the cp.async 1x32 kernel and no public op runs it.

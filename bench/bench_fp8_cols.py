@@ -1,0 +1,140 @@
+"""Benchmark the FP8 column-scale kernels (SPEC section 7): ``quantize_fp8_2d(axis="col")`` with G
+row groups (G = 1: no offsets, one scale per column) and ``quantize_fp8_3d(axis="N")``.
+
+2-D: bf16 x (M, K), M in (16384, 65536, 131072), K in (2048, 5120, 7168), G in (1, 8, 64) (skewed
+group sizes, ``bench.common.groups``); 3-D: w (E, N, K), E in (8, 16), N in (2048, 8192), K in
+(5120, 7168); power-of-2 scales. Two passes over x (amax, cast): bytes moved = 2 reads of x + q
+written + scales written (the amax words, G K int32, are not counted). Ratio to copy = copy us / our
+us for the same bytes, copy timed in the same run. Anchor, same run, same output:
+``triton_fp8_per_group_colwise_scales`` (2-D; G = 1 with offsets [M]) and
+``triton_fp8_rowwise_3d_transpose_rhs`` (3-D; it reads w^T (E, K, N)), their q bytes and scales
+(``1 / theirs``) checked against ours. Goal (issue 20): >= 0.80 of copy counting both passes, >= 3x
+torchao.
+
+Run (GPU machine, project root on PYTHONPATH)::
+
+    python -m bench.bench_fp8_cols [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import torch
+
+import torch_bindings
+from bench.common.baselines import copy_baseline_best
+from bench.common.cli import make_parser, output_paths, progress
+from bench.common.groups import skewed_group_ends
+from bench.common.report import report
+from bench.common.rows import gbps
+from bench.common.timing import make_rotating_inputs, time_cuda
+
+ROWS, COLS, GROUPS = (16384, 65536, 131072), (2048, 5120, 7168), (1, 8, 64)
+EXPERTS = [(8, 2048, 5120), (8, 2048, 7168), (16, 8192, 5120), (16, 8192, 7168)]
+
+
+def _torchao():
+    """torchao's Triton kernels ``(per-group colwise, 3d transpose rhs)``, or ``(None, None)``."""
+    try:
+        from torchao.prototype.moe_training.kernels.float8_rowwise import triton_fp8_rowwise_3d_transpose_rhs
+        from torchao.prototype.moe_training.kernels.jagged_float8_scales import (
+            triton_fp8_per_group_colwise_scales,
+        )
+    except Exception:  # noqa: BLE001 - no torchao: no anchor column
+        return None, None
+    return triton_fp8_per_group_colwise_scales, triton_fp8_rowwise_3d_transpose_rhs
+
+
+def _same(ours: tuple, theirs: tuple) -> str:
+    q, s = ours
+    ao_q, ao_scale = theirs
+    same = ao_q.stride() == q.stride() and torch.equal(ao_q.view(torch.uint8), q.view(torch.uint8))
+    same = same and torch.equal(
+        (1.0 / ao_scale.reshape(-1)).view(torch.int32), s.reshape(-1).view(torch.int32)
+    )
+    return "yes" if same else "NO"
+
+
+def bench_2d(rows: int, cols: int, groups: int, torchao_fn) -> dict:
+    device = torch.device("cuda")
+    ends = torch.tensor(skewed_group_ends(rows, groups), dtype=torch.int32, device=device)
+    offsets = None if groups == 1 else ends
+    sets = make_rotating_inputs(
+        lambda: (torch.randn(rows, cols, device=device, dtype=torch.bfloat16),), bytes_per_set=3 * rows * cols
+    )
+
+    def run(x):
+        return torch_bindings.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets)
+
+    x0 = sets[0][0]
+    q, s = run(x0)
+    moved = 2 * x0.numel() * 2 + q.numel() + s.numel() * 4
+    us = time_cuda(run, sets)
+    copy_us = copy_baseline_best(moved, device)[0].us
+    row = {"shape": f"{rows}x{cols}", "G": groups, "us": us, "GB/s": gbps(moved, us), "ratio": copy_us / us}
+    if torchao_fn is not None:
+        ao = torchao_fn(x0, ends, round_scales_to_power_of_2=True)
+        ao_us = time_cuda(lambda x: torchao_fn(x, ends, round_scales_to_power_of_2=True), sets)
+        row.update({"torchao_us": ao_us, "speedup": ao_us / us, "same_bytes": _same((q, s), ao)})
+    return row
+
+
+def bench_3d(shape: tuple[int, int, int], torchao_fn) -> dict:
+    device = torch.device("cuda")
+    experts, n, k = shape
+    sets = make_rotating_inputs(
+        lambda: (torch.randn(experts, k, n, device=device, dtype=torch.bfloat16),),
+        bytes_per_set=6 * experts * n * k,
+    )
+    sets = [(wt, wt.transpose(1, 2).contiguous()) for (wt,) in sets]  # torchao reads (E, K, N)
+
+    def run(wt, w):
+        return torch_bindings.quantize_fp8_3d(w, axis="N")
+
+    q, s = run(*sets[0])
+    moved = 2 * q.numel() * 2 + q.numel() + s.numel() * 4
+    us = time_cuda(run, sets)
+    copy_us = copy_baseline_best(moved, device)[0].us
+    row = {
+        "shape": "x".join(map(str, shape)),
+        "G": experts,
+        "us": us,
+        "GB/s": gbps(moved, us),
+        "ratio": copy_us / us,
+    }
+    if torchao_fn is not None:
+        ao = torchao_fn(sets[0][0], round_scales_to_power_of_2=True)
+        ao_us = time_cuda(lambda wt, w: torchao_fn(wt, round_scales_to_power_of_2=True), sets)
+        row.update({"torchao_us": ao_us, "speedup": ao_us / us, "same_bytes": _same((q, s), ao)})
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = make_parser(__doc__.splitlines()[0]).parse_args(argv)  # --quick: K = 7168, M = 16384, 131072
+    colwise, transpose_rhs = _torchao()
+    rows_list = (16384, 131072) if args.quick else ROWS
+    cols_list = (7168,) if args.quick else COLS
+    results = []
+    for rows in rows_list:
+        for cols in cols_list:
+            for groups in GROUPS:
+                progress(f"2d {rows}x{cols} G={groups}")
+                results.append(bench_2d(rows, cols, groups, colwise))
+                torch.cuda.empty_cache()
+    for shape in EXPERTS:
+        progress(f"3d {shape}")
+        results.append(bench_3d(shape, transpose_rhs))
+        torch.cuda.empty_cache()
+    print(f"device: {torch.cuda.get_device_name()}")
+    keys = list(dict.fromkeys(k for r in results for k in r))
+    json_path, _ = output_paths(args.out, "fp8_cols")
+    report(
+        results,
+        keys,
+        "FP8 column scales, two passes (bf16, power-of-2 scales)",
+        json_path=json_path,
+        panel_key=None,
+    )
+
+
+if __name__ == "__main__":
+    main()

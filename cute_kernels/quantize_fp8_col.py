@@ -1,0 +1,533 @@
+"""FP8 column scales (SPEC section 7) in two passes: ``Fp8ColAmaxKernel`` then ``Fp8ColCastKernel``.
+
+They serve ``quantize_fp8_2d(axis="col")`` on x (M, K), with or without row groups, and
+``quantize_fp8_3d(axis="N")`` on w (E, N, K). All three are one problem on x seen as (E, R, K) (2-D:
+E = 1, R = M): one scale per (group, column), where a group is a run of rows (the row groups' end
+offsets, or each expert's N rows, or all M rows), and q is written as q^T (E, K, R) row-major (q
+(M, K) with strides (1, M), or (E, N, K) with strides (N K, 1, N)).
+
+A column's amax spans up to M rows: far more than a chip holds, so two passes (notes/fp8-col-kernels.md).
+
+1. **Amax pass** (``Fp8ColAmaxKernel``): CTA ``(t, s, e)`` owns column tile ``t`` (256 columns: each
+   of its 128 threads a column pair, one 4-byte (bf16) or 8-byte (fp32) load per row, a warp reading
+   128 or 256 contiguous bytes of a row) over row span ``s`` of expert ``e``, read in blocks of 32
+   rows with every load in flight. Each thread keeps the bits of ``max |x|`` of its two columns for
+   the current group and folds them into the (group, column) amax word in global memory with an
+   atomic max (``red.global.max.s32``; bits of non-negative floats order as integers, NaN above Inf)
+   when the group ends and at the span's end. The caller zeroes the amax words first.
+2. **Cast pass** (``Fp8ColCastKernel``): CTA ``(t, c, e)`` owns row tile ``t`` (128 rows, 4 blocks
+   of 32) of expert ``e`` over a run of column tiles; each thread loads a block's 32 rows of its
+   column pair, multiplies by its group's ``q_scale`` (``cute_utils.fp8``, from the amax words:
+   two fp64 divisions per thread and group), converts to E4M3 and writes each column's 32 bytes
+   into q^T: 16-byte stores, lane pairs trading halves so each store instruction fills whole
+   32-byte sectors (``store_sector_pairs``), or byte stores when R % 16 != 0. Rows past every
+   group quantize to 0. The CTAs of row tile ``t`` also write the dequantization scales
+   ``1 / q_scale`` of groups ``t, t + T, ...`` (1.0 for an empty group).
+
+Groups are found with no scan: a thread looks up the group of its first row with a binary search
+of the end offsets in global memory and follows the rows in order; a 32-row block inside the
+current group (the common case) takes one multiplier per column, a block that crosses group ends
+loops over the groups it touches with per-row masks.
+
+Variants (:class:`Fp8ColVariant`): dtype, ``layout`` (``plain`` x (M, K), ``groups`` x (M, K) with
+offsets (G,), ``experts`` w (E, N, K)), ``vector_loads`` (K even and x aligned to a column pair:
+one load per row and pair; else element loads) and, for the cast, ``vector_stores`` (R % 16 == 0:
+16-byte stores of q^T; else byte stores). The power-of-2 rounding is a run-time mask. M, K, E, N
+and G are symbolic: one compile per variant and arch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, Uint32
+
+from cute_utils.blocked import ceil_div
+from cute_utils.fp8 import fp8_quant_scale_masked, reciprocal_rn
+from cute_utils.groups import group_bounds, group_of_row, row_group_bounds
+from cute_utils.mx import abs_bits
+
+from .base import Kernel
+from .quantize_32x1 import _half_view, _one_expert, _pair_view, store_sector_pairs
+
+THREADS = 128
+PAIR = 2  # columns per thread
+TILE_K = THREADS * PAIR  # 256 columns per column tile
+BLOCK = 32  # rows per block (one 32-byte run of q^T per column)
+TILE_M = 4 * BLOCK  # rows per cast row tile
+DTYPES = {"bfloat16": BFloat16, "float32": Float32}
+LAYOUTS = ("plain", "groups", "experts")
+
+
+@dataclass(frozen=True)
+class Fp8ColVariant:
+    """``dtype`` (a :data:`DTYPES` name); ``layout``: ``"plain"`` (x (M, K), scales (K,)),
+    ``"groups"`` (x (M, K), int32 end offsets (G,), scales (G K,) group-major) or ``"experts"``
+    (w (E, N, K), scales (E, K)); ``vector_loads``: K even and x aligned to a column pair (4 bytes
+    bf16, 8 bytes fp32); ``vector_stores`` (cast pass): R % 16 == 0 (R = M, or N for experts)."""
+
+    dtype: str
+    layout: str
+    vector_loads: bool = True
+    vector_stores: bool = True
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS or self.dtype not in DTYPES:
+            raise ValueError(
+                f"layout {self.layout!r} / dtype {self.dtype!r}: not one of {LAYOUTS} / {tuple(DTYPES)}"
+            )
+
+    @property
+    def grouped(self) -> bool:
+        return self.layout == "groups"
+
+    @property
+    def rank(self) -> int:
+        return 3 if self.layout == "experts" else 2
+
+    def suffix(self) -> str:
+        return f"{self.dtype}_{self.layout}_{'v2' if self.vector_loads else 'v1'}"
+
+
+@dataclass(frozen=True)
+class Fp8ColAmaxConfig:
+    """``target_ctas``: grid size aimed for (the row spans shrink until the grid reaches it);
+    ``min_ctas_per_sm``: register cap (0: none)."""
+
+    target_ctas: int = 8192
+    min_ctas_per_sm: int = 4
+
+
+@dataclass(frozen=True)
+class Fp8ColCastConfig:
+    """``target_ctas``: grid size aimed for (a CTA loops over a run of column tiles);
+    ``min_ctas_per_sm``: register cap (0: none); ``load_blocks``: 32-row blocks whose loads a
+    thread issues together (1, 2 or 4: more bytes in flight, more registers)."""
+
+    target_ctas: int = 32768
+    min_ctas_per_sm: int = 3
+    load_blocks: int = 1
+
+
+def _fake(dtype, shape, order, align):
+    return cute.runtime.make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=align)
+
+
+def _fake_x(variant: Fp8ColVariant, rows, cols):
+    """x (M, K) or (E, N, K) row-major, aligned to a column pair for ``vector_loads``."""
+    dtype = DTYPES[variant.dtype]
+    align = dtype.width // 8 * (PAIR if variant.vector_loads else 1)
+    if variant.rank == 3:
+        return _fake(dtype, (cute.sym_int(), rows, cols), (2, 1, 0), align)
+    return _fake(dtype, (rows, cols), (1, 0), align)
+
+
+def _fake_offsets(variant: Fp8ColVariant):
+    if not variant.grouped:
+        return None
+    return cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
+
+
+def _as_experts(x: cute.Tensor) -> cute.Tensor:
+    """x as (E, R, K): a 2-D (M, K) operand is the E = 1 case (same instructions as rank 3)."""
+    if cutlass.const_expr(cute.rank(x.layout) == 2):
+        return _one_expert(x, PAIR)
+    return x
+
+
+def _flat(t: cute.Tensor) -> cute.Tensor:
+    """A row-major (E, K) or (K,) tensor as 1-D."""
+    return cute.make_tensor(t.iterator, cute.make_layout(cute.size(t.shape)))
+
+
+@dataclass(frozen=True)
+class Columns:
+    """A thread's work: column pair ``pair`` (columns ``2 pair``, ``2 pair + 1``) of expert ``e``,
+    whose x has ``rows`` rows and ``cols`` columns."""
+
+    e: Int32
+    pair: Int32
+    rows: Int32
+    cols: Int32
+
+
+class _ColumnPass:
+    """What both passes share: loads and the group walk (module docstring).
+
+    A thread walks rows in order and keeps its current group as three integers ``(g, start, end)``:
+    ``g`` the group (``G`` past every group, whose rows are in none), its rows ``[start, end)``.
+    Plain and experts layouts have one group per expert ``e``: rows ``[0, R)``."""
+
+    variant: Fp8ColVariant
+
+    @cute.jit
+    def _load_block(self, x: cute.Tensor, at: Columns, row0: Int32, last: Int32, raw: cute.Tensor):
+        """Rows ``row0 .. row0 + 31`` (those below ``last``) of the thread's columns into ``raw``
+        (32, 2), zero elsewhere; every load issued before any is used."""
+        raw.fill(0)
+        if cutlass.const_expr(self.variant.vector_loads):
+            pairs = _pair_view(x)
+            for i in cutlass.range_constexpr(BLOCK):
+                if row0 + i < last and at.pair * PAIR < at.cols:
+                    cute.autovec_copy(pairs[at.e, row0 + i, at.pair, None], raw[i, None])
+        else:
+            for i in cutlass.range_constexpr(BLOCK):
+                for j in cutlass.range_constexpr(PAIR):
+                    if row0 + i < last and at.pair * PAIR + j < at.cols:
+                        raw[i, j] = x[at.e, row0 + i, at.pair * PAIR + j]
+
+    @cute.jit
+    def _group_at(self, offsets, at: Columns, row: Int32, steps: Int32):
+        """``(g, start, end)`` of the group of ``row`` (groups: binary search; else expert ``e``)."""
+        g, start, end = at.e, Int32(0), at.rows
+        if cutlass.const_expr(self.variant.grouped):
+            g = group_of_row(offsets, offsets.shape[0], at.rows, row, steps)
+            start, end = row_group_bounds(offsets, g, offsets.shape[0], at.rows)
+        return g, start, end
+
+    @cute.jit
+    def _last_group(self, offsets, at: Columns, row0: Int32, last: Int32, steps: Int32) -> Int32:
+        """The group of the block's last row below ``last``."""
+        g, _, _ = self._group_at(offsets, at, cutlass.min(row0 + BLOCK, last) - 1, steps)
+        return g
+
+    def _real(self, g: Int32, offsets):
+        """Whether group ``g`` is a group (not the rows past every group)."""
+        if cutlass.const_expr(self.variant.grouped):
+            return g < offsets.shape[0]
+        return True
+
+
+@cute.jit
+def _group_index(offsets: cute.Tensor, g: Int32, rows: Int32):
+    """``(g, start, end)`` of group ``g`` (groups layout; ``G``: past every group)."""
+    start, end = row_group_bounds(offsets, g, offsets.shape[0], rows)
+    return g, start, end
+
+
+@cute.jit
+def _masked_amax(raw: cute.Tensor, row0: Int32, start: Int32, end: Int32, acc: cute.Tensor):
+    """``acc[j] = max(acc[j], |raw[i, j]|)`` (bits) over the block rows ``row0 + i`` in ``[start, end)``."""
+    for i in cutlass.range_constexpr(BLOCK):
+        if row0 + i >= start and row0 + i < end:
+            for j in cutlass.range_constexpr(PAIR):
+                acc[j] = cutlass.max(acc[j], abs_bits(Float32(raw[i, j])))
+
+
+@cute.jit
+def _masked_scale(
+    raw: cute.Tensor, j: cutlass.Constexpr, row0: Int32, start: Int32, end: Int32, q_scale, scaled
+):
+    """``scaled[i] = raw[i, j] * q_scale`` for the block rows ``row0 + i`` in ``[start, end)``."""
+    for i in cutlass.range_constexpr(BLOCK):
+        if row0 + i >= start and row0 + i < end:
+            scaled[i] = Float32(raw[i, j]) * q_scale
+
+
+@cute.jit
+def _to_e4m3(scaled: cute.Tensor, q_words: cute.Tensor, j: cutlass.Constexpr):
+    """The 32 values of ``scaled`` as E4M3 bytes into ``q_words[j, None]`` (8 words)."""
+    q = cute.recast_tensor(q_words[j, None], Float8E4M3FN)
+    q.store(scaled.load().to(Float8E4M3FN))
+
+
+@cute.jit
+def _scale_column(raw, j: cutlass.Constexpr, row0: Int32, start: Int32, end: Int32, q_scale, q_words):
+    """Column ``j`` of the block times ``q_scale`` for rows in ``[start, end)`` (0 elsewhere), as
+    E4M3 bytes into ``q_words[j, None]``."""
+    scaled = cute.make_rmem_tensor(cute.make_layout(BLOCK), Float32)
+    scaled.fill(0)
+    _masked_scale(raw, j, row0, start, end, q_scale, scaled)
+    _to_e4m3(scaled, q_words, j)
+
+
+@cute.jit
+def _dequant_scale(amax_bits: Int32, mask: Int32, nonempty) -> Float32:
+    """``1 / q_scale`` of a group's column (SPEC section 7), 1.0 for an empty group."""
+    scale = reciprocal_rn(fp8_quant_scale_masked(amax_bits, mask))
+    if not nonempty:
+        scale = Float32(1.0)
+    return scale
+
+
+class Fp8ColAmaxKernel(_ColumnPass, Kernel):
+    """Amax pass (module docstring). Launch: ``kernel(x, amax, offsets, steps)``: ``amax`` int32
+    (n K,) zeroed (n = G, E or 1), ``steps = G.bit_length()`` (groups; else ignored)."""
+
+    name = "quantize_fp8_col_amax"
+
+    @classmethod
+    def variants(cls) -> list[Fp8ColVariant]:
+        return [Fp8ColVariant(d, layout, v) for d in DTYPES for layout in LAYOUTS for v in (True, False)]
+
+    @classmethod
+    def target_name(cls, variant: Fp8ColVariant) -> str:
+        return f"{cls.name}_{variant.suffix()}"
+
+    @classmethod
+    def fake_arguments(cls, variant: Fp8ColVariant) -> tuple:
+        """x (symbolic sizes; K even for ``vector_loads``), amax int32 (n K,), offsets, steps, the
+        env stream."""
+        cols = cute.sym_int(divisibility=PAIR if variant.vector_loads else 1)
+        x = _fake_x(variant, cute.sym_int(), cols)
+        amax = _fake(Int32, (cute.sym_int(),), (0,), 4)
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        return x, amax, _fake_offsets(variant), Int32(1), stream
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, amax: cute.Tensor, offsets, steps: Int32, stream):
+        x = _as_experts(x)
+        experts, rows, cols = x.shape
+        col_tiles = ceil_div(cols, TILE_K)
+        spans = cutlass.max(self.config.target_ctas // (col_tiles * experts), 1)
+        span_rows = cutlass.max(ceil_div(ceil_div(rows, spans), BLOCK) * BLOCK, BLOCK)
+        spans = cutlass.max(ceil_div(rows, span_rows), 1)
+        self.kernel(x, amax, offsets, span_rows, steps).launch(
+            grid=[col_tiles, spans, experts],
+            block=[THREADS, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=self.config.min_ctas_per_sm,
+            preferred_smem_carveout=0,
+        )
+
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, amax: cute.Tensor, offsets, span_rows: Int32, steps: Int32):
+        tid, _, _ = cute.arch.thread_idx()
+        tile, span, e = cute.arch.block_idx()
+        _, rows, cols = x.shape
+        at = Columns(e, tile * THREADS + tid, rows, cols)
+        first = span * span_rows
+        last = cutlass.min(first + span_rows, rows)
+        raw = cute.make_rmem_tensor(cute.make_layout((BLOCK, PAIR), stride=(PAIR, 1)), x.element_type)
+        acc = cute.make_rmem_tensor(cute.make_layout(PAIR), Int32)
+        acc.fill(0)
+        if at.pair * PAIR < cols:
+            g, start, end = self._group_at(offsets, at, first, steps)
+            for row0 in cutlass.range(first, last, BLOCK, unroll=1):
+                self._load_block(x, at, row0, last, raw)
+                if cutlass.const_expr(not self.variant.grouped):
+                    _masked_amax(raw, row0, row0, row0 + BLOCK, acc)
+                else:
+                    if row0 + BLOCK <= end:  # the whole block in the current group
+                        _masked_amax(raw, row0, row0, row0 + BLOCK, acc)
+                    else:
+                        g_last = self._last_group(offsets, at, row0, last, steps)
+                        self._across_groups(amax, offsets, at, raw, row0, g, g_last, acc)
+                        g, start, end = _group_index(offsets, g_last, rows)
+            self._flush(amax, offsets, at, g, acc)
+
+    @cute.jit
+    def _across_groups(
+        self, amax, offsets, at: Columns, raw, row0: Int32, g_first: Int32, g_last: Int32, acc
+    ):
+        """A block that crosses group ends: each group's rows into ``acc``, flushed for every group
+        before ``g_last`` (whose rows go on in the next block)."""
+        part = cute.make_rmem_tensor(cute.make_layout(PAIR), Int32)
+        for g in cutlass.range(g_first, g_last + 1, unroll=1):
+            start, end = row_group_bounds(offsets, g, offsets.shape[0], at.rows)
+            part.fill(0)
+            _masked_amax(raw, row0, start, end, part)
+            for j in cutlass.range_constexpr(PAIR):
+                acc[j] = cutlass.max(acc[j], part[j])
+            if g < g_last:
+                self._flush(amax, offsets, at, g, acc)
+                acc.fill(0)
+
+    @cute.jit
+    def _flush(self, amax: cute.Tensor, offsets, at: Columns, g: Int32, acc: cute.Tensor):
+        """Atomic max of ``acc`` into the amax words of (group ``g``, the thread's columns)."""
+        if self._real(g, offsets):
+            for j in cutlass.range_constexpr(PAIR):
+                col = at.pair * PAIR + j
+                if col < at.cols:
+                    ptr = amax.iterator + (g * at.cols + col)
+                    cute.arch.red(ptr, acc[j], op="max", dtype=Int32, sem="relaxed", scope="gpu")
+
+
+class Fp8ColCastKernel(_ColumnPass, Kernel):
+    """Cast pass (module docstring). Launch: ``kernel(x, q, amax, scales, offsets, mask, steps)``:
+    q (M, K) strides (1, M) or (E, N, K) strides (N K, 1, N); ``amax`` the amax pass's words;
+    scales fp32 (K,), (G K,) or (E, K); ``mask`` the rounding (``cute_utils.fp8.POW2_MASK`` or -1)."""
+
+    name = "quantize_fp8_col_cast"
+
+    @classmethod
+    def variants(cls) -> list[Fp8ColVariant]:
+        return [
+            Fp8ColVariant(d, layout, v, s)
+            for d in DTYPES
+            for layout in LAYOUTS
+            for v in (True, False)
+            for s in (True, False)
+        ]
+
+    @classmethod
+    def target_name(cls, variant: Fp8ColVariant) -> str:
+        return f"{cls.name}_{variant.suffix()}_{'s16' if variant.vector_stores else 's1'}"
+
+    @classmethod
+    def fake_arguments(cls, variant: Fp8ColVariant) -> tuple:
+        """x, q (q^T rows 16-byte aligned for ``vector_stores``), amax, scales, offsets, mask,
+        steps, the env stream."""
+        rows = cute.sym_int(divisibility=16 if variant.vector_stores else 1)
+        cols = cute.sym_int(divisibility=PAIR if variant.vector_loads else 1)
+        x = _fake_x(variant, rows, cols)
+        q_align = 16 if variant.vector_stores else 1
+        if variant.rank == 3:
+            experts = x.shape[0]
+            q = _fake(Float8E4M3FN, (experts, rows, cols), (2, 0, 1), q_align)
+            scales = _fake(Float32, (experts, cols), (1, 0), 4)
+        else:
+            q = _fake(Float8E4M3FN, (rows, cols), (0, 1), q_align)
+            scales = _fake(Float32, (cute.sym_int(),), (0,), 4)
+        amax = _fake(Int32, (cute.sym_int(),), (0,), 4)
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        return x, q, amax, scales, _fake_offsets(variant), Int32(-1), Int32(1), stream
+
+    @cute.jit
+    def __call__(self, x, q, amax, scales, offsets, mask: Int32, steps: Int32, stream):
+        if cutlass.const_expr(self.variant.rank == 2):  # q (M, K) column-major: its transpose row-major
+            qt = _one_expert(q, 16 if self.variant.vector_stores else 1, transpose=True)
+        else:  # q (E, N, K) with strides (N K, 1, N) seen as (E, K, N) row-major
+            qt = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[0, 2, 1]))
+        x = _as_experts(x)
+        experts, rows, cols = x.shape
+        row_tiles = cutlass.max(ceil_div(rows, TILE_M), 1)
+        col_tiles = ceil_div(cols, TILE_K)
+        chunks = cutlass.min(col_tiles, cutlass.max(self.config.target_ctas // (row_tiles * experts), 1))
+        tiles_per_cta = ceil_div(col_tiles, chunks)
+        chunks = ceil_div(col_tiles, tiles_per_cta)
+        self.kernel(x, qt, amax, _flat(scales), offsets, mask, steps, tiles_per_cta).launch(
+            grid=[row_tiles, chunks, experts],
+            block=[THREADS, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=self.config.min_ctas_per_sm,
+            preferred_smem_carveout=0,
+        )
+
+    @cute.kernel
+    def kernel(self, x, qt, amax, scales, offsets, mask: Int32, steps: Int32, tiles_per_cta: Int32):
+        tid, _, _ = cute.arch.thread_idx()
+        row_tile, chunk, e = cute.arch.block_idx()
+        _, rows, cols = x.shape
+        first_tile = chunk * tiles_per_cta
+        last_tile = cutlass.min(first_tile + tiles_per_cta, ceil_div(cols, TILE_K))
+        for tile in cutlass.range(first_tile, last_tile, unroll=1):
+            at = Columns(e, tile * THREADS + tid, rows, cols)
+            self._store_scales(amax, scales, offsets, mask, at, row_tile)
+            self._row_tile(x, qt, amax, offsets, mask, steps, at, row_tile * TILE_M)
+
+    @cute.jit
+    def _row_tile(self, x, qt, amax, offsets, mask: Int32, steps: Int32, at: Columns, first_row: Int32):
+        """Rows ``first_row .. first_row + 127`` of the thread's columns into q^T, ``load_blocks``
+        blocks of loads in flight at a time."""
+        loads = self.config.load_blocks
+        raw = cute.make_rmem_tensor(
+            cute.make_layout((BLOCK, PAIR, loads), stride=(PAIR, 1, BLOCK * PAIR)), x.element_type
+        )
+        q_words = cute.make_rmem_tensor(cute.make_layout((PAIR, 8), stride=(8, 1)), Uint32)
+        q_scale = cute.make_rmem_tensor(cute.make_layout(PAIR), Float32)
+        g, start, end = self._group_at(offsets, at, first_row, steps)
+        self._q_scale(amax, offsets, at, g, mask, q_scale)
+        for b0 in cutlass.range(0, TILE_M // BLOCK, loads, unroll=1):
+            for lb in cutlass.range_constexpr(loads):
+                row0 = first_row + (b0 + lb) * BLOCK
+                if row0 < at.rows:
+                    self._load_block(x, at, row0, at.rows, raw[None, None, lb])
+            for lb in cutlass.range_constexpr(loads):
+                row0 = first_row + (b0 + lb) * BLOCK
+                block = raw[None, None, lb]
+                if row0 < at.rows:
+                    if cutlass.const_expr(not self.variant.grouped):
+                        for j in cutlass.range_constexpr(PAIR):
+                            _scale_column(block, j, row0, row0, row0 + BLOCK, q_scale[j], q_words)
+                    else:
+                        if row0 + BLOCK <= end:  # the whole block in the current group
+                            stop = row0  # rows past every group: no row scales, all give 0
+                            if self._real(g, offsets):
+                                stop = row0 + BLOCK
+                            for j in cutlass.range_constexpr(PAIR):
+                                _scale_column(block, j, row0, row0, stop, q_scale[j], q_words)
+                        else:
+                            g_last = self._last_group(offsets, at, row0, at.rows, steps)
+                            self._scale_across_groups(
+                                amax, offsets, mask, at, block, row0, g, g_last, q_words
+                            )
+                            g, start, end = _group_index(offsets, g_last, at.rows)
+                            self._q_scale(amax, offsets, at, g, mask, q_scale)
+                    self._store_block(q_words, qt, at, row0)
+
+    @cute.jit
+    def _store_scales(self, amax, scales, offsets, mask: Int32, at: Columns, row_tile: Int32):
+        """The dequantization scales ``1 / q_scale`` of the thread's columns for row tile
+        ``row_tile``'s groups: ``row_tile, row_tile + T, ...`` (T row tiles), or expert ``e``'s one
+        group in row tile 0; 1.0 for an empty group."""
+        row_tiles, _, _ = cute.arch.grid_dim()
+        for j in cutlass.range_constexpr(PAIR):
+            col = at.pair * PAIR + j
+            if col < at.cols:
+                if cutlass.const_expr(self.variant.grouped):
+                    for g in cutlass.range(row_tile, offsets.shape[0], row_tiles, unroll=1):
+                        start, end = group_bounds(offsets, g, at.rows)
+                        scales[g * at.cols + col] = _dequant_scale(amax[g * at.cols + col], mask, end > start)
+                else:
+                    if row_tile == 0:
+                        word = amax[at.e * at.cols + col]
+                        scales[at.e * at.cols + col] = _dequant_scale(word, mask, at.rows > 0)
+
+    @cute.jit
+    def _q_scale(self, amax, offsets, at: Columns, g: Int32, mask: Int32, q_scale: cute.Tensor):
+        """``q_scale[j]`` of (group ``g``, column ``2 pair + j``); 0 past every group and past K."""
+        q_scale.fill(0)
+        if self._real(g, offsets):
+            for j in cutlass.range_constexpr(PAIR):
+                col = at.pair * PAIR + j
+                if col < at.cols:
+                    q_scale[j] = fp8_quant_scale_masked(amax[g * at.cols + col], mask)
+
+    @cute.jit
+    def _scale_across_groups(
+        self, amax, offsets, mask: Int32, at: Columns, raw, row0, g_first, g_last, q_words
+    ):
+        """``q_words`` of a block that crosses group ends: each group it touches scales its own rows
+        (rows in no group give 0)."""
+        scaled = cute.make_rmem_tensor(cute.make_layout(BLOCK), Float32)
+        for j in cutlass.range_constexpr(PAIR):
+            col = at.pair * PAIR + j
+            scaled.fill(0)
+            for g in cutlass.range(g_first, g_last + 1, unroll=1):
+                if g < offsets.shape[0] and col < at.cols:
+                    start, end = group_bounds(offsets, g, at.rows)
+                    q_scale = fp8_quant_scale_masked(amax[g * at.cols + col], mask)
+                    _masked_scale(raw, j, row0, start, end, q_scale, scaled)
+            _to_e4m3(scaled, q_words, j)
+
+    @cute.jit
+    def _store_block(self, q_words, qt, at: Columns, row0: Int32):
+        """The block's E4M3 bytes (``q_words[j, None]``: column ``2 pair + j``) into q^T, rows
+        ``row0 ..`` below R."""
+        k0 = at.pair * PAIR
+        if cutlass.const_expr(self.variant.vector_stores):  # R % 16 == 0: each 16-row half whole
+            odd = cute.arch.lane_idx() % 2
+            valid = row0 + 16 * odd < at.rows
+            store_sector_pairs(q_words, _half_view(qt), at.e, k0, row0 // BLOCK, valid, at.cols)
+        else:
+            for j in cutlass.range_constexpr(PAIR):
+                q = cute.recast_tensor(q_words[j, None], Float8E4M3FN)
+                for i in cutlass.range_constexpr(BLOCK):
+                    if row0 + i < at.rows and k0 + j < at.cols:
+                        qt[at.e, k0 + j, row0 + i] = q[i]
+
+
+__all__ = [
+    "DTYPES",
+    "LAYOUTS",
+    "Columns",
+    "Fp8ColAmaxConfig",
+    "Fp8ColAmaxKernel",
+    "Fp8ColCastConfig",
+    "Fp8ColCastKernel",
+    "Fp8ColVariant",
+]

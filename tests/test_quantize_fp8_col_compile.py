@@ -1,0 +1,49 @@
+"""The FP8 column-scale kernels (amax pass, cast pass) compile for sm_90a and sm_100a on a CPU-only
+machine with the SASS we expect: no local memory, one 4-byte (bf16) / 8-byte (fp32) load per row
+and column pair in the vector-load variants, the atomic max of the amax pass, the saturating E4M3
+conversion and the fp64 scale division of the cast pass, 16-byte q stores in its vector-store
+variants; the registry lists every variant."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import assert_recorded_hashes, kernel_targets
+
+TARGETS = kernel_targets("quantize_fp8_col_amax", "quantize_fp8_col_cast")
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_compiles_with_expected_sass(compiled, target):
+    arch, summaries = compiled
+    (kernel,) = summaries[target]
+    text = kernel.format()
+    assert kernel.arch == arch
+    assert kernel.local_bytes == 0 and kernel.local_loads == 0 and kernel.local_stores == 0, text
+    pair_bits = 32 if "bfloat16" in target else 64
+    if "_v2" in target:
+        assert kernel.global_loads(pair_bits) >= 32, text
+    if "_amax_" in target:
+        assert kernel.registers <= 128, text  # 4 CTAs of 128 threads per SM
+        assert any(m.startswith("RED") for m in kernel.counts), text
+    else:
+        assert kernel.registers <= 168, text  # 3 CTAs of 128 threads per SM
+        assert kernel.opcode("F2FP") >= 16 and all("UE8M0" not in m for m in kernel.counts), text
+        assert any(m.startswith(("DMUL", "DFMA")) for m in kernel.counts), "q_scale divides in fp64"
+        if "_s16" in target:
+            assert kernel.global_stores(128) >= 4, text
+
+
+def test_every_variant_is_registered():
+    names = {
+        f"{d}_{layout}_{v}"
+        for d in ("bfloat16", "float32")
+        for layout in ("plain", "groups", "experts")
+        for v in ("v2", "v1")
+    }
+    expected = {f"quantize_fp8_col_amax_{n}" for n in names}
+    expected |= {f"quantize_fp8_col_cast_{n}_{s}" for n in names for s in ("s16", "s1")}
+    assert set(TARGETS) == expected
+
+
+def test_instruction_hashes_are_the_recorded_ones(compiled):
+    assert_recorded_hashes(compiled)

@@ -1,0 +1,208 @@
+"""FP8 column scales on the GPU (SPEC section 7): quantize_fp8_2d(axis="col") with and without row
+groups, quantize_fp8_2d_dual and quantize_fp8_3d(axis="N"), bit-exact to the reference (q bytes,
+strides and fp32 scale bits) on random data (per-row and per-column magnitudes) and special values,
+both roundings, every load/store variant (K odd, M % 16 != 0, unaligned x), empty groups and rows
+past the last group, no sync, no recompile when M, K or the offsets change, CUDA graphs, fullgraph
+torch.compile. The group patterns are fuzzed in tests/test_fuzz_gpu.py (ops fp8_cols, fp8_dual,
+fp8_3d)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_same_bytes, no_sync
+from fuzz import same_strides
+from test_quantize_gpu import _random_x, _special_blocks
+
+import torch_bindings
+from torch_bindings import reference
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(1, 2), (3, 1), (5, 13), (16, 256), (33, 1000), (48, 258), (256, 7168), (1000, 5120), (4096, 2048)]
+
+
+def _by_column(shape, dtype, gen) -> torch.Tensor:
+    """Random data whose magnitude varies per column (10^U(-30, 30))."""
+    return _random_x(shape[::-1], dtype, gen).t().contiguous()
+
+
+def _check_cols(x: torch.Tensor, ends=None, rounding: bool = True) -> None:
+    offsets = None if ends is None else torch.tensor(ends, dtype=torch.int32, device="cuda")
+    kw = {"axis": "col", "group_end_offsets": offsets, "round_scales_to_power_of_2": rounding}
+    with no_sync():
+        q, s = torch_bindings.quantize_fp8_2d(x, backend="cute", **kw)
+    q_ref, s_ref = reference.quantize_fp8_2d(x, **kw)
+    assert same_strides(q, q_ref), (q.stride(), q_ref.stride())
+    assert_same_bytes(q, q_ref, "q")
+    assert_same_bytes(s, s_ref, "scales")
+
+
+@pytest.mark.parametrize("rounding", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows,cols", SHAPES)
+def test_columns_match_reference(rows, cols, dtype, rounding, poison_cuda_allocator):
+    gen = torch.Generator().manual_seed(rows * 7 + cols)
+    for x in (_random_x((rows, cols), dtype, gen), _by_column((rows, cols), dtype, gen)):
+        poison_cuda_allocator()
+        _check_cols(x, None, rounding)
+
+
+GROUPS = [
+    [0, 0, 5, 5, 17],  # empty first groups, rows past the last
+    [1, 2, 3, 4, 40],  # one-row groups, one block crossing many ends
+    [40, 40, 40],  # empty last groups
+    [0],  # no rows in any group
+    [32, 64, 100, 128, 300],
+    [7, 290, 300],
+]
+
+
+@pytest.mark.parametrize("rounding", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("ends", GROUPS, ids=str)
+@pytest.mark.parametrize("cols", [64, 258, 7])
+def test_groups_match_reference(ends, cols, dtype, rounding, poison_cuda_allocator):
+    gen = torch.Generator().manual_seed(len(ends) * 31 + cols)
+    rows = max(ends[-1] + 3, 16 if cols == 64 else 17)
+    for x in (_random_x((rows, cols), dtype, gen), _by_column((rows, cols), dtype, gen)):
+        poison_cuda_allocator()
+        _check_cols(x, ends, rounding)
+
+
+def test_many_groups_and_a_large_matrix():
+    gen = torch.Generator().manual_seed(11)
+    x = _by_column((16384, 2048), torch.bfloat16, gen)
+    sizes = torch.randint(0, 600, (64,), generator=gen)
+    ends = torch.cumsum(sizes, 0).clamp(max=16384).tolist()
+    _check_cols(x, ends)
+    _check_cols(x, list(range(1, 2049)))  # 2048 one-row groups
+
+
+@pytest.mark.parametrize("rounding", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_special_values(dtype, rounding):
+    blocks = _special_blocks(dtype).cuda()  # rows of 32: Inf, NaN, 0, -0, subnormals, max
+    columns = blocks.t().contiguous()  # each special run down a column
+    _check_cols(columns, None, rounding)
+    _check_cols(columns, [8, 8, 20], rounding)
+    _check_cols(blocks, None, rounding)
+    _check_cols(torch.cat([columns, columns[:, :1]], 1), [3, 31], rounding)  # K odd: element loads
+
+
+def test_unaligned_x_takes_the_element_loads():
+    base = _random_x((1, 64 * 40 + 1), torch.bfloat16, torch.Generator().manual_seed(4))
+    x = base[0, 1:].view(64, 40)  # 2 bytes past a 4-byte boundary
+    _check_cols(x)
+    _check_cols(x, [10, 50])
+
+
+@pytest.mark.parametrize("rounding", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "experts,n,k", [(1, 1, 8), (3, 50, 64), (2, 129, 96), (4, 256, 7168), (2, 7, 13), (2, 48, 258)]
+)
+def test_3d_n_matches_reference(experts, n, k, dtype, rounding, poison_cuda_allocator):
+    gen = torch.Generator().manual_seed(experts + n + k)
+    w = _random_x((experts * n, k), dtype, gen).view(experts, n, k)
+    poison_cuda_allocator()
+    with no_sync():
+        q, s = torch_bindings.quantize_fp8_3d(
+            w, axis="N", round_scales_to_power_of_2=rounding, backend="cute"
+        )
+    q_ref, s_ref = reference.quantize_fp8_3d(w, axis="N", round_scales_to_power_of_2=rounding)
+    assert same_strides(q, q_ref), (q.stride(), q_ref.stride())
+    assert_same_bytes(q, q_ref, "q")
+    assert_same_bytes(s, s_ref, "scales")
+
+
+@pytest.mark.parametrize("ends", [None, [0, 100, 100, 250], [5]], ids=str)
+def test_dual_matches_the_two_single_calls(ends):
+    x = _random_x((256, 520), torch.bfloat16, torch.Generator().manual_seed(12))
+    offsets = None if ends is None else torch.tensor(ends, dtype=torch.int32, device="cuda")
+    with no_sync():
+        got = torch_bindings.quantize_fp8_2d_dual(x, group_end_offsets=offsets, backend="cute")
+    want = reference.quantize_fp8_2d_dual(x, group_end_offsets=offsets)
+    for g, w in zip(got, want, strict=True):
+        assert same_strides(g, w), (g.stride(), w.stride())
+        assert_same_bytes(g, w)
+
+
+@pytest.mark.parametrize("shape", [(0, 64), (4, 0), (0, 3)])
+def test_empty_dims(shape):
+    x = torch.zeros(shape, dtype=torch.bfloat16, device="cuda")
+    offsets = torch.tensor([0, 0], dtype=torch.int32, device="cuda")
+    for kw in ({}, {"group_end_offsets": offsets}):
+        with no_sync():
+            q, s = torch_bindings.quantize_fp8_2d(x, axis="col", backend="cute", **kw)
+        q_ref, s_ref = reference.quantize_fp8_2d(x, axis="col", **kw)
+        assert_same_bytes(q, q_ref, "q")
+        assert_same_bytes(s, s_ref, "scales")
+    w = torch.zeros((2, *shape), dtype=torch.bfloat16, device="cuda")
+    with no_sync():
+        q, s = torch_bindings.quantize_fp8_3d(w, axis="N", backend="cute")
+    assert_same_bytes(s, reference.quantize_fp8_3d(w, axis="N")[1], "scales")
+
+
+def test_no_recompiles_across_shapes_and_offsets():
+    gen = torch.Generator().manual_seed(5)
+    offsets = torch.tensor([3], dtype=torch.int32, device="cuda")
+    for cols in (64, 13):
+        for rows in (16, 17):  # vector and byte stores
+            torch_bindings.quantize_fp8_2d(_random_x((rows, cols), torch.bfloat16, gen), axis="col")
+            x = _random_x((rows, cols), torch.bfloat16, gen)
+            torch_bindings.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets)
+    before = torch_bindings.compile_stats.compiles + torch_bindings.compile_stats.disk_loads
+    for rows, cols, ends in [
+        (32, 8, [5, 9]),
+        (999, 7168, [100]),
+        (4096, 2048, list(range(0, 4096, 64))),
+        (7, 5, [7]),
+    ]:
+        x = _random_x((rows, cols), torch.bfloat16, gen)
+        _check_cols(x, None)
+        _check_cols(x, ends)
+    assert torch_bindings.compile_stats.compiles + torch_bindings.compile_stats.disk_loads == before
+
+
+def test_cuda_graph_replay_with_new_offsets():
+    x = _random_x((512, 2048), torch.bfloat16, torch.Generator().manual_seed(6))
+    offsets = torch.tensor([100, 300, 512], dtype=torch.int32, device="cuda")
+    torch_bindings.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q, s = torch_bindings.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets)
+    for seed, ends in enumerate(([0, 256, 400], [512, 512, 512])):
+        x.copy_(_random_x((512, 2048), torch.bfloat16, torch.Generator().manual_seed(10 + seed)))
+        offsets.copy_(torch.tensor(ends, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        q_ref, s_ref = reference.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets)
+        assert_same_bytes(q, q_ref, "q")
+        assert_same_bytes(s, s_ref, "scales")
+
+
+def test_torch_compile_fullgraph():
+    @torch.compile(fullgraph=True, dynamic=True)
+    def ops(x, offsets, w):
+        return (
+            *torch_bindings.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets),
+            *torch_bindings.quantize_fp8_2d(x, axis="col"),
+            *torch_bindings.quantize_fp8_2d_dual(x, group_end_offsets=offsets),
+            *torch_bindings.quantize_fp8_3d(w, axis="N"),
+        )
+
+    gen = torch.Generator().manual_seed(7)
+    for rows in (96, 300):
+        x = _random_x((rows, 256), torch.bfloat16, gen)
+        w = _random_x((2 * rows, 128), torch.bfloat16, gen).view(2, rows, 128)
+        offsets = torch.tensor([rows // 3, rows], dtype=torch.int32, device="cuda")
+        got = ops(x, offsets, w)
+        want = (
+            *reference.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets),
+            *reference.quantize_fp8_2d(x, axis="col"),
+            *reference.quantize_fp8_2d_dual(x, group_end_offsets=offsets),
+            *reference.quantize_fp8_3d(w, axis="N"),
+        )
+        for g, w_ in zip(got, want, strict=True):
+            assert_same_bytes(g, w_)
