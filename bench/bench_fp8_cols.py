@@ -2,9 +2,10 @@
 row groups (G = 1: no offsets, one scale per column) and ``quantize_fp8_3d(axis="N")``.
 
 2-D: bf16 x (M, K), M in (16384, 65536, 131072), K in (2048, 5120, 7168), G in (1, 8, 64) (skewed
-group sizes, ``bench.common.groups``); 3-D: w (E, N, K), E in (8, 16), N in (2048, 8192), K in
-(5120, 7168); power-of-2 scales. Two passes over x (amax, cast): bytes moved = 2 reads of x + q
-written + scales written (the amax words, G K int32, are not counted). Ratio to copy = copy us / our
+group sizes, ``bench.common.groups``); 3-D: w (E, N, K) in (8, 2048, 5120 | 7168) and
+(16, 8192, 5120 | 7168) (``--quick`` keeps them all); power-of-2 scales. Two passes over x (amax,
+cast): bytes moved = 2 reads of x + q written + scales written (the amax words, G K int32, are not
+counted). Ratio to copy = copy us / our
 us for the same bytes, copy timed in the same run. Anchor, same run, same output:
 ``triton_fp8_per_group_colwise_scales`` (2-D; G = 1 with offsets [M]) and
 ``triton_fp8_rowwise_3d_transpose_rhs`` (3-D; it reads w^T (E, K, N)), their q bytes and scales
@@ -67,7 +68,7 @@ def bench_2d(rows: int, cols: int, groups: int, torchao_fn) -> dict:
 
     x0 = sets[0][0]
     q, s = run(x0)
-    moved = 2 * x0.numel() * 2 + q.numel() + s.numel() * 4
+    moved = 2 * x0.numel() * x0.element_size() + q.numel() + s.numel() * 4
     us = time_cuda(run, sets)
     copy_us = copy_baseline_best(moved, device)[0].us
     row = {"shape": f"{rows}x{cols}", "G": groups, "us": us, "GB/s": gbps(moved, us), "ratio": copy_us / us}

@@ -103,9 +103,7 @@ def _pad_reference(x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: 
     return reference.pad_token_groups(x, group_end_offsets, alignment=alignment)
 
 
-_PAD_OP = KernelOp(
-    _PAD, checks.check_pad, _run_pad, _pad_reference, _pad_op, fast_ok=checks.fast_pad_ok
-)
+_PAD_OP = KernelOp(_PAD, checks.check_pad, _run_pad, _pad_reference, _pad_op, fast_ok=checks.fast_pad_ok)
 
 
 def pad_token_groups(

@@ -71,7 +71,7 @@ def _run_cols(
         scales = x.new_empty((lead[0], cols), dtype=torch.float32)
         layout, groups = "experts", lead[0]
     else:
-        q = x.new_empty_strided(x.shape, (1, rows), dtype=_E4M3)
+        q = x.new_empty_strided(x.shape, (1, max(rows, 1)), dtype=_E4M3)
         groups = 1 if offsets is None else offsets.shape[0]
         scales = x.new_empty(groups * cols, dtype=torch.float32)
         layout = "plain" if offsets is None else "groups"
@@ -134,7 +134,7 @@ def _cols_2d_fake(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     rows, cols = x.shape
     groups = 1 if group_end_offsets is None else group_end_offsets.shape[0]
-    q = x.new_empty_strided(x.shape, (1, rows), dtype=_E4M3)
+    q = x.new_empty_strided(x.shape, (1, max(rows, 1)), dtype=_E4M3)
     return q, x.new_empty(groups * cols, dtype=torch.float32)
 
 
@@ -191,8 +191,9 @@ def quantize_fp8_2d(
     row-group end offsets (G,) one per (group, column): scales (G*K,) group-major, an empty group's
     1.0 and rows past the last group's end quantize to 0. Scales are the dequantization multipliers
     ``1 / q_scale`` (``q * scale ~ x``), what ``torch._scaled_grouped_mm`` takes. Rows: one launch;
-    columns: a zero fill and two passes over x (amax, cast). No host sync, no recompile when M, K
-    or the offsets change.
+    columns: a zero fill and two passes over x (amax, cast). No host sync; no recompile when M or
+    the offsets change, nor K within its compile class (rows: the next power of 2 of K; columns: K
+    even or odd, M % 16).
     """
     return _QUANTIZE_2D.dispatch(backend, x, axis, group_end_offsets, round_scales_to_power_of_2)
 

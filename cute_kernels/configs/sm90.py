@@ -92,12 +92,13 @@ def quantize_fp8_row(variant):
 
 
 def quantize_fp8_row_for_shape(variant, shape_class: str, tuned: dict | None):
-    """The row kernel per K class (``"<dtype>/k<next power of 2 of K>"``): the tuned entry, else a
-    whole CTA per row with ``threads x unroll`` steps just covering the row (unroll 4 up to K = 4096,
-    else 2; tuner: 1.00-1.02 of copy at K = 2048 and 7168, notes/fp8-rowwise-row-kernel.md)."""
+    """The row kernel per K class (``"<dtype>/k<next power of 2 of K>"``): the tuned entry (measured
+    on the vector variant: taken for it only), else a whole CTA per row, ``threads x unroll`` steps
+    about the row's (unroll 4 up to K = 4096, else 2; 128 to 1024 threads; tuner: 1.00-1.02 of copy
+    at K = 2048 and 7168, notes/fp8-rowwise-row-kernel.md)."""
     from cute_kernels.quantize_fp8 import VECTOR, Fp8RowConfig
 
-    if tuned is not None:
+    if tuned is not None and variant.vector:
         return Fp8RowConfig(**tuned)
     cols = int(shape_class.rsplit("/k", 1)[1])
     steps = cols // (VECTOR if variant.vector else 1)
@@ -108,9 +109,9 @@ def quantize_fp8_row_for_shape(variant, shape_class: str, tuned: dict | None):
 
 # --- FP8 column scales (notes/fp8-col-kernels.md) ---
 # Amax pass: 128-thread CTAs over 256-column tiles, row spans shrunk until ~8192 CTAs (1.01 of
-# copy at 16384 x 7168 G = 8 on H100; 2048: 0.95); cast pass: 128 rows x 256 columns per CTA,
-# two 32-row blocks of loads in flight for bf16 (0.92 vs one block: 0.76; 4 blocks spill: 0.26;
-# fp32 and the element variants spill with two), 3 CTAs per SM (2 or 4: 0.69-0.86).
+# copy at 16384 x 7168 G = 8 on H100; 2048: 0.95); cast pass: 128 rows x a run of 256-column tiles
+# per CTA, two 32-row blocks of loads in flight for bf16 (0.92 vs one block: 0.76; 4 blocks spill:
+# 0.16-0.26; fp32 and the element variants spill with two), 3 CTAs per SM (one block, 2 or 4: 0.69).
 def quantize_fp8_col_amax(variant):
     from cute_kernels.quantize_fp8_col import Fp8ColAmaxConfig
 
