@@ -6,6 +6,9 @@ scans. The bindings, the reference and the kernels import them from here.
 
 #: Elements per MX scale block (SPEC section 2): 1x32 along K, 32x1 along M.
 BLOCK_SIZE = 32
+#: FP8 rowwise (SPEC section 7): the AND mask that rounds an fp32 scale down to a power of 2 (its
+#: mantissa cleared; 0xFF800000 as an int32).
+FP8_POW2_MASK = -(1 << 23)
 #: The blocked (tcgen05) scale layout's tile: 128 rows x 4 scale columns, 512 bytes (SPEC section 3).
 TILE_ROWS = 128
 TILE_COLS = 4

@@ -14,9 +14,11 @@ from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from .constants import FP8_POW2_MASK
+
 _INF_BITS = 0x7F800000
 _QUIET_NAN_BITS = 0x7FC00000
-_CLEAR_MANTISSA = -(1 << 23)  # 0xFF800000 as an Int32
+_CLEAR_MANTISSA = FP8_POW2_MASK
 
 
 @dsl_user_op
@@ -59,7 +61,7 @@ def fp8_quant_scale(amax_bits: Int32, round_pow2: cutlass.Constexpr) -> Float32:
 
 
 #: The ``mask`` of :func:`fp8_quant_scale_masked` for power-of-2 scales (``-1``: exact scales).
-POW2_MASK = _CLEAR_MANTISSA
+POW2_MASK = FP8_POW2_MASK
 
 
 @cute.jit

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from cute_utils.constants import FP8_POW2_MASK
+
 from . import checks, reference, targets
 from .op import KernelOp
 from .quantize_3d import expert_rows
@@ -54,11 +56,6 @@ def _col_variant(key: tuple, target: targets.DeviceTarget):
     return Fp8ColVariant(str(dtype).removeprefix("torch."), layout, vector_loads, vector_stores)
 
 
-def _pow2_mask(round_pow2: bool) -> int:
-    """The cast pass's rounding mask (``cute_utils.fp8.POW2_MASK`` without importing the DSL)."""
-    return -(1 << 23) if round_pow2 else -1
-
-
 def _run_cols(
     target: targets.DeviceTarget, x: torch.Tensor, offsets: torch.Tensor | None, round_pow2: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,7 +82,7 @@ def _run_cols(
     steps = groups.bit_length()
     target.kernel((_COL_AMAX, x.dtype, layout, vector_loads, True), _col_variant)(x, amax, offsets, steps)
     cast = target.kernel((_COL_CAST, x.dtype, layout, vector_loads, vector_stores), _col_variant)
-    cast(x, q, amax, scales, offsets, _pow2_mask(round_pow2), steps)
+    cast(x, q, amax, scales, offsets, FP8_POW2_MASK if round_pow2 else -1, steps)
     return q, scales
 
 

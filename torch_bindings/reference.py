@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from cute_utils.constants import BLOCK_SIZE, TILE_COLS, TILE_ROWS
+from cute_utils.constants import BLOCK_SIZE, FP8_POW2_MASK, TILE_COLS, TILE_ROWS
 
 from . import checks
 
@@ -596,7 +596,7 @@ def pad_and_quantize_mxfp8_2d(
 
 FP8_EPS = 1e-12
 """The amax floor of the FP8 rowwise scale (a double): ``q_scale = 448 / max(amax, 1e-12)``."""
-_CLEAR_MANTISSA = -(1 << 23)  # 0xFF800000 as an int32: sign and exponent bits
+_CLEAR_MANTISSA = FP8_POW2_MASK  # sign and exponent bits
 
 
 def _amax(x: Tensor, dim: int) -> Tensor:
