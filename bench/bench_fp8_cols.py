@@ -12,9 +12,13 @@ us for the same bytes, copy timed in the same run. Anchor, same run, same output
 (``1 / theirs``) checked against ours. Goal (issue 20): >= 0.80 of copy counting both passes, >= 3x
 torchao.
 
+The dual (``quantize_fp8_2d_dual``, same 2-D shapes): bytes moved = 2 reads of x + both q + both
+scales; beside it ``unfused_us`` (our row op then our column op: x read three times) and torchao's
+``triton_fp8_rowwise_2d_scale_and_cast`` + ``triton_fp8_per_group_colwise_scales``.
+
 Run (GPU machine, project root on PYTHONPATH)::
 
-    python -m bench.bench_fp8_cols [--quick] [--out DIR]
+    python -m bench.bench_fp8_cols [--quick] [--rows M ...] [--parts cols,3d,dual] [--out DIR]
 """
 
 from __future__ import annotations
@@ -34,15 +38,22 @@ EXPERTS = [(8, 2048, 5120), (8, 2048, 7168), (16, 8192, 5120), (16, 8192, 7168)]
 
 
 def _torchao():
-    """torchao's Triton kernels ``(per-group colwise, 3d transpose rhs)``, or ``(None, None)``."""
+    """torchao's Triton kernels ``(per-group colwise, 3d transpose rhs, 2d rowwise)``, or Nones."""
     try:
-        from torchao.prototype.moe_training.kernels.float8_rowwise import triton_fp8_rowwise_3d_transpose_rhs
+        from torchao.prototype.moe_training.kernels.float8_rowwise import (
+            triton_fp8_rowwise_2d_scale_and_cast,
+            triton_fp8_rowwise_3d_transpose_rhs,
+        )
         from torchao.prototype.moe_training.kernels.jagged_float8_scales import (
             triton_fp8_per_group_colwise_scales,
         )
     except Exception:  # noqa: BLE001 - no torchao: no anchor column
-        return None, None
-    return triton_fp8_per_group_colwise_scales, triton_fp8_rowwise_3d_transpose_rhs
+        return None, None, None
+    return (
+        triton_fp8_per_group_colwise_scales,
+        triton_fp8_rowwise_3d_transpose_rhs,
+        triton_fp8_rowwise_2d_scale_and_cast,
+    )
 
 
 def _same(ours: tuple, theirs: tuple) -> str:
@@ -79,6 +90,44 @@ def bench_2d(rows: int, cols: int, groups: int, torchao_fn) -> dict:
     return row
 
 
+def bench_dual(rows: int, cols: int, groups: int, anchors: tuple) -> dict:
+    """``quantize_fp8_2d_dual`` (two reads of x) beside our row and column ops called one after
+    the other (three reads) and torchao's two kernels for the same outputs."""
+    device = torch.device("cuda")
+    ends = torch.tensor(skewed_group_ends(rows, groups), dtype=torch.int32, device=device)
+    offsets = None if groups == 1 else ends
+    sets = make_rotating_inputs(
+        lambda: (torch.randn(rows, cols, device=device, dtype=torch.bfloat16),), bytes_per_set=4 * rows * cols
+    )
+
+    def run(x):
+        return torch_bindings.quantize_fp8_2d_dual(x, group_end_offsets=offsets)
+
+    def unfused(x):
+        torch_bindings.quantize_fp8_2d(x, axis="row")
+        return torch_bindings.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets)
+
+    x0 = sets[0][0]
+    q_row, s_row, q_col, s_col = run(x0)
+    moved = 2 * x0.numel() * x0.element_size() + 2 * q_row.numel() + (s_row.numel() + s_col.numel()) * 4
+    us = time_cuda(run, sets)
+    copy_us = copy_baseline_best(moved, device)[0].us
+    row = {"shape": f"{rows}x{cols}", "G": groups, "us": us, "GB/s": gbps(moved, us), "ratio": copy_us / us}
+    row["unfused_us"] = time_cuda(unfused, sets)
+    rowwise, colwise = anchors
+    if rowwise is not None and colwise is not None:
+
+        def theirs(x):
+            rowwise(x, round_scales_to_power_of_2=True)
+            return colwise(x, ends, round_scales_to_power_of_2=True)
+
+        ao_us = time_cuda(theirs, sets)
+        row.update(
+            {"torchao_us": ao_us, "speedup": ao_us / us, "same_bytes": _same((q_col, s_col), theirs(x0))}
+        )
+    return row
+
+
 def bench_3d(shape: tuple[int, int, int], torchao_fn) -> dict:
     device = torch.device("cuda")
     experts, n, k = shape
@@ -110,31 +159,41 @@ def bench_3d(shape: tuple[int, int, int], torchao_fn) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = make_parser(__doc__.splitlines()[0]).parse_args(argv)  # --quick: K = 7168, M = 16384, 131072
-    colwise, transpose_rhs = _torchao()
-    rows_list = (16384, 131072) if args.quick else ROWS
+    parser = make_parser(__doc__.splitlines()[0])  # --quick: K = 7168, M = 16384, 131072
+    parser.add_argument("--rows", type=int, nargs="+", help="these M only (default: all, or --quick's)")
+    parser.add_argument("--parts", default="cols,3d,dual", help="comma list of cols, 3d, dual")
+    args = parser.parse_args(argv)
+    parts = set(args.parts.split(","))
+    colwise, transpose_rhs, rowwise = _torchao()
+    rows_list = args.rows or ((16384, 131072) if args.quick else ROWS)
     cols_list = (7168,) if args.quick else COLS
     results = []
-    for rows in rows_list:
+    for rows in rows_list if "cols" in parts else ():
         for cols in cols_list:
             for groups in GROUPS:
                 progress(f"2d {rows}x{cols} G={groups}")
                 results.append(bench_2d(rows, cols, groups, colwise))
                 torch.cuda.empty_cache()
-    for shape in EXPERTS:
+    for shape in EXPERTS if "3d" in parts else ():
         progress(f"3d {shape}")
         results.append(bench_3d(shape, transpose_rhs))
         torch.cuda.empty_cache()
+    duals = []
+    for rows in rows_list if "dual" in parts else ():
+        for cols in cols_list:
+            for groups in GROUPS:
+                progress(f"dual {rows}x{cols} G={groups}")
+                duals.append(bench_dual(rows, cols, groups, (rowwise, colwise)))
+                torch.cuda.empty_cache()
     print(f"device: {torch.cuda.get_device_name()}")
-    keys = list(dict.fromkeys(k for r in results for k in r))
-    json_path, _ = output_paths(args.out, "fp8_cols")
-    report(
-        results,
-        keys,
-        "FP8 column scales, two passes (bf16, power-of-2 scales)",
-        json_path=json_path,
-        panel_key=None,
-    )
+    for title, stem, rows_ in (
+        ("FP8 column scales, two passes (bf16, power-of-2 scales)", "fp8_cols", results),
+        ("FP8 dual (row and column scales), two passes (bf16, power-of-2 scales)", "fp8_dual", duals),
+    ):
+        if not rows_:
+            continue
+        keys = list(dict.fromkeys(k for r in rows_ for k in r))
+        report(rows_, keys, title, json_path=output_paths(args.out, stem)[0], panel_key=None)
 
 
 if __name__ == "__main__":

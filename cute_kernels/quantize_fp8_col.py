@@ -24,6 +24,15 @@ A column's amax spans up to M rows: far more than a chip holds, so two passes (n
    group quantize to 0. The CTAs of row tile ``t`` also write the dequantization scales
    ``1 / q_scale`` of groups ``t, t + T, ...`` (1.0 for an empty group).
 
+The dual (``quantize_fp8_2d_dual``, variants with ``dual``) adds the row side to both passes, so x
+is read twice, not three times: the amax pass also reduces each 32-row block's rows over the CTA's
+256 columns (a 31-shuffle warp transpose-max, ``cute_utils.mx.warp_transpose_max``, then the 4
+warps' maxima through shared memory) and folds them into M row words after the column words (one
+atomic max per row and CTA); the cast pass computes the row tile's 128 row ``q_scale`` once per CTA
+into shared memory and writes q (M, K) row-major (2 bytes per lane and row with vector loads, else
+bytes) beside q^T, and the CTAs
+of column chunk 0 write the row scales.
+
 Groups are found with no scan: a thread looks up the group of its first row with a binary search
 of the end offsets in global memory and follows the rows in order; a 32-row block inside the
 current group (the common case) takes one multiplier per column, a block that crosses group ends
@@ -43,22 +52,25 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, Uint32
+from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import ceil_div
 from cute_utils.fp8 import fp8_quant_scale_masked, reciprocal_rn
 from cute_utils.groups import group_bounds, group_of_row, row_group_bounds
-from cute_utils.mx import abs_bits
+from cute_utils.mx import abs_bits, warp_transpose_max
 
 from .base import Kernel
 from .quantize_32x1 import _half_view, _one_expert, _pair_view, store_sector_pairs
 
 THREADS = 128
+WARPS = THREADS // 32
 PAIR = 2  # columns per thread
 TILE_K = THREADS * PAIR  # 256 columns per column tile
 BLOCK = 32  # rows per block (one 32-byte run of q^T per column)
 TILE_M = 4 * BLOCK  # rows per cast row tile
 DTYPES = {"bfloat16": BFloat16, "float32": Float32}
 LAYOUTS = ("plain", "groups", "experts")
+LAYOUTS_2D = LAYOUTS[:2]  # the dual's
 
 
 @dataclass(frozen=True)
@@ -66,18 +78,24 @@ class Fp8ColVariant:
     """``dtype`` (a :data:`DTYPES` name); ``layout``: ``"plain"`` (x (M, K), scales (K,)),
     ``"groups"`` (x (M, K), int32 end offsets (G,), scales (G K,) group-major) or ``"experts"``
     (w (E, N, K), scales (E, K)); ``vector_loads``: K even and x aligned to a column pair (4 bytes
-    bf16, 8 bytes fp32); ``vector_stores`` (cast pass): R % 16 == 0 (R = M, or N for experts)."""
+    bf16, 8 bytes fp32); ``vector_stores`` (cast pass): R % 16 == 0 (R = M, or N for experts);
+    ``dual`` (2-D layouts): also one scale per row (``quantize_fp8_2d_dual``): the amax pass folds
+    each row's max into row words after the column words, the cast pass writes q (M, K) row-major
+    and the row scales beside q^T."""
 
     dtype: str
     layout: str
     vector_loads: bool = True
     vector_stores: bool = True
+    dual: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS or self.dtype not in DTYPES:
             raise ValueError(
                 f"layout {self.layout!r} / dtype {self.dtype!r}: not one of {LAYOUTS} / {tuple(DTYPES)}"
             )
+        if self.dual and self.layout == "experts":
+            raise ValueError("dual: 2-D layouts only (plain or groups)")
 
     @property
     def grouped(self) -> bool:
@@ -88,7 +106,8 @@ class Fp8ColVariant:
         return 3 if self.layout == "experts" else 2
 
     def suffix(self) -> str:
-        return f"{self.dtype}_{self.layout}_{'v2' if self.vector_loads else 'v1'}"
+        dual = "_dual" if self.dual else ""
+        return f"{self.dtype}_{self.layout}{dual}_{'v2' if self.vector_loads else 'v1'}"
 
 
 @dataclass(frozen=True)
@@ -140,6 +159,26 @@ def _as_experts(x: cute.Tensor) -> cute.Tensor:
 def _flat(t: cute.Tensor) -> cute.Tensor:
     """A row-major (E, K) or (K,) tensor as 1-D."""
     return cute.make_tensor(t.iterator, cute.make_layout(cute.size(t.shape)))
+
+
+@dataclass(frozen=True)
+class CastSource:
+    """What the cast pass reads beside x: the amax pass's words, the row groups' end offsets (None
+    without groups), the rounding ``mask`` and ``steps`` of the group search."""
+
+    amax: cute.Tensor
+    offsets: object
+    mask: Int32
+    steps: Int32
+
+
+@dataclass(frozen=True)
+class DualRows:
+    """The dual's row side in the cast pass: ``q`` (1, M, K) row-major E4M3, ``q_scales`` the row
+    tile's 128 row ``q_scale`` in shared memory."""
+
+    q: cute.Tensor
+    q_scales: cute.Tensor
 
 
 @dataclass(frozen=True)
@@ -243,6 +282,34 @@ def _scale_column(raw, j: cutlass.Constexpr, row0: Int32, start: Int32, end: Int
     _to_e4m3(scaled, q_words, j)
 
 
+def _row_words(offsets, cols: Int32) -> Int32:
+    """Index of the first row amax word (dual): after the ``n K`` column words (n = G, or 1)."""
+    if offsets is None:
+        return cols
+    return offsets.shape[0] * cols
+
+
+@cute.jit
+def _fold_row_maxima(raw: cute.Tensor, amax: cute.Tensor, row_words: Int32, row0: Int32, last: Int32, stage):
+    """Dual: each block row's max over the CTA's 256 columns (``raw`` (32, 2) per lane, zero past
+    the data) folded into its row word with one atomic max per row and CTA: each warp's maxima
+    (lane ``i``: row ``row0 + i``) go to ``stage`` (32, warps) in shared memory, warp 0 combines
+    them. ``stage`` is one of two buffers the caller alternates, so one barrier per block does."""
+    rows_max = cute.make_rmem_tensor(cute.make_layout(BLOCK), Int32)
+    for i in cutlass.range_constexpr(BLOCK):
+        rows_max[i] = cutlass.max(abs_bits(Float32(raw[i, 0])), abs_bits(Float32(raw[i, 1])))
+    lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
+    stage[lane, warp] = warp_transpose_max(rows_max)
+    cute.arch.barrier()
+    if warp == 0:
+        row_max = stage[lane, 0]
+        for w in cutlass.range_constexpr(1, WARPS):
+            row_max = cutlass.max(row_max, stage[lane, w])
+        if row0 + lane < last:
+            ptr = amax.iterator + (row_words + row0 + lane)
+            cute.arch.red(ptr, row_max, op="max", dtype=Int32, sem="relaxed", scope="gpu")
+
+
 @cute.jit
 def _dequant_scale(amax_bits: Int32, mask: Int32, nonempty) -> Float32:
     """``1 / q_scale`` of a group's column (SPEC section 7), 1.0 for an empty group."""
@@ -254,13 +321,20 @@ def _dequant_scale(amax_bits: Int32, mask: Int32, nonempty) -> Float32:
 
 class Fp8ColAmaxKernel(_ColumnPass, Kernel):
     """Amax pass (module docstring). Launch: ``kernel(x, amax, offsets, steps)``: ``amax`` int32
-    (n K,) zeroed (n = G, E or 1), ``steps = G.bit_length()`` (groups; else ignored)."""
+    (n K,) zeroed (n = G, E or 1; dual: (n K + M,), the row words last), ``steps =
+    G.bit_length()`` (groups; else ignored)."""
 
     name = "quantize_fp8_col_amax"
 
     @classmethod
     def variants(cls) -> list[Fp8ColVariant]:
-        return [Fp8ColVariant(d, layout, v) for d in DTYPES for layout in LAYOUTS for v in (True, False)]
+        return [
+            Fp8ColVariant(d, layout, v, dual=dual)
+            for dual in (False, True)
+            for d in DTYPES
+            for layout in (LAYOUTS_2D if dual else LAYOUTS)
+            for v in (True, False)
+        ]
 
     @classmethod
     def target_name(cls, variant: Fp8ColVariant) -> str:
@@ -300,23 +374,38 @@ class Fp8ColAmaxKernel(_ColumnPass, Kernel):
         at = Columns(e, tile * THREADS + tid, rows, cols)
         first = span * span_rows
         last = cutlass.min(first + span_rows, rows)
+        if cutlass.const_expr(self.variant.dual):  # every lane takes part in the row maxima
+            self._span(x, amax, offsets, steps, at, first, last)
+        else:
+            if at.pair * PAIR < cols:
+                self._span(x, amax, offsets, steps, at, first, last)
+
+    @cute.jit
+    def _span(self, x, amax, offsets, steps: Int32, at: Columns, first: Int32, last: Int32):
+        """Rows ``[first, last)`` of the thread's columns: their (group, column) maxima into the
+        amax words, and (dual) each row's max over the CTA's 256 columns into its row word."""
         raw = cute.make_rmem_tensor(cute.make_layout((BLOCK, PAIR), stride=(PAIR, 1)), x.element_type)
         acc = cute.make_rmem_tensor(cute.make_layout(PAIR), Int32)
         acc.fill(0)
-        if at.pair * PAIR < cols:
-            g, start, end = self._group_at(offsets, at, first, steps)
-            for row0 in cutlass.range(first, last, BLOCK, unroll=1):
-                self._load_block(x, at, row0, last, raw)
-                if cutlass.const_expr(not self.variant.grouped):
+        stages = None
+        if cutlass.const_expr(self.variant.dual):  # two (32, warps) buffers of row maxima
+            stages = SmemAllocator().allocate_tensor(Int32, cute.make_layout((BLOCK, WARPS, 2)), 16)
+        g, start, end = self._group_at(offsets, at, first, steps)
+        for row0 in cutlass.range(first, last, BLOCK, unroll=1):
+            self._load_block(x, at, row0, last, raw)
+            if cutlass.const_expr(self.variant.dual):
+                stage = stages[None, None, (row0 - first) // BLOCK % 2]
+                _fold_row_maxima(raw, amax, _row_words(offsets, at.cols), row0, last, stage)
+            if cutlass.const_expr(not self.variant.grouped):
+                _masked_amax(raw, row0, row0, row0 + BLOCK, acc)
+            else:
+                if row0 + BLOCK <= end:  # the whole block in the current group
                     _masked_amax(raw, row0, row0, row0 + BLOCK, acc)
                 else:
-                    if row0 + BLOCK <= end:  # the whole block in the current group
-                        _masked_amax(raw, row0, row0, row0 + BLOCK, acc)
-                    else:
-                        g_last = self._last_group(offsets, at, row0, last, steps)
-                        self._across_groups(amax, offsets, at, raw, row0, g, g_last, acc)
-                        g, start, end = _group_index(offsets, g_last, rows)
-            self._flush(amax, offsets, at, g, acc)
+                    g_last = self._last_group(offsets, at, row0, last, steps)
+                    self._across_groups(amax, offsets, at, raw, row0, g, g_last, acc)
+                    g, start, end = _group_index(offsets, g_last, at.rows)
+        self._flush(amax, offsets, at, g, acc)
 
     @cute.jit
     def _across_groups(
@@ -347,7 +436,8 @@ class Fp8ColAmaxKernel(_ColumnPass, Kernel):
 
 
 class Fp8ColCastKernel(_ColumnPass, Kernel):
-    """Cast pass (module docstring). Launch: ``kernel(x, q, amax, scales, offsets, mask, steps)``:
+    """Cast pass (module docstring). Launch: ``kernel(x, q, amax, scales, offsets, mask, steps,
+    q_rows, row_scales)`` (the last two: the dual's row outputs, else None):
     q (M, K) strides (1, M) or (E, N, K) strides (N K, 1, N); ``amax`` the amax pass's words;
     scales fp32 (K,), (G K,) or (E, K); ``mask`` the rounding (``cute_utils.fp8.POW2_MASK`` or -1)."""
 
@@ -356,9 +446,10 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
     @classmethod
     def variants(cls) -> list[Fp8ColVariant]:
         return [
-            Fp8ColVariant(d, layout, v, s)
+            Fp8ColVariant(d, layout, v, s, dual)
+            for dual in (False, True)
             for d in DTYPES
-            for layout in LAYOUTS
+            for layout in (LAYOUTS_2D if dual else LAYOUTS)
             for v in (True, False)
             for s in (True, False)
         ]
@@ -370,7 +461,7 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
     @classmethod
     def fake_arguments(cls, variant: Fp8ColVariant) -> tuple:
         """x, q (q^T rows 16-byte aligned for ``vector_stores``), amax, scales, offsets, mask,
-        steps, the env stream."""
+        steps, (dual) q_rows (M, K) row-major and row_scales (M,), the env stream."""
         rows = cute.sym_int(divisibility=16 if variant.vector_stores else 1)
         cols = cute.sym_int(divisibility=PAIR if variant.vector_loads else 1)
         x = _fake_x(variant, rows, cols)
@@ -383,11 +474,18 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
             q = _fake(Float8E4M3FN, (rows, cols), (0, 1), q_align)
             scales = _fake(Float32, (cute.sym_int(),), (0,), 4)
         amax = _fake(Int32, (cute.sym_int(),), (0,), 4)
+        q_rows = row_scales = None
+        if variant.dual:
+            q_rows = _fake(Float8E4M3FN, (rows, cols), (1, 0), PAIR if variant.vector_loads else 1)
+            row_scales = _fake(Float32, (rows,), (0,), 4)
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-        return x, q, amax, scales, _fake_offsets(variant), Int32(-1), Int32(1), stream
+        mask, steps = Int32(-1), Int32(1)
+        return x, q, amax, scales, _fake_offsets(variant), mask, steps, q_rows, row_scales, stream
 
     @cute.jit
-    def __call__(self, x, q, amax, scales, offsets, mask: Int32, steps: Int32, stream):
+    def __call__(self, x, q, amax, scales, offsets, mask: Int32, steps: Int32, q_rows, row_scales, stream):
+        if cutlass.const_expr(self.variant.dual):  # q_rows (M, K) row-major as (1, M, K)
+            q_rows = _one_expert(q_rows, PAIR if self.variant.vector_loads else 1)
         if cutlass.const_expr(self.variant.rank == 2):  # q (M, K) column-major: its transpose row-major
             qt = _one_expert(q, 16 if self.variant.vector_stores else 1, transpose=True)
         else:  # q (E, N, K) with strides (N K, 1, N) seen as (E, K, N) row-major
@@ -399,7 +497,8 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
         chunks = cutlass.min(col_tiles, cutlass.max(self.config.target_ctas // (row_tiles * experts), 1))
         tiles_per_cta = ceil_div(col_tiles, chunks)
         chunks = ceil_div(col_tiles, tiles_per_cta)
-        self.kernel(x, qt, amax, _flat(scales), offsets, mask, steps, tiles_per_cta).launch(
+        scales = _flat(scales)
+        self.kernel(x, qt, amax, scales, offsets, mask, steps, tiles_per_cta, q_rows, row_scales).launch(
             grid=[row_tiles, chunks, experts],
             block=[THREADS, 1, 1],
             stream=stream,
@@ -408,29 +507,52 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
         )
 
     @cute.kernel
-    def kernel(self, x, qt, amax, scales, offsets, mask: Int32, steps: Int32, tiles_per_cta: Int32):
+    def kernel(self, x, qt, amax, scales, offsets, mask, steps, tiles_per_cta: Int32, q_rows, row_scales):
         tid, _, _ = cute.arch.thread_idx()
         row_tile, chunk, e = cute.arch.block_idx()
         _, rows, cols = x.shape
+        src = CastSource(amax, offsets, mask, steps)
+        dual = None
+        if cutlass.const_expr(self.variant.dual):
+            dual = DualRows(q_rows, self._row_q_scales(src, row_scales, row_tile * TILE_M, rows, cols))
         first_tile = chunk * tiles_per_cta
         last_tile = cutlass.min(first_tile + tiles_per_cta, ceil_div(cols, TILE_K))
         for tile in cutlass.range(first_tile, last_tile, unroll=1):
             at = Columns(e, tile * THREADS + tid, rows, cols)
-            self._store_scales(amax, scales, offsets, mask, at, row_tile)
-            self._row_tile(x, qt, amax, offsets, mask, steps, at, row_tile * TILE_M)
+            self._store_scales(src, scales, at, row_tile)
+            self._row_tile(x, qt, src, at, row_tile * TILE_M, dual)
 
     @cute.jit
-    def _row_tile(self, x, qt, amax, offsets, mask: Int32, steps: Int32, at: Columns, first_row: Int32):
-        """Rows ``first_row .. first_row + 127`` of the thread's columns into q^T, ``load_blocks``
-        blocks of loads in flight at a time."""
+    def _row_q_scales(self, src: CastSource, row_scales, first_row: Int32, rows: Int32, cols: Int32):
+        """Dual: the ``q_scale`` of each of the row tile's 128 rows (thread ``t``: row ``first_row +
+        t``; 0 past M) into shared memory, returned as a (128,) tensor; the CTAs of column chunk 0
+        also store the rows' dequantization scales ``1 / q_scale`` in ``row_scales`` (M,). Ends with
+        a CTA barrier."""
+        tid, _, _ = cute.arch.thread_idx()
+        _, chunk, _ = cute.arch.block_idx()
+        row_q_scales = SmemAllocator().allocate_tensor(Float32, cute.make_layout(TILE_M), 16)
+        row = first_row + tid
+        q_scale = Float32(0.0)
+        if row < rows:
+            q_scale = fp8_quant_scale_masked(src.amax[_row_words(src.offsets, cols) + row], src.mask)
+            if chunk == 0:
+                row_scales[row] = reciprocal_rn(q_scale)
+        row_q_scales[tid] = q_scale
+        cute.arch.barrier()
+        return row_q_scales
+
+    @cute.jit
+    def _row_tile(self, x, qt, src: CastSource, at: Columns, first_row: Int32, dual):
+        """Rows ``first_row .. first_row + 127`` of the thread's columns into q^T (``dual``: also
+        into q row-major), ``load_blocks`` blocks of loads in flight at a time."""
         loads = self.config.load_blocks
         raw = cute.make_rmem_tensor(
             cute.make_layout((BLOCK, PAIR, loads), stride=(PAIR, 1, BLOCK * PAIR)), x.element_type
         )
         q_words = cute.make_rmem_tensor(cute.make_layout((PAIR, 8), stride=(8, 1)), Uint32)
         q_scale = cute.make_rmem_tensor(cute.make_layout(PAIR), Float32)
-        g, start, end = self._group_at(offsets, at, first_row, steps)
-        self._q_scale(amax, offsets, at, g, mask, q_scale)
+        g, start, end = self._group_at(src.offsets, at, first_row, src.steps)
+        self._q_scale(src, at, g, q_scale)
         for b0 in cutlass.range(0, TILE_M // BLOCK, loads, unroll=1):
             for lb in cutlass.range_constexpr(loads):
                 row0 = first_row + (b0 + lb) * BLOCK
@@ -446,21 +568,21 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
                     else:
                         if row0 + BLOCK <= end:  # the whole block in the current group
                             stop = row0  # rows past every group: no row scales, all give 0
-                            if self._real(g, offsets):
+                            if self._real(g, src.offsets):
                                 stop = row0 + BLOCK
                             for j in cutlass.range_constexpr(PAIR):
                                 _scale_column(block, j, row0, row0, stop, q_scale[j], q_words)
                         else:
-                            g_last = self._last_group(offsets, at, row0, at.rows, steps)
-                            self._scale_across_groups(
-                                amax, offsets, mask, at, block, row0, g, g_last, q_words
-                            )
-                            g, start, end = _group_index(offsets, g_last, at.rows)
-                            self._q_scale(amax, offsets, at, g, mask, q_scale)
+                            g_last = self._last_group(src.offsets, at, row0, at.rows, src.steps)
+                            self._scale_across_groups(src, at, block, row0, g, g_last, q_words)
+                            g, start, end = _group_index(src.offsets, g_last, at.rows)
+                            self._q_scale(src, at, g, q_scale)
                     self._store_block(q_words, qt, at, row0)
+                    if cutlass.const_expr(self.variant.dual):
+                        self._store_rows(block, dual, at, row0, first_row)
 
     @cute.jit
-    def _store_scales(self, amax, scales, offsets, mask: Int32, at: Columns, row_tile: Int32):
+    def _store_scales(self, src: CastSource, scales, at: Columns, row_tile: Int32):
         """The dequantization scales ``1 / q_scale`` of the thread's columns for row tile
         ``row_tile``'s groups: ``row_tile, row_tile + T, ...`` (T row tiles), or expert ``e``'s one
         group in row tile 0; 1.0 for an empty group."""
@@ -469,28 +591,28 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
             col = at.pair * PAIR + j
             if col < at.cols:
                 if cutlass.const_expr(self.variant.grouped):
-                    for g in cutlass.range(row_tile, offsets.shape[0], row_tiles, unroll=1):
-                        start, end = group_bounds(offsets, g, at.rows)
-                        scales[g * at.cols + col] = _dequant_scale(amax[g * at.cols + col], mask, end > start)
+                    for g in cutlass.range(row_tile, src.offsets.shape[0], row_tiles, unroll=1):
+                        start, end = group_bounds(src.offsets, g, at.rows)
+                        scales[g * at.cols + col] = _dequant_scale(
+                            src.amax[g * at.cols + col], src.mask, end > start
+                        )
                 else:
                     if row_tile == 0:
-                        word = amax[at.e * at.cols + col]
-                        scales[at.e * at.cols + col] = _dequant_scale(word, mask, at.rows > 0)
+                        word = src.amax[at.e * at.cols + col]
+                        scales[at.e * at.cols + col] = _dequant_scale(word, src.mask, at.rows > 0)
 
     @cute.jit
-    def _q_scale(self, amax, offsets, at: Columns, g: Int32, mask: Int32, q_scale: cute.Tensor):
+    def _q_scale(self, src: CastSource, at: Columns, g: Int32, q_scale: cute.Tensor):
         """``q_scale[j]`` of (group ``g``, column ``2 pair + j``); 0 past every group and past K."""
         q_scale.fill(0)
-        if self._real(g, offsets):
+        if self._real(g, src.offsets):
             for j in cutlass.range_constexpr(PAIR):
                 col = at.pair * PAIR + j
                 if col < at.cols:
-                    q_scale[j] = fp8_quant_scale_masked(amax[g * at.cols + col], mask)
+                    q_scale[j] = fp8_quant_scale_masked(src.amax[g * at.cols + col], src.mask)
 
     @cute.jit
-    def _scale_across_groups(
-        self, amax, offsets, mask: Int32, at: Columns, raw, row0, g_first, g_last, q_words
-    ):
+    def _scale_across_groups(self, src: CastSource, at: Columns, raw, row0, g_first, g_last, q_words):
         """``q_words`` of a block that crosses group ends: each group it touches scales its own rows
         (rows in no group give 0)."""
         scaled = cute.make_rmem_tensor(cute.make_layout(BLOCK), Float32)
@@ -498,11 +620,34 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
             col = at.pair * PAIR + j
             scaled.fill(0)
             for g in cutlass.range(g_first, g_last + 1, unroll=1):
-                if g < offsets.shape[0] and col < at.cols:
-                    start, end = group_bounds(offsets, g, at.rows)
-                    q_scale = fp8_quant_scale_masked(amax[g * at.cols + col], mask)
+                if g < src.offsets.shape[0] and col < at.cols:
+                    start, end = group_bounds(src.offsets, g, at.rows)
+                    q_scale = fp8_quant_scale_masked(src.amax[g * at.cols + col], src.mask)
                     _masked_scale(raw, j, row0, start, end, q_scale, scaled)
             _to_e4m3(scaled, q_words, j)
+
+    @cute.jit
+    def _store_rows(self, raw, dual: DualRows, at: Columns, row0: Int32, first_row: Int32):
+        """Dual: the block's rows below R times their row ``q_scale`` as E4M3 into q (1, M, K)
+        row-major: each lane's column pair, one 2-byte store per row (``vector_loads``; else per
+        column)."""
+        pair = cute.make_rmem_tensor(cute.make_layout(PAIR), Float32)
+        q_pair = cute.make_rmem_tensor(cute.make_layout(PAIR), Float8E4M3FN)
+        k0 = at.pair * PAIR
+        for i in cutlass.range_constexpr(BLOCK):
+            row = row0 + i
+            if row < at.rows:
+                q_scale = dual.q_scales[row - first_row]
+                for j in cutlass.range_constexpr(PAIR):
+                    pair[j] = Float32(raw[i, j]) * q_scale
+                q_pair.store(pair.load().to(Float8E4M3FN))
+                if cutlass.const_expr(self.variant.vector_loads):
+                    if k0 < at.cols:
+                        cute.autovec_copy(q_pair, _pair_view(dual.q)[at.e, row, at.pair, None])
+                else:
+                    for j in cutlass.range_constexpr(PAIR):
+                        if k0 + j < at.cols:
+                            dual.q[at.e, row, k0 + j] = q_pair[j]
 
     @cute.jit
     def _store_block(self, q_words, qt, at: Columns, row0: Int32):

@@ -47,6 +47,24 @@ def max_abs_bits(values: cute.Tensor) -> Int32:
 
 
 @cute.jit
+def warp_transpose_max(values: cute.Tensor) -> Int32:
+    """Lane ``l`` gets the max over the warp's 32 lanes of ``values[l]`` (``values``: 32 Int32 per
+    lane, e.g. amax bits of 32 rows). Recursive halving: at step ``h = 16, 8, .., 1`` a lane keeps
+    the half of its ``2 h`` live entries that its lane bit ``h`` selects and trades the other half
+    with lane ``l ^ h`` (31 shuffles in all, against 5 per entry for 32 butterfly reductions).
+    Overwrites ``values``."""
+    lane = cute.arch.lane_idx()
+    for step in cutlass.range_constexpr(5):
+        half = 16 >> step
+        upper = (lane & half) != 0
+        for i in cutlass.range_constexpr(half):
+            keep = Int32(cutlass.select_(upper, values[i + half], values[i]))
+            send = Int32(cutlass.select_(upper, values[i], values[i + half]))
+            values[i] = cutlass.max(keep, cute.arch.shuffle_sync_bfly(send, half))
+    return values[0]
+
+
+@cute.jit
 def lane_group_max(value: Int32, lanes: cutlass.Constexpr) -> Int32:
     """Max of ``value`` over aligned groups of ``lanes`` consecutive lanes (a power of two <= 32);
     every lane of a group gets the result."""

@@ -51,6 +51,12 @@ def test_every_variant_is_registered():
         for layout in ("plain", "groups", "experts")
         for v in ("v2", "v1")
     }
+    names |= {
+        f"{d}_{layout}_dual_{v}"
+        for d in ("bfloat16", "float32")
+        for layout in ("plain", "groups")
+        for v in ("v2", "v1")
+    }
     expected = {f"quantize_fp8_col_amax_{n}" for n in names}
     expected |= {f"quantize_fp8_col_cast_{n}_{s}" for n in names for s in ("s16", "s1")}
     assert set(TARGETS) == expected

@@ -27,25 +27,32 @@ def _by_column(shape, dtype, gen) -> torch.Tensor:
     return _random_x(shape[::-1], dtype, gen).t().contiguous()
 
 
-def _check_cols(x: torch.Tensor, ends=None, rounding: bool = True) -> None:
+def _check_cols(x: torch.Tensor, ends=None, rounding: bool = True, dual: bool = False) -> None:
+    """quantize_fp8_2d(axis="col") (``dual``: quantize_fp8_2d_dual, all four outputs) against the
+    reference: bytes and strides."""
     offsets = None if ends is None else torch.tensor(ends, dtype=torch.int32, device="cuda")
-    kw = {"axis": "col", "group_end_offsets": offsets, "round_scales_to_power_of_2": rounding}
+    kw = {"group_end_offsets": offsets, "round_scales_to_power_of_2": rounding}
+    if not dual:
+        kw["axis"] = "col"
+    ours = torch_bindings.quantize_fp8_2d_dual if dual else torch_bindings.quantize_fp8_2d
+    theirs = reference.quantize_fp8_2d_dual if dual else reference.quantize_fp8_2d
     with no_sync():
-        q, s = torch_bindings.quantize_fp8_2d(x, backend="cute", **kw)
-    q_ref, s_ref = reference.quantize_fp8_2d(x, **kw)
-    assert same_strides(q, q_ref), (q.stride(), q_ref.stride())
-    assert_same_bytes(q, q_ref, "q")
-    assert_same_bytes(s, s_ref, "scales")
+        got = ours(x, backend="cute", **kw)
+    want = theirs(x, **kw)
+    for name, g, w in zip(("q_row", "s_row", "q", "scales")[-len(got) :], got, want, strict=True):
+        assert same_strides(g, w), (name, g.stride(), w.stride())
+        assert_same_bytes(g, w, name)
 
 
+@pytest.mark.parametrize("dual", [False, True], ids=["cols", "dual"])
 @pytest.mark.parametrize("rounding", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows,cols", SHAPES)
-def test_columns_match_reference(rows, cols, dtype, rounding, poison_cuda_allocator):
+def test_columns_match_reference(rows, cols, dtype, rounding, dual, poison_cuda_allocator):
     gen = torch.Generator().manual_seed(rows * 7 + cols)
     for x in (_random_x((rows, cols), dtype, gen), _by_column((rows, cols), dtype, gen)):
         poison_cuda_allocator()
-        _check_cols(x, None, rounding)
+        _check_cols(x, None, rounding, dual)
 
 
 GROUPS = [
@@ -58,16 +65,17 @@ GROUPS = [
 ]
 
 
+@pytest.mark.parametrize("dual", [False, True], ids=["cols", "dual"])
 @pytest.mark.parametrize("rounding", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("ends", GROUPS, ids=str)
 @pytest.mark.parametrize("cols", [64, 258, 7])
-def test_groups_match_reference(ends, cols, dtype, rounding, poison_cuda_allocator):
+def test_groups_match_reference(ends, cols, dtype, rounding, dual, poison_cuda_allocator):
     gen = torch.Generator().manual_seed(len(ends) * 31 + cols)
     rows = max(ends[-1] + 3, 16 if cols == 64 else 17)
     for x in (_random_x((rows, cols), dtype, gen), _by_column((rows, cols), dtype, gen)):
         poison_cuda_allocator()
-        _check_cols(x, ends, rounding)
+        _check_cols(x, ends, rounding, dual)
 
 
 def test_many_groups_and_a_large_matrix():
@@ -77,24 +85,29 @@ def test_many_groups_and_a_large_matrix():
     ends = torch.cumsum(sizes, 0).clamp(max=16384).tolist()
     _check_cols(x, ends)
     _check_cols(x, list(range(1, 2049)))  # 2048 one-row groups
+    _check_cols(x, ends, dual=True)
 
 
+@pytest.mark.parametrize("dual", [False, True], ids=["cols", "dual"])
 @pytest.mark.parametrize("rounding", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_special_values(dtype, rounding):
+def test_special_values(dtype, rounding, dual):
     blocks = _special_blocks(dtype).cuda()  # rows of 32: Inf, NaN, 0, -0, subnormals, max
     columns = blocks.t().contiguous()  # each special run down a column
-    _check_cols(columns, None, rounding)
-    _check_cols(columns, [8, 8, 20], rounding)
-    _check_cols(blocks, None, rounding)
-    _check_cols(torch.cat([columns, columns[:, :1]], 1), [3, 31], rounding)  # K odd: element loads
+    _check_cols(columns, None, rounding, dual)
+    _check_cols(columns, [8, 8, 20], rounding, dual)
+    _check_cols(blocks, None, rounding, dual)
+    _check_cols(blocks, [1, 3], rounding, dual)
+    odd = torch.cat([columns, columns[:, :1]], 1)  # K odd: element loads
+    _check_cols(odd, [3, 31], rounding, dual)
 
 
-def test_unaligned_x_takes_the_element_loads():
+@pytest.mark.parametrize("dual", [False, True], ids=["cols", "dual"])
+def test_unaligned_x_takes_the_element_loads(dual):
     base = _random_x((1, 64 * 40 + 1), torch.bfloat16, torch.Generator().manual_seed(4))
     x = base[0, 1:].view(64, 40)  # 2 bytes past a 4-byte boundary
-    _check_cols(x)
-    _check_cols(x, [10, 50])
+    _check_cols(x, dual=dual)
+    _check_cols(x, [10, 50], dual=dual)
 
 
 @pytest.mark.parametrize("rounding", [True, False])
@@ -138,6 +151,7 @@ def test_empty_dims(shape):
         q_ref, s_ref = reference.quantize_fp8_2d(x, axis="col", **kw)
         assert_same_bytes(q, q_ref, "q")
         assert_same_bytes(s, s_ref, "scales")
+        _check_cols(x, None if not kw else [0, 0], dual=True)
     w = torch.zeros((2, *shape), dtype=torch.bfloat16, device="cuda")
     with no_sync():
         q, s = torch_bindings.quantize_fp8_3d(w, axis="N", backend="cute")
@@ -152,6 +166,7 @@ def test_no_recompiles_across_shapes_and_offsets():
             torch_bindings.quantize_fp8_2d(_random_x((rows, cols), torch.bfloat16, gen), axis="col")
             x = _random_x((rows, cols), torch.bfloat16, gen)
             torch_bindings.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets)
+            torch_bindings.quantize_fp8_2d_dual(x, group_end_offsets=offsets)
     before = torch_bindings.compile_stats.compiles + torch_bindings.compile_stats.disk_loads
     for rows, cols, ends in [
         (32, 8, [5, 9]),
@@ -162,6 +177,7 @@ def test_no_recompiles_across_shapes_and_offsets():
         x = _random_x((rows, cols), torch.bfloat16, gen)
         _check_cols(x, None)
         _check_cols(x, ends)
+        _check_cols(x, ends, dual=True)
     assert torch_bindings.compile_stats.compiles + torch_bindings.compile_stats.disk_loads == before
 
 

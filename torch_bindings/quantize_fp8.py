@@ -5,7 +5,7 @@ Kernels: one scale per row (``cute_kernels.quantize_fp8.Fp8RowKernel``, one laun
 ``quantize_fp8_2d(axis="row")`` and ``quantize_fp8_3d(axis="K")``; column scales
 (``cute_kernels.quantize_fp8_col``: a zero fill, the amax pass, the cast pass) for
 ``quantize_fp8_2d(axis="col")`` with and without row groups and ``quantize_fp8_3d(axis="N")``; the
-dual runs both (not fused yet).
+dual runs the column passes' dual variants, which also produce the row outputs (x read twice).
 """
 
 from __future__ import annotations
@@ -48,41 +48,61 @@ def k_class(cols: int) -> int:
 
 
 def _col_variant(key: tuple, target: targets.DeviceTarget):
-    """``key = (registry name, torch dtype, layout, vector_loads, vector_stores)`` -> the column
-    kernels' variant."""
+    """``key = (registry name, torch dtype, layout, vector_loads, vector_stores, dual)`` -> the
+    column kernels' variant."""
     from cute_kernels.quantize_fp8_col import Fp8ColVariant
 
-    _, dtype, layout, vector_loads, vector_stores = key
-    return Fp8ColVariant(str(dtype).removeprefix("torch."), layout, vector_loads, vector_stores)
+    _, dtype, layout, vector_loads, vector_stores, dual = key
+    return Fp8ColVariant(str(dtype).removeprefix("torch."), layout, vector_loads, vector_stores, dual)
+
+
+def _col_outputs(
+    x: torch.Tensor, offsets: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, str, int]:
+    """``(q, scales, layout, n)`` of the column quantization of x (M, K) or w (E, N, K): q with x's
+    shape and the transposed strides ((1, M) / (N K, 1, N)), scales (n K,) or (E, K), n the number
+    of scale rows (G, E or 1)."""
+    *lead, rows, cols = x.shape
+    if x.dim() == 3:
+        q = x.new_empty_strided(x.shape, (rows * cols, 1, rows), dtype=_E4M3)
+        return q, x.new_empty((lead[0], cols), dtype=torch.float32), "experts", lead[0]
+    q = x.new_empty_strided(x.shape, (1, max(rows, 1)), dtype=_E4M3)
+    groups = 1 if offsets is None else offsets.shape[0]
+    layout = "plain" if offsets is None else "groups"
+    return q, x.new_empty(groups * cols, dtype=torch.float32), layout, groups
+
+
+def _launch_cols(target: targets.DeviceTarget, x, offsets, round_pow2: bool, cols_out: tuple, rows_out=None):
+    """The amax pass then the cast pass on x with at least one row and column: ``cols_out`` the
+    ``(q, scales, layout, n)`` of :func:`_col_outputs`; ``rows_out`` (dual) ``(q_row, s_row)``,
+    whose row amax words follow the n K column words."""
+    q, scales, layout, groups = cols_out
+    rows, cols = x.shape[-2:]
+    vector_loads = not (cols & 1 or x.data_ptr() % (2 * x.element_size()))
+    vector_stores = not rows & 15  # q: fresh, 256-byte aligned
+    dual = rows_out is not None
+    amax = torch.zeros(groups * cols + (rows if dual else 0), dtype=torch.int32, device=x.device)
+    steps = groups.bit_length()
+    amax_key = (_COL_AMAX, x.dtype, layout, vector_loads, True, dual)
+    target.kernel(amax_key, _col_variant)(x, amax, offsets, steps)
+    cast = target.kernel((_COL_CAST, x.dtype, layout, vector_loads, vector_stores, dual), _col_variant)
+    mask = FP8_POW2_MASK if round_pow2 else -1
+    cast(x, q, amax, scales, offsets, mask, steps, *(rows_out or (None, None)))
 
 
 def _run_cols(
     target: targets.DeviceTarget, x: torch.Tensor, offsets: torch.Tensor | None, round_pow2: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One scale per column (per row group with ``offsets``) of x (M, K), or per column of each
-    expert of w (E, N, K): q with x's shape and the transposed strides ((1, M) / (N K, 1, N)),
-    scales (K,), (G K,) or (E, K). Two passes (amax, cast) after zeroing the amax words."""
-    *lead, rows, cols = x.shape
-    if x.dim() == 3:
-        q = x.new_empty_strided(x.shape, (rows * cols, 1, rows), dtype=_E4M3)
-        scales = x.new_empty((lead[0], cols), dtype=torch.float32)
-        layout, groups = "experts", lead[0]
-    else:
-        q = x.new_empty_strided(x.shape, (1, max(rows, 1)), dtype=_E4M3)
-        groups = 1 if offsets is None else offsets.shape[0]
-        scales = x.new_empty(groups * cols, dtype=torch.float32)
-        layout = "plain" if offsets is None else "groups"
+    expert of w (E, N, K): q (:func:`_col_outputs`), scales (K,), (G K,) or (E, K). Two passes
+    (amax, cast) after zeroing the amax words."""
+    cols_out = _col_outputs(x, offsets)
+    q, scales = cols_out[:2]
     if not scales.numel():
         return q, scales
     if not x.numel():  # no rows: every group is empty
         return q, scales.fill_(1.0)
-    vector_loads = not (cols & 1 or x.data_ptr() % (2 * x.element_size()))
-    vector_stores = not rows & 15  # q: fresh, 256-byte aligned
-    amax = torch.zeros(groups * cols, dtype=torch.int32, device=x.device)
-    steps = groups.bit_length()
-    target.kernel((_COL_AMAX, x.dtype, layout, vector_loads, True), _col_variant)(x, amax, offsets, steps)
-    cast = target.kernel((_COL_CAST, x.dtype, layout, vector_loads, vector_stores), _col_variant)
-    cast(x, q, amax, scales, offsets, FP8_POW2_MASK if round_pow2 else -1, steps)
+    _launch_cols(target, x, offsets, round_pow2, cols_out)
     return q, scales
 
 
@@ -219,8 +239,16 @@ def _fast_dual_ok(x, group_end_offsets, round_pow2) -> bool:
 
 
 def _run_dual(target: targets.DeviceTarget, x, group_end_offsets, round_pow2):
-    """The row kernel then the two column passes: three reads of x (not yet fused)."""
-    return (*_run_rows(target, x, round_pow2), *_run_cols(target, x, group_end_offsets, round_pow2))
+    """Both quantizations from two reads of x: the column passes' dual variants (the amax pass also
+    folds each row's max into a row word, the cast pass also writes q_row and s_row)."""
+    rows, cols = x.shape
+    q_row, s_row = x.new_empty(x.shape, dtype=_E4M3), x.new_empty(rows, dtype=torch.float32)
+    cols_out = _col_outputs(x, group_end_offsets)
+    q_col, s_col = cols_out[:2]
+    if not x.numel():  # rows of no elements: scale 1.0; no rows: every group is empty
+        return q_row, s_row.fill_(1.0), q_col, s_col.fill_(1.0)
+    _launch_cols(target, x, group_end_offsets, round_pow2, cols_out, (q_row, s_row))
+    return q_row, s_row, q_col, s_col
 
 
 def _reference_dual(x, group_end_offsets, round_pow2):
@@ -242,9 +270,9 @@ def quantize_fp8_2d_dual(
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(q_row, s_row, q_col, s_col)``: :func:`quantize_fp8_2d` with ``axis="row"`` and with
-    ``axis="col"`` (and the row groups, if given), bit for bit (SPEC section 7). So far the row
-    kernel and the column passes one after the other (x read three times; a fused kernel would
-    read it twice)."""
+    ``axis="col"`` (and the row groups, if given), bit for bit (SPEC section 7), from two reads of
+    x: a zero fill, an amax pass (column or (group, column) maxima and row maxima) and a cast pass
+    writing both q. No host sync; no recompile when M or the offsets change."""
     return _QUANTIZE_DUAL.dispatch(backend, x, group_end_offsets, round_scales_to_power_of_2)
 
 
