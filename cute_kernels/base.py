@@ -44,6 +44,12 @@ class Kernel:
         raise NotImplementedError
 
     @classmethod
+    def shared_bytes(cls, variant: Any, config: Any) -> int:
+        """Dynamic shared memory one CTA takes, in bytes, where ``config`` sizes it (rings); 0 where
+        it is small or not modelled (occupancy estimates, ``cute_kernels.model``)."""
+        return 0
+
+    @classmethod
     def default_config(cls, variant: Any, arch: str) -> Any:
         """The config ``cute_kernels.configs`` picks for ``variant`` on ``arch``."""
         from . import configs

@@ -5,8 +5,10 @@ A memory-bound kernel reaches a device copy's bandwidth ``BW`` only if each SM k
 
 - bytes in flight per CTA from the config (``cute_kernels.inflight``);
 - CTAs resident per SM from the compiled kernel's registers per thread (``cute_utils.sass``,
-  allocated per warp in units of 256), its threads (2048 per SM), its shared memory where a config
-  sizes it (the 1x32 ring) and the 32-CTA limit;
+  allocated per warp in units of 256), its threads (2048 per SM), its shared memory (static, plus
+  ``Kernel.shared_bytes`` where a config sizes it: the 1x32 ring; the other kernels' dynamic arrays
+  are small, or, the MX dual's and TMA's rings, not binding at their register counts) and the
+  32-CTA limit;
 - predicted ratio to copy ``min(plateau, bytes per SM / need per SM)``.
 
 Two parameters per device, the latency and the plateau (what a kernel that covers the need reaches:
@@ -90,17 +92,6 @@ def resident_ctas(registers: int, threads: int, smem: int) -> int:
     return min(by_registers, THREADS_PER_SM // threads, by_smem, MAX_CTAS_PER_SM)
 
 
-def _shared_bytes(name: str, variant: Any, config: Any, static: int) -> int:
-    """Shared memory per CTA: the 1x32 ring from its config, else the kernel's static bytes (the
-    other kernels' dynamic arrays are small, or, the dual's and TMA's rings, not binding at their
-    register counts)."""
-    if name == "quantize_1x32":
-        from .quantize import _smem_bytes
-
-        return _smem_bytes(variant.dtype, variant.layout, config, config.stages)
-    return static
-
-
 @functools.cache
 def _compiled_resources(name: str, variant: Any, config: Any, arch: str) -> dict:
     from cute_utils.sass import compile_options, cubin_of, resource_usage
@@ -114,7 +105,7 @@ def occupancy(name: str, variant: Any, config: Any, arch: str) -> Occupancy:
     (compiles it)."""
     res = _compiled_resources(name, variant, config, arch)
     loads = loads_in_flight(name, variant, config)
-    smem = _shared_bytes(name, variant, config, res.get("shared_bytes", 0))
+    smem = res.get("shared_bytes", 0) + registry.entry(name).kernel_class().shared_bytes(variant, config)
     ctas = resident_ctas(res["registers"], loads.threads, smem)
     return Occupancy(res["registers"], loads.threads, smem, ctas, loads.bytes_per_cta)
 

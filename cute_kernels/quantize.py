@@ -385,6 +385,11 @@ class Quantize1x32Kernel(Kernel):
 
     name = "quantize_1x32"
 
+    @classmethod
+    def shared_bytes(cls, variant: Quantize1x32Variant, config: QuantizeConfig) -> int:
+        """The warps' ``cp.async`` rings (``config.stages`` units each) and the group scans' arrays."""
+        return _smem_bytes(variant.dtype, variant.layout, config, config.stages)
+
     def __init__(self, variant: Quantize1x32Variant, config: QuantizeConfig) -> None:
         if variant.mode not in ("floor", "rceil"):
             raise ValueError(f"mode must be 'floor' or 'rceil', got {variant.mode!r}")
@@ -402,8 +407,7 @@ class Quantize1x32Kernel(Kernel):
         self.threads = 32 * WARPS
         self.fit_waves = config.fit_waves and layout.scans_groups
         num_sms = variant.num_sms or DEFAULT_NUM_SMS["sm_90a"]
-        smem_bytes = _smem_bytes(variant.dtype, layout, config, self.ring_units)
-        self.wave_ctas = num_sms * resident_ctas(config.min_ctas_per_sm, smem_bytes)
+        self.wave_ctas = num_sms * resident_ctas(config.min_ctas_per_sm, self.shared_bytes(variant, config))
         # One round of offset loads (a thread per group) when the variant's group count allows it.
         small = config.max_groups <= self.threads
         self.scan = scan_padded_group_sizes_small if small else scan_padded_group_sizes

@@ -130,6 +130,18 @@ class Fp8ColCastConfig:
     load_blocks: int = 1
 
 
+def _variants(stores: tuple[bool, ...]) -> list[Fp8ColVariant]:
+    """Every dtype x layout x load width (x ``stores``), and the dual's 2-D layouts."""
+    return [
+        Fp8ColVariant(d, layout, v, s, dual)
+        for dual in (False, True)
+        for d in DTYPES
+        for layout in (LAYOUTS_2D if dual else LAYOUTS)
+        for v in (True, False)
+        for s in stores
+    ]
+
+
 def _fake(dtype, shape, order, align):
     return cute.runtime.make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=align)
 
@@ -328,13 +340,7 @@ class Fp8ColAmaxKernel(_ColumnPass, Kernel):
 
     @classmethod
     def variants(cls) -> list[Fp8ColVariant]:
-        return [
-            Fp8ColVariant(d, layout, v, dual=dual)
-            for dual in (False, True)
-            for d in DTYPES
-            for layout in (LAYOUTS_2D if dual else LAYOUTS)
-            for v in (True, False)
-        ]
+        return _variants(stores=(True,))  # the amax pass stores no q
 
     @classmethod
     def target_name(cls, variant: Fp8ColVariant) -> str:
@@ -445,14 +451,7 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
 
     @classmethod
     def variants(cls) -> list[Fp8ColVariant]:
-        return [
-            Fp8ColVariant(d, layout, v, s, dual)
-            for dual in (False, True)
-            for d in DTYPES
-            for layout in (LAYOUTS_2D if dual else LAYOUTS)
-            for v in (True, False)
-            for s in (True, False)
-        ]
+        return _variants(stores=(True, False))
 
     @classmethod
     def target_name(cls, variant: Fp8ColVariant) -> str:

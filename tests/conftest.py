@@ -160,6 +160,18 @@ def _recorded_hashes() -> tuple[str, dict[tuple[str, str], str]]:
     return version, table
 
 
+def spill_free_kernel(compiled, target: str):
+    """``(kernel, text)``: the one kernel of ``target`` in the ``compiled`` fixture's builds and its
+    SASS summary, after the checks every build passes (built for the fixture's arch, no local
+    memory)."""
+    arch, summaries = compiled
+    (kernel,) = summaries[target]
+    text = kernel.format()
+    assert kernel.arch == arch
+    assert kernel.local_bytes == 0 and kernel.local_loads == 0 and kernel.local_stores == 0, text
+    return kernel, text
+
+
 def assert_recorded_hashes(compiled) -> None:
     """Every target the ``compiled`` fixture built for its arch has the instruction hash recorded in
     ``tests/sass_hashes.txt`` (skipped under another DSL version: ptxas may schedule differently)."""

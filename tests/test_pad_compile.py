@@ -16,7 +16,6 @@ from torch_bindings import reference
 TARGETS = kernel_targets("pad", "unpad")
 
 
-
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_compiles_with_expected_sass(compiled, target):
     arch, summaries = compiled

@@ -7,18 +7,14 @@ same bits)."""
 from __future__ import annotations
 
 import pytest
-from conftest import assert_recorded_hashes, kernel_targets
+from conftest import assert_recorded_hashes, kernel_targets, spill_free_kernel
 
 TARGETS = kernel_targets("quantize_1x32")
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_compiles_with_expected_sass(compiled, target):
-    arch, summaries = compiled
-    (kernel,) = summaries[target]
-    text = kernel.format()
-    assert kernel.arch == arch
-    assert kernel.local_bytes == 0 and kernel.local_loads == 0 and kernel.local_stores == 0, text
+    kernel, text = spill_free_kernel(compiled, target)
     assert kernel.registers <= 64, text
     assert kernel.opcode("LDGSTS") >= 2 and kernel.memory.get("LDGSTS.128", 0) == kernel.opcode("LDGSTS"), (
         text

@@ -4,7 +4,7 @@ modes) compiles for sm_90a and sm_100a on a CPU-only machine with the SASS we ex
 from __future__ import annotations
 
 import pytest
-from conftest import assert_recorded_hashes, kernel_targets
+from conftest import assert_recorded_hashes, kernel_targets, spill_free_kernel
 
 TARGETS = kernel_targets("quantize_dual")
 
@@ -38,11 +38,7 @@ def test_compiles_with_expected_sass(compiled, target):
     conversion), q rows and q^T rows staged as 8-byte shared stores and stored as whole lines in
     16-byte chunks (blocked and grouped scales too: whole 512-byte tiles), packed 16-bit maxima for
     bf16, and an 80-register cap (3 CTAs of 256 threads per SM) with no spills."""
-    arch, summaries = compiled
-    (kernel,) = summaries[target]
-    text = kernel.format()
-    assert kernel.arch == arch
-    assert kernel.local_bytes == 0 and kernel.local_loads == 0 and kernel.local_stores == 0, text
+    kernel, text = spill_free_kernel(compiled, target)
     assert kernel.registers <= 80, text
     assert kernel.opcode("LDGSTS") >= 8, text
     assert kernel.memory.get("LDGSTS.128", 0) == kernel.opcode("LDGSTS"), text

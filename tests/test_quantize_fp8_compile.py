@@ -5,19 +5,15 @@ E4M3 conversion, the fp64 scale division; the registry lists every variant."""
 from __future__ import annotations
 
 import pytest
-from conftest import assert_recorded_hashes, kernel_targets
+from conftest import assert_recorded_hashes, kernel_targets, spill_free_kernel
 
 TARGETS = kernel_targets("quantize_fp8_row")
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_compiles_with_expected_sass(compiled, target):
-    arch, summaries = compiled
-    (kernel,) = summaries[target]
-    text = kernel.format()
-    assert kernel.arch == arch
-    assert kernel.local_bytes == 0 and kernel.local_loads == 0 and kernel.local_stores == 0, text
-    assert kernel.registers <= 128, text  # one 512-thread CTA per SM (cute_kernels/configs/sm90.py)
+    kernel, text = spill_free_kernel(compiled, target)
+    assert kernel.registers <= 128, text  # a CTA of 512 (or 1024) threads per row (configs/sm90.py)
     assert kernel.opcode("F2FP") >= 1 and all("UE8M0" not in m for m in kernel.counts), text
     assert any(m.startswith(("DMUL", "DFMA")) for m in kernel.counts), "q_scale divides in fp64"
     if "_v8" in target:

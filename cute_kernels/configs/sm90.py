@@ -80,15 +80,12 @@ def unpad(variant) -> PadConfig:
     return _PAD
 
 
-# --- FP8 rowwise, one scale per row (bench/tune_fp8_rowwise.py, H100, 2026-11-23) ---
-# One row per warp, 16 warps per CTA, 16 steps in flight per thread, one CTA per SM: the config the
-# GPU tests and bench_fp8_rowwise measured (0.81-0.98 of copy). A whole CTA per row measured
-# 0.99-1.02 in the tuner at K = 2048 and 7168 (notes/fp8-rowwise-row-kernel.md) but has not been
-# through the GPU tests and the bench yet: the next config. fp32: 8 steps (16 spill).
+# --- FP8 rowwise, one scale per row (bench/tune_fp8_rowwise.py; notes/fp8-rowwise-row-kernel.md) ---
+# The bindings pick per K class (quantize_fp8_row_for_shape below); without a shape (the SASS
+# targets CI checks, the registry's default) the kernel takes the heuristic of the benchmarks' K
+# class (K = 7168: class 8192), so the build CI inspects is one the bindings launch.
 def quantize_fp8_row(variant):
-    from cute_kernels.quantize_fp8 import Fp8RowConfig
-
-    return Fp8RowConfig(threads=512, unroll=16 if variant.dtype == "bfloat16" else 8, ctas_per_sm=1)
+    return quantize_fp8_row_for_shape(variant, f"{variant.dtype}/k8192", None)
 
 
 def quantize_fp8_row_for_shape(variant, shape_class: str, tuned: dict | None):
