@@ -100,8 +100,8 @@ def test_row_kernel_shapes():
     assert inflight.loads_in_flight("quantize_fp8_row", vector, whole_cta, cols=16384).bytes_per_cta == 16384
     # element steps: 512 threads x 2 unroll x 1 element x 2 B
     assert inflight.loads_in_flight("quantize_fp8_row", element, whole_cta).bytes_per_cta == 2048
-    # a warp per row (the static config: 16 warps, 16 unroll): 16 rows x 512 steps x 16 B
-    warp_rows = sm90.quantize_fp8_row(vector)
+    # a warp per row (16 warps, 16 unroll): 16 rows x 512 steps x 16 B
+    warp_rows = Fp8RowConfig(threads=512, unroll=16, ctas_per_sm=1)
     assert inflight.loads_in_flight("quantize_fp8_row", vector, warp_rows).bytes_per_cta == 16 * 512 * 16
 
 
