@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 FUZZ_MINUTES ?= 5
 SEED ?=
 
-.PHONY: install test test-gpu fuzz sanitize demo bench sass lint clean sass-hashes
+.PHONY: install test test-gpu test-gpu-sm100-configs fuzz sanitize demo bench sass lint clean sass-hashes
 
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -26,6 +26,12 @@ test: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(PYTHON) -m pytest -q -m gpu
+
+# GPU (Hopper): the GPU tests of the ops whose sm_100a configs differ from sm_90a's, run with the
+# sm_100a configs (tests/conftest.py; cute_kernels/configs/sm100.py).
+test-gpu-sm100-configs: $(STAMP)
+	CUTE_KERNELS_TEST_CONFIG_ARCH=sm_100a $(PYTHON) -m pytest -q -m gpu \
+	  tests/test_swizzle_gpu.py tests/test_quantize_fp8_gpu.py
 
 # GPU: the fuzz harness for FUZZ_MINUTES minutes (every op, new seeds each round; SEED= picks the first).
 fuzz: $(STAMP)

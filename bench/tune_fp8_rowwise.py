@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 from pathlib import Path
 
 import torch
@@ -23,6 +22,7 @@ import torch
 from bench.common.baselines import copy_baseline_best
 from bench.common.cli import make_parser, progress
 from bench.common.timing import make_rotating_inputs, time_cuda
+from bench.common.tuned import merge_tuned
 from cute_kernels import registry
 from cute_kernels.quantize_fp8 import Fp8RowConfig, Fp8RowVariant
 
@@ -58,15 +58,6 @@ def _ratios(cols: int, kernels: dict) -> dict:
     return out
 
 
-def _write(path: Path, arch: str, device: str, winners: dict) -> None:
-    table = json.loads(path.read_text()) if path.exists() else {}
-    per_device = table.setdefault("quantize_fp8_row", {}).setdefault(arch, {}).setdefault(device, {})
-    for k_class, config in winners.items():
-        per_device[f"bfloat16/k{k_class}"] = dataclasses.asdict(config)
-    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {len(winners)} entries for {device} ({arch}) into {path}")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = make_parser(__doc__.splitlines()[0])
     parser.add_argument("--write", type=Path, default=None, help="merge the winners into this table")
@@ -88,7 +79,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"k{k_class} {config} worst ratio {worst[config]:.3f} us [{us}]")
         winners[k_class] = ranked[0]
     if args.write is not None:
-        _write(args.write, arch, device, winners)
+        entries = {f"bfloat16/k{k_class}": dataclasses.asdict(c) for k_class, c in winners.items()}
+        merge_tuned(args.write, "quantize_fp8_row", arch, device, entries)
 
 
 if __name__ == "__main__":

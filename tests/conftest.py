@@ -1,8 +1,9 @@
-"""Shared fixtures: GPU gating, poisoned allocations, seeded group sizes."""
+"""Shared fixtures: GPU gating, poisoned allocations, seeded group sizes, another arch's configs."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,33 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _configs_of_another_arch():
+    """``CUTE_KERNELS_TEST_CONFIG_ARCH=sm_100a``: kernels compile for the GPU at hand with that
+    arch's configs (``cute_kernels.configs``; its tuned entries, none for sm_100a, else its
+    heuristics) and the disk cache off, so a Hopper runs the GPU tests on Blackwell's configs (the
+    same instructions, other launch shapes). Unset: nothing changes."""
+    arch = os.environ.get("CUTE_KERNELS_TEST_CONFIG_ARCH")
+    if not arch:
+        yield
+        return
+    from cute_kernels import configs
+
+    pick, pick_for_shape = configs.pick, configs.pick_for_shape
+    configs.pick = lambda kernel, variant, _: pick(kernel, variant, arch)
+    configs.pick_for_shape = lambda kernel, variant, _, device, shape_class: pick_for_shape(
+        kernel, variant, arch, device, shape_class
+    )
+    previous = os.environ.get("CUTE_KERNELS_DISK_CACHE")
+    os.environ["CUTE_KERNELS_DISK_CACHE"] = "0"
+    yield
+    configs.pick, configs.pick_for_shape = pick, pick_for_shape
+    if previous is None:
+        os.environ.pop("CUTE_KERNELS_DISK_CACHE")
+    else:
+        os.environ["CUTE_KERNELS_DISK_CACHE"] = previous
 
 
 @pytest.fixture

@@ -159,25 +159,22 @@ def test_empty_dims(shape):
 
 
 def test_no_recompiles_across_shapes_and_offsets():
+    """After one call per compile class (K class, group bucket, K parity, M % 16), other M and
+    offsets in those classes compile nothing."""
     gen = torch.Generator().manual_seed(5)
-    offsets = torch.tensor([3], dtype=torch.int32, device="cuda")
-    for cols in (64, 13):
-        for rows in (16, 17):  # vector and byte stores
-            torch_bindings.quantize_fp8_2d(_random_x((rows, cols), torch.bfloat16, gen), axis="col")
-            x = _random_x((rows, cols), torch.bfloat16, gen)
-            torch_bindings.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets)
-            torch_bindings.quantize_fp8_2d_dual(x, group_end_offsets=offsets)
+    cases = [(32, 8, [5, 9]), (999, 7168, [100]), (4096, 2048, list(range(0, 4096, 64))), (7, 5, [7])]
+
+    def one_round(shift: int) -> None:  # shift: a multiple of 16 (M % 16 unchanged)
+        for rows, cols, ends in cases:
+            x = _random_x((rows + shift, cols), torch.bfloat16, gen)
+            moved = [min(end + shift // 2, rows + shift) for end in ends]
+            _check_cols(x, None)
+            _check_cols(x, moved)
+            _check_cols(x, moved, dual=True)
+
+    one_round(0)
     before = torch_bindings.compile_stats.compiles + torch_bindings.compile_stats.disk_loads
-    for rows, cols, ends in [
-        (32, 8, [5, 9]),
-        (999, 7168, [100]),
-        (4096, 2048, list(range(0, 4096, 64))),
-        (7, 5, [7]),
-    ]:
-        x = _random_x((rows, cols), torch.bfloat16, gen)
-        _check_cols(x, None)
-        _check_cols(x, ends)
-        _check_cols(x, ends, dual=True)
+    one_round(48)
     assert torch_bindings.compile_stats.compiles + torch_bindings.compile_stats.disk_loads == before
 
 
@@ -222,3 +219,17 @@ def test_torch_compile_fullgraph():
         )
         for g, w_ in zip(got, want, strict=True):
             assert_same_bytes(g, w_)
+
+
+def test_more_experts_than_the_grid_takes_is_a_clear_error():
+    """One grid z index per expert: E > 65535 raises before launch (it used to fail the launch);
+    the reference takes it."""
+    w = torch.zeros(65536, 32, 32, dtype=torch.bfloat16, device="cuda")
+    for op in (
+        lambda: torch_bindings.quantize_fp8_3d(w, axis="N", backend="cute"),
+        lambda: torch_bindings.quantize_mxfp8_3d(w, block="32x1", backend="cute"),
+    ):
+        with pytest.raises(ValueError, match="65535"):
+            op()
+    q, s = torch_bindings.quantize_fp8_3d(w, axis="N", backend="reference")
+    assert s.shape == (65536, 32)

@@ -69,7 +69,9 @@ def test_3d_k_matches_reference(experts, n, k, rounding, poison_cuda_allocator):
 def test_no_recompiles_across_shapes():
     """One compile per (variant, K class): M and K within a class change nothing."""
     gen = torch.Generator().manual_seed(5)
-    for cols in (8, 5, 1001, 2048, 7168):  # K classes 256, 1024, 2048, 8192; vector and element
+    # K classes 256, 1024, 2048, 8192; vector (K % 8 == 0) and element steps: each pair the second
+    # loop meets (1024 vector and 1001 element are two compiles of class 1024)
+    for cols in (8, 5, 1001, 1024, 2048, 7168):
         torch_bindings.quantize_fp8_2d(_random_x((4, cols), torch.bfloat16, gen))
     before = torch_bindings.compile_stats.compiles + torch_bindings.compile_stats.disk_loads
     for rows, cols in [(1, 8), (999, 7168), (4096, 2048), (7, 5), (100, 1001), (3, 5120), (9, 1024)]:

@@ -374,6 +374,19 @@ def check_pad_and_quantize(
 MAX_KERNEL_GROUPS = MAX_GROUPS
 """Most groups a kernel takes (its group scan lives in shared memory; ``cute_utils.constants``)."""
 
+MAX_KERNEL_EXPERTS = 65535
+"""Most experts the kernels with one grid z index per expert take (CUDA's grid z limit): the 32x1
+MXFP8 and FP8 column-scale kernels on w (E, N, K)."""
+
+
+def check_kernel_experts(op: str, experts: int) -> None:
+    """Kernel-path limit of the per-expert grids: at most ``MAX_KERNEL_EXPERTS`` experts."""
+    if experts > MAX_KERNEL_EXPERTS:
+        raise ValueError(
+            f"{op}: the CuTeDSL kernel launches one grid z index per expert, at most "
+            f"{MAX_KERNEL_EXPERTS}; got E = {experts} (backend='reference' has no limit)"
+        )
+
 
 def check_kernel_group_count(op: str, group_end_offsets: torch.Tensor | None) -> None:
     """Kernel-path limit: at most ``MAX_KERNEL_GROUPS`` groups (the reference has none)."""

@@ -84,6 +84,7 @@ def run_32x1_3d(
     or blocked (E, Rp, Cp) with every padding byte 0."""
     checks.check_kernel_inputs(_OP_3D, None, w)
     experts, rows, cols = w.shape
+    checks.check_kernel_experts(_OP_3D, experts)
     q = w.new_empty_strided((experts, rows, cols), (rows * cols, 1, rows), dtype=_E4M3)
     if blocked:  # per expert S = (K, N/32): plain, or blocked (Rp, Cp)
         shape = (experts, (cols + 127) & -128, ((rows >> 5) + 3) & -4)

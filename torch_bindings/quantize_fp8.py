@@ -43,17 +43,41 @@ def _row_config(key: tuple, variant, target: targets.DeviceTarget):
 
 
 def k_class(cols: int) -> int:
-    """The row kernel's K class: the next power of 2 of K, at least 256 (one compile per class)."""
+    """K's class: the next power of 2 of K, at least 256 (the row kernel compiles once per class; the
+    tuned tables of both kernels are keyed by it)."""
     return 1 << max(cols - 1, 255).bit_length()
 
 
 def _col_variant(key: tuple, target: targets.DeviceTarget):
-    """``key = (registry name, torch dtype, layout, vector_loads, vector_stores, dual)`` -> the
-    column kernels' variant."""
+    """``key = (registry name, torch dtype, layout, vector_loads, vector_stores, dual, K class, group
+    bucket)`` -> the column kernels' variant."""
     from cute_kernels.quantize_fp8_col import Fp8ColVariant
 
-    _, dtype, layout, vector_loads, vector_stores, dual = key
+    _, dtype, layout, vector_loads, vector_stores, dual = key[:6]
     return Fp8ColVariant(str(dtype).removeprefix("torch."), layout, vector_loads, vector_stores, dual)
+
+
+def group_bucket(groups: int) -> int:
+    """The column passes' group-count bucket: 1, then the next power of 8 (8, 64, 512, ...)."""
+    bucket = 1
+    while bucket < groups:
+        bucket *= 8
+    return bucket
+
+
+def col_shape_class(dtype: str, layout: str, cols: int, groups: int) -> str:
+    """The column passes' tuned-table key for x (M, cols) or w (E, N, cols) with ``groups`` scale
+    rows (G, E or 1): ``"<dtype>/<layout>/k<K class>/g<group bucket>"``."""
+    return f"{dtype}/{layout}/k{k_class(cols)}/g{group_bucket(groups)}"
+
+
+def _col_config(key: tuple, variant, target: targets.DeviceTarget):
+    """The config of the key's pass for its shape class (``cute_kernels.configs.pick_for_shape``);
+    the key's K class and group bucket stand for any K and G of their class."""
+    from cute_kernels import configs
+
+    shape_class = col_shape_class(variant.dtype, variant.layout, key[6], key[7])
+    return configs.pick_for_shape(key[0], variant, target.arch, target.name, shape_class)
 
 
 def _col_outputs(
@@ -83,9 +107,11 @@ def _launch_cols(target: targets.DeviceTarget, x, offsets, round_pow2: bool, col
     dual = rows_out is not None
     amax = torch.zeros(groups * cols + (rows if dual else 0), dtype=torch.int32, device=x.device)
     steps = groups.bit_length()
-    amax_key = (_COL_AMAX, x.dtype, layout, vector_loads, True, dual)
-    target.kernel(amax_key, _col_variant)(x, amax, offsets, steps)
-    cast = target.kernel((_COL_CAST, x.dtype, layout, vector_loads, vector_stores, dual), _col_variant)
+    shape = (k_class(cols), group_bucket(groups))
+    amax_key = (_COL_AMAX, x.dtype, layout, vector_loads, True, dual, *shape)
+    target.kernel(amax_key, _col_variant, _col_config)(x, amax, offsets, steps)
+    cast_key = (_COL_CAST, x.dtype, layout, vector_loads, vector_stores, dual, *shape)
+    cast = target.kernel(cast_key, _col_variant, _col_config)
     mask = FP8_POW2_MASK if round_pow2 else -1
     cast(x, q, amax, scales, offsets, mask, steps, *(rows_out or (None, None)))
 
@@ -96,6 +122,8 @@ def _run_cols(
     """One scale per column (per row group with ``offsets``) of x (M, K), or per column of each
     expert of w (E, N, K): q (:func:`_col_outputs`), scales (K,), (G K,) or (E, K). Two passes
     (amax, cast) after zeroing the amax words."""
+    if x.dim() == 3:
+        checks.check_kernel_experts(_OP_3D, x.shape[0])
     cols_out = _col_outputs(x, offsets)
     q, scales = cols_out[:2]
     if not scales.numel():
@@ -209,8 +237,8 @@ def quantize_fp8_2d(
     1.0 and rows past the last group's end quantize to 0. Scales are the dequantization multipliers
     ``1 / q_scale`` (``q * scale ~ x``), what ``torch._scaled_grouped_mm`` takes. Rows: one launch;
     columns: a zero fill and two passes over x (amax, cast). No host sync; no recompile when M or
-    the offsets change, nor K within its compile class (rows: the next power of 2 of K; columns: K
-    even or odd, M % 16).
+    the offsets change, nor K within its compile class (the next power of 2 of K; columns also: K
+    even or odd, M % 16, and the group-count bucket 1, <= 8, <= 64, ...).
     """
     return _QUANTIZE_2D.dispatch(backend, x, axis, group_end_offsets, round_scales_to_power_of_2)
 

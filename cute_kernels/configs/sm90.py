@@ -126,6 +126,30 @@ def quantize_fp8_col_cast(variant):
     return Fp8ColCastConfig(min_ctas_per_sm=2 if spills else 3, load_blocks=2 if fits else 1)
 
 
+# Per shape class (``"<dtype>/<layout>/k<K class>/g<group-count bucket>"``, see
+# ``torch_bindings.quantize_fp8.col_shape_class``): the tuned entry (bench/tune_fp8_cols.py
+# --write; measured on the bf16 vector-load, vector-store, single-output variant and taken for it
+# only), else the configs above.
+def _tuned_variant(variant) -> bool:
+    return variant.dtype == "bfloat16" and variant.vector_loads and variant.vector_stores and not variant.dual
+
+
+def quantize_fp8_col_amax_for_shape(variant, shape_class: str, tuned: dict | None):
+    from cute_kernels.quantize_fp8_col import Fp8ColAmaxConfig
+
+    if tuned is not None and _tuned_variant(variant):
+        return Fp8ColAmaxConfig(**tuned)
+    return quantize_fp8_col_amax(variant)
+
+
+def quantize_fp8_col_cast_for_shape(variant, shape_class: str, tuned: dict | None):
+    from cute_kernels.quantize_fp8_col import Fp8ColCastConfig
+
+    if tuned is not None and _tuned_variant(variant):
+        return Fp8ColCastConfig(**tuned)
+    return quantize_fp8_col_cast(variant)
+
+
 # --- quantize TMA, experimental (notes/quantize-tma.md) ---
 # 8-row boxes, 3 stages, TMA stores of q: 4 KB in flight per warp, 7 CTAs per SM. Not tuned: it
 # measured 2-6% slower than the cp.async 1x32 kernel and no public op runs it.
