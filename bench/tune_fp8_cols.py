@@ -6,8 +6,8 @@ layout, K class, group-count bucket) times each pass on its own (the amax pass: 
 cast pass: x read, q written) on bf16 inputs rotated past L2 (G skewed row groups), for every
 config of the sweep that compiles without spilling; prints us and the ratio to a copy of the same
 bytes, checks each config's output bytes against the first one's, and keeps the fastest per pass.
-``--write FILE`` merges the winners into FILE under this arch and device name. ``--dual`` times
-the dual variants instead (printed only: the table applies to the single-output variant).
+``--write FILE`` merges the winners into FILE under this arch and device name. ``--dual`` tunes
+the dual variants' classes (2-D layouts; ``"<layout>+dual"`` in the class) instead.
 
     python -m bench.tune_fp8_cols [--quick] [--dual] [--write cute_kernels/configs/tuned.json]
 """
@@ -69,13 +69,22 @@ class Case:
         return x, offsets, q, scales, amax, q_rows, row_scales
 
     def run(self, name: str, kernel, x, offsets, q, scales, amax, q_rows, row_scales) -> tuple:
-        """Launch one pass; returns the tensors it wrote (compared across configs)."""
+        """Launch one pass; returns the tensors it writes (compared across configs)."""
         steps = self.groups.bit_length()
         if name == AMAX:
             kernel(x, amax, offsets, steps)
             return (amax,)
         kernel(x, q, amax, scales, offsets, FP8_POW2_MASK, steps, q_rows, row_scales)
-        return tuple(t.view(torch.uint8) for t in (q, q_rows) if t is not None)
+        return tuple(t.view(torch.uint8) for t in (q, scales, q_rows, row_scales) if t is not None)
+
+    def checked_run(self, name: str, kernel, *tensors) -> list:
+        """:meth:`run` on outputs reset first (amax words zeroed, the rest 0xA5 bytes), so a config
+        that skips work cannot pass on an earlier config's bytes; returns copies of what it wrote.
+        The cast pass reads the amax words the amax sweep left (every config's maxima: the same)."""
+        written = self.run(name, lambda *a: None, *tensors)  # the outputs, nothing launched
+        for t in written:
+            t.zero_() if name == AMAX else t.fill_(0xA5)
+        return [t.clone() for t in self.run(name, kernel, *tensors)]
 
     def moved(self, name: str) -> int:
         """Bytes one pass moves: x read (amax), + q (and q_rows) and the scales written (cast)."""
@@ -103,7 +112,7 @@ def _best(case: Case, name: str, kernels: dict, sets: list) -> object:
     copy_us = copy_baseline_best(case.moved(name))[0].us
     first, results = None, []
     for config, kernel in kernels.items():
-        out = [t.clone() for t in case.run(name, kernel, *sets[0])]
+        out = case.checked_run(name, kernel, *sets[0])
         first = first if first is not None else out
         us = time_cuda(lambda *a, k=kernel: case.run(name, k, *a), sets)
         results.append((copy_us / us, us, config, all(map(torch.equal, out, first))))
@@ -117,23 +126,23 @@ def _best(case: Case, name: str, kernels: dict, sets: list) -> object:
 
 def main(argv: list[str] | None = None) -> None:
     parser = make_parser(__doc__.splitlines()[0])
-    parser.add_argument("--dual", action="store_true", help="time the dual variants (not written)")
+    parser.add_argument("--dual", action="store_true", help="tune the dual variants' classes")
     parser.add_argument("--write", type=Path, default=None, help="merge the winners into this table")
     args = parser.parse_args(argv)
     arch = {9: "sm_90a", 10: "sm_100a"}[torch.cuda.get_device_capability()[0]]
     device = torch.cuda.get_device_name()
+    if args.quick and args.write:
+        raise SystemExit("--quick measures at M = 16384, not the classes' M = 65536: not written")
     chosen = QUICK if args.quick else CASES
     cases = [
         Case(lay, shape, g, args.dual) for lay, shape, g in chosen if not (args.dual and lay == "experts")
     ]
-    if args.dual and args.write:
-        raise SystemExit("--dual results are not written (the table applies to single-output variants)")
     print(f"device: {device} ({arch}), {len(cases)} cases")
     kernels = {}  # (pass, layout) -> {config: kernel}
     winners: dict[str, dict] = {AMAX: {}, CAST: {}}
     for case in cases:
         variant = Fp8ColVariant("bfloat16", case.layout, dual=args.dual)
-        shape_class = col_shape_class("bfloat16", case.layout, case.shape[-1], case.groups)
+        shape_class = col_shape_class("bfloat16", case.layout, case.shape[-1], case.groups, args.dual)
         progress(f"{case.layout} {case.shape} groups {case.groups}: class {shape_class}")
         sets = make_rotating_inputs(case.make)
         for name in (AMAX, CAST):  # the amax sweep leaves every set's amax words filled for the cast

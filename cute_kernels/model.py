@@ -26,7 +26,7 @@ import argparse
 import functools
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -115,12 +115,22 @@ def predicted_ratio(bytes_per_sm: float, machine: Machine, latency_ns: float, pl
     return min(plateau, bytes_per_sm / machine.need_per_sm(latency_ns))
 
 
+#: The shape class of the representative variants at K = BENCH_COLS (7168) for the kernels whose
+#: configs come per shape class (``configs.pick_for_shape``).
+_SHAPE_CLASSES = {
+    "quantize_fp8_row": "bfloat16/k8192",
+    "quantize_fp8_col_amax": "bfloat16/plain/k8192/g1",
+    "quantize_fp8_col_cast": "bfloat16/plain/k8192/g1",
+}
+
+
 def production_config(name: str, arch: str, device: str = "") -> Any:
-    """The config the bindings launch for the representative variant (the FP8 row kernel at K =
-    7168: its tuned entry for ``device``, else its heuristic)."""
+    """The config the bindings launch for the representative variant on ``device`` (a
+    ``torch.cuda.get_device_name``; "": a device without tuned entries): for the kernels configured
+    per shape class, the tuned entry of the class at K = 7168, else the heuristic."""
     variant = representative_variant(name)
-    if name == "quantize_fp8_row":
-        return configs.pick_for_shape(name, variant, arch, device, "bfloat16/k8192")
+    if name in _SHAPE_CLASSES:
+        return configs.pick_for_shape(name, variant, arch, device, _SHAPE_CLASSES[name])
     return configs.pick(name, variant, arch)
 
 
@@ -131,12 +141,14 @@ def _machine_of(device: str) -> Machine | None:
 @dataclass(frozen=True)
 class Fit:
     """A device's fitted ``latency_ns`` and ``plateau`` and its calibration points: ``(kernel,
-    config, measured ratio, bytes in flight per SM)``."""
+    config, measured ratio, bytes in flight per SM)``; ``device``: the measured GPU's name (the
+    tuned tables' key; "" for a machine only modelled)."""
 
     machine: Machine
     latency_ns: float
     plateau: float
     points: list
+    device: str = ""
 
     def predict(self, bytes_per_sm: float) -> float:
         return predicted_ratio(bytes_per_sm, self.machine, self.latency_ns, self.plateau)
@@ -171,7 +183,7 @@ def calibrate(path: Path = CALIBRATION) -> dict[str, Fit]:
             config = config_type(**p["config"])
             occ = occupancy(p["kernel"], variant, config, entry["arch"])
             points.append((p["kernel"], config, p["ratio"], occ.bytes_per_sm))
-        fits[machine.name] = fit(machine, points)
+        fits[machine.name] = replace(fit(machine, points), device=device)
     return fits
 
 
@@ -201,7 +213,10 @@ def _kernel_lines(names: Sequence[str], machine: Machine, model: Fit) -> list[st
     ]
     for name in names:
         occ = occupancy(
-            name, representative_variant(name), production_config(name, machine.arch), machine.arch
+            name,
+            representative_variant(name),
+            production_config(name, machine.arch, model.device),
+            machine.arch,
         )
         per_sm = occ.bytes_per_sm
         lines.append(

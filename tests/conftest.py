@@ -19,6 +19,11 @@ def _kernel_gpu_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("CUTE_KERNELS_TEST_CONFIG_ARCH"):  # see _configs_of_another_arch
+        other = pytest.mark.skip(reason="CUTE_KERNELS_TEST_CONFIG_ARCH: only GPU tests run")
+        for item in items:
+            if "gpu" not in item.keywords:
+                item.add_marker(other)
     if _kernel_gpu_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU with sm_90+ and nvidia-cutlass-dsl")
@@ -32,7 +37,8 @@ def _configs_of_another_arch():
     """``CUTE_KERNELS_TEST_CONFIG_ARCH=sm_100a``: kernels compile for the GPU at hand with that
     arch's configs (``cute_kernels.configs``; its tuned entries, none for sm_100a, else its
     heuristics) and the disk cache off, so a Hopper runs the GPU tests on Blackwell's configs (the
-    same instructions, other launch shapes). Unset: nothing changes."""
+    same instructions, other launch shapes); tests not marked ``gpu`` (which pick configs per arch
+    themselves) are skipped. Unset: nothing changes."""
     arch = os.environ.get("CUTE_KERNELS_TEST_CONFIG_ARCH")
     if not arch:
         yield

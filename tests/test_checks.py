@@ -477,3 +477,9 @@ def test_checks_source_has_no_syncing_calls():
     ]
     for pat in forbidden:
         assert not re.search(pat, code), f"checks.py must not read tensor values: found {pat}"
+
+
+def test_kernel_expert_limit():
+    checks.check_kernel_experts("quantize_fp8_3d", checks.MAX_KERNEL_EXPERTS)
+    with pytest.raises(ValueError, match="at most 65535; got E = 65536"):
+        checks.check_kernel_experts("quantize_fp8_3d", 65536)

@@ -33,3 +33,20 @@ def test_every_variant_is_registered():
 
 def test_instruction_hashes_are_the_recorded_ones(compiled):
     assert_recorded_hashes(compiled)
+
+
+@pytest.mark.parametrize("vector", [True, False])
+@pytest.mark.parametrize("k_class", [256, 1024, 4096, 16384, 65536])
+def test_sm100_heuristic_builds_without_local_memory(k_class, vector):
+    """The sm_100a row heuristic (the bindings' config there: no tuned entries) at K classes past the
+    one the SASS targets use (8192): no spills, element steps included."""
+    from cute_kernels import configs
+    from cute_kernels.quantize_fp8 import Fp8RowKernel, Fp8RowVariant
+    from cute_utils.sass import compile_options, cubin_of, resource_usage
+
+    variant = Fp8RowVariant("bfloat16", vector=vector)
+    config = configs.pick_for_shape("quantize_fp8_row", variant, "sm_100a", "", f"bfloat16/k{k_class}")
+    cubin = cubin_of(
+        Fp8RowKernel.compile(variant, "sm_100a", config=config, options=compile_options("sm_100a"))
+    )
+    assert not any(f["local_bytes"] for f in resource_usage(cubin).values()), config

@@ -14,8 +14,8 @@ from cute_kernels import configs
 #: shape-class formats per kernel (torch_bindings.quantize_fp8: k_class, col_shape_class)
 _CLASS = {
     "quantize_fp8_row": re.compile(r"(bfloat16|float32)/k(\d+)$"),
-    "quantize_fp8_col_amax": re.compile(r"(bfloat16|float32)/(plain|groups|experts)/k(\d+)/g(\d+)$"),
-    "quantize_fp8_col_cast": re.compile(r"(bfloat16|float32)/(plain|groups|experts)/k(\d+)/g(\d+)$"),
+    "quantize_fp8_col_amax": re.compile(r"(bfloat16|float32)/(plain|groups|experts)(\+dual)?/k(\d+)/g(\d+)$"),
+    "quantize_fp8_col_cast": re.compile(r"(bfloat16|float32)/(plain|groups|experts)(\+dual)?/k(\d+)/g(\d+)$"),
 }
 
 
@@ -38,7 +38,7 @@ def _variant(kernel: str, shape_class: str):
         return Fp8RowVariant(match[1])
     from cute_kernels.quantize_fp8_col import Fp8ColVariant
 
-    return Fp8ColVariant(match[1], match[2])
+    return Fp8ColVariant(match[1], match[2], dual=bool(match[3]))
 
 
 def test_shape_classes_are_the_bindings():
@@ -47,11 +47,12 @@ def test_shape_classes_are_the_bindings():
     for kernel, _, _, shape_class, _ in _entries():
         match = _CLASS[kernel].match(shape_class)
         assert match, (kernel, shape_class)
-        k = int(match[2] if kernel == "quantize_fp8_row" else match[3])
+        k = int(match[2] if kernel == "quantize_fp8_row" else match[4])
         assert k_class(k) == k
         if kernel != "quantize_fp8_row":
-            assert group_bucket(int(match[4])) == int(match[4])
-            assert col_shape_class(match[1], match[2], k, int(match[4])) == shape_class
+            groups = int(match[5])
+            assert group_bucket(groups) == groups
+            assert col_shape_class(match[1], match[2], k, groups, bool(match[3])) == shape_class
 
 
 @pytest.mark.parametrize("kernel", sorted(_CLASS))
@@ -75,3 +76,26 @@ def test_tuned_configs_build_without_local_memory(kernel):
         built[variant, config, arch] = usage
         assert not any(f["local_bytes"] for f in usage.values()), (device, shape_class, config, usage)
     assert built, f"no tuned entries for {kernel}"
+
+
+def test_the_bindings_launch_the_tuned_column_configs(monkeypatch):
+    """``torch_bindings.quantize_fp8._col_passes`` asks for the tuned entry of the call's class: a
+    (K, G) of each tuned class on each device gets that entry's configs for both passes."""
+    import torch
+
+    from torch_bindings import quantize_fp8, targets
+
+    monkeypatch.setattr(targets, "compiled", lambda name, variant, arch, config=None: (name, variant, config))
+    for kernel, arch, device, shape_class, fields in _entries():
+        match = _CLASS[kernel].match(shape_class)
+        if kernel != "quantize_fp8_col_cast" or arch != "sm_90a":
+            continue
+        dtype, layout, dual, k, groups = match[1], match[2], bool(match[3]), int(match[4]), int(match[5])
+        cols, g = k - k // 8, max(groups - 1, 1)  # another K and G of the class
+        target = targets.DeviceTarget(arch, 132, device)
+        passes = quantize_fp8._col_passes(target, (getattr(torch, dtype), layout, True, True, dual, cols, g))
+        (_, _, amax_config), (_, variant, cast_config) = passes
+        assert (variant.layout, variant.dual) == (layout, dual)
+        assert cast_config == type(cast_config)(**fields), (device, shape_class)
+        amax_fields = configs.tuned_entry("quantize_fp8_col_amax", arch, device, shape_class)
+        assert amax_config == type(amax_config)(**amax_fields), (device, shape_class)

@@ -1,8 +1,9 @@
 """Compile cache for the CuTeDSL kernels: in memory, then on disk, then ``cute.compile``.
 
-Kernels are compiled once per *static* key (kernel name, arch and the compile-time choices such as
-layout or dtype) from fake tensors with symbolic sizes, so row counts, group counts and offsets
-never trigger a compile. A compiled kernel is exported as an object file into
+Kernels are compiled once per *static* key (kernel name, arch, the compile-time choices such as
+layout or dtype, and the config) from fake tensors with symbolic sizes, so row counts and offsets
+never trigger a compile (K and group counts only where they move to a shape class with another
+config: the FP8 kernels' tuned tables). A compiled kernel is exported as an object file into
 ``CUTE_KERNELS_CACHE_DIR`` (default ``~/.cache/cute_kernels``; set ``CUTE_KERNELS_DISK_CACHE=0`` to
 disable) under a name that hashes the key, the package and DSL versions and the source of
 ``cute_kernels`` and ``cute_utils``; a new process loads it in milliseconds instead of tracing and

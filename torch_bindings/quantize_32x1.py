@@ -84,7 +84,6 @@ def run_32x1_3d(
     or blocked (E, Rp, Cp) with every padding byte 0."""
     checks.check_kernel_inputs(_OP_3D, None, w)
     experts, rows, cols = w.shape
-    checks.check_kernel_experts(_OP_3D, experts)
     q = w.new_empty_strided((experts, rows, cols), (rows * cols, 1, rows), dtype=_E4M3)
     if blocked:  # per expert S = (K, N/32): plain, or blocked (Rp, Cp)
         shape = (experts, (cols + 127) & -128, ((rows >> 5) + 3) & -4)
@@ -92,6 +91,7 @@ def run_32x1_3d(
         shape = (experts, cols, rows >> 5)
     if experts == 0 or rows == 0 or cols == 0:
         return q, w.new_zeros(shape, dtype=_E8M0)
+    checks.check_kernel_experts(_OP_3D, experts)
     scales = w.new_empty(shape, dtype=_E8M0)
     _launch(target, w, q, scales, None, mode, "blocked" if blocked else "plain")  # no views
     return q, scales

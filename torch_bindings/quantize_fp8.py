@@ -65,10 +65,11 @@ def group_bucket(groups: int) -> int:
     return bucket
 
 
-def col_shape_class(dtype: str, layout: str, cols: int, groups: int) -> str:
+def col_shape_class(dtype: str, layout: str, cols: int, groups: int, dual: bool = False) -> str:
     """The column passes' tuned-table key for x (M, cols) or w (E, N, cols) with ``groups`` scale
-    rows (G, E or 1): ``"<dtype>/<layout>/k<K class>/g<group bucket>"``."""
-    return f"{dtype}/{layout}/k{k_class(cols)}/g{group_bucket(groups)}"
+    rows (G, E or 1): ``"<dtype>/<layout>/k<K class>/g<group bucket>"``, the layout ``"<layout>+dual"``
+    for the dual variants."""
+    return f"{dtype}/{layout}{'+dual' if dual else ''}/k{k_class(cols)}/g{group_bucket(groups)}"
 
 
 def _col_config(key: tuple, variant, target: targets.DeviceTarget):
@@ -76,7 +77,7 @@ def _col_config(key: tuple, variant, target: targets.DeviceTarget):
     the key's K class and group bucket stand for any K and G of their class."""
     from cute_kernels import configs
 
-    shape_class = col_shape_class(variant.dtype, variant.layout, key[6], key[7])
+    shape_class = col_shape_class(variant.dtype, variant.layout, key[6], key[7], variant.dual)
     return configs.pick_for_shape(key[0], variant, target.arch, target.name, shape_class)
 
 
@@ -96,6 +97,26 @@ def _col_outputs(
     return q, x.new_empty(groups * cols, dtype=torch.float32), layout, groups
 
 
+def _col_passes(target: targets.DeviceTarget, key: tuple) -> tuple:
+    """``(amax kernel, cast kernel)`` for ``key = (dtype, layout, vector_loads, vector_stores, dual,
+    K, G)``, found with one lookup (K and G raw: a few entries per (K, G) met); a miss classes K
+    and G and takes each pass from ``target.kernel`` (one compile per distinct config)."""
+    passes = target.kernels.get(key)
+    if passes is None:
+        dtype, layout, vector_loads, vector_stores, dual, cols, groups = key
+        shape_class = (k_class(cols), group_bucket(groups))
+        amax = target.kernel(
+            (_COL_AMAX, dtype, layout, vector_loads, True, dual, *shape_class), _col_variant, _col_config
+        )
+        cast = target.kernel(
+            (_COL_CAST, dtype, layout, vector_loads, vector_stores, dual, *shape_class),
+            _col_variant,
+            _col_config,
+        )
+        passes = target.kernels[key] = (amax, cast)
+    return passes
+
+
 def _launch_cols(target: targets.DeviceTarget, x, offsets, round_pow2: bool, cols_out: tuple, rows_out=None):
     """The amax pass then the cast pass on x with at least one row and column: ``cols_out`` the
     ``(q, scales, layout, n)`` of :func:`_col_outputs`; ``rows_out`` (dual) ``(q_row, s_row)``,
@@ -107,13 +128,12 @@ def _launch_cols(target: targets.DeviceTarget, x, offsets, round_pow2: bool, col
     dual = rows_out is not None
     amax = torch.zeros(groups * cols + (rows if dual else 0), dtype=torch.int32, device=x.device)
     steps = groups.bit_length()
-    shape = (k_class(cols), group_bucket(groups))
-    amax_key = (_COL_AMAX, x.dtype, layout, vector_loads, True, dual, *shape)
-    target.kernel(amax_key, _col_variant, _col_config)(x, amax, offsets, steps)
-    cast_key = (_COL_CAST, x.dtype, layout, vector_loads, vector_stores, dual, *shape)
-    cast = target.kernel(cast_key, _col_variant, _col_config)
+    amax_pass, cast_pass = _col_passes(
+        target, (x.dtype, layout, vector_loads, vector_stores, dual, cols, groups)
+    )
+    amax_pass(x, amax, offsets, steps)
     mask = FP8_POW2_MASK if round_pow2 else -1
-    cast(x, q, amax, scales, offsets, mask, steps, *(rows_out or (None, None)))
+    cast_pass(x, q, amax, scales, offsets, mask, steps, *(rows_out or (None, None)))
 
 
 def _run_cols(
@@ -122,14 +142,14 @@ def _run_cols(
     """One scale per column (per row group with ``offsets``) of x (M, K), or per column of each
     expert of w (E, N, K): q (:func:`_col_outputs`), scales (K,), (G K,) or (E, K). Two passes
     (amax, cast) after zeroing the amax words."""
-    if x.dim() == 3:
-        checks.check_kernel_experts(_OP_3D, x.shape[0])
     cols_out = _col_outputs(x, offsets)
     q, scales = cols_out[:2]
     if not scales.numel():
         return q, scales
     if not x.numel():  # no rows: every group is empty
         return q, scales.fill_(1.0)
+    if x.dim() == 3:
+        checks.check_kernel_experts(_OP_3D, x.shape[0])
     _launch_cols(target, x, offsets, round_pow2, cols_out)
     return q, scales
 
@@ -300,7 +320,8 @@ def quantize_fp8_2d_dual(
     """``(q_row, s_row, q_col, s_col)``: :func:`quantize_fp8_2d` with ``axis="row"`` and with
     ``axis="col"`` (and the row groups, if given), bit for bit (SPEC section 7), from two reads of
     x: a zero fill, an amax pass (column or (group, column) maxima and row maxima) and a cast pass
-    writing both q. No host sync; no recompile when M or the offsets change."""
+    writing both q. No host sync; no recompile when M or the offsets change, nor K within its class
+    (the next power of 2; K even or odd, M % 16) or G within its bucket (1, <= 8, <= 64, ...)."""
     return _QUANTIZE_DUAL.dispatch(backend, x, group_end_offsets, round_scales_to_power_of_2)
 
 
@@ -371,6 +392,8 @@ def quantize_fp8_3d(
 
     ``axis="K"``: amax over K: q (E, N, K) row-major, scales fp32 (E, N) (the forward's right
     operand is ``q.transpose(-2, -1)``). ``axis="N"``: amax over N: q (E, N, K) with strides
-    (N*K, 1, N), scales (E, K) (two passes over w: amax, cast). Scales are ``1 / q_scale``.
+    (N*K, 1, N), scales (E, K) (two passes over w: amax, cast; at most 65535 experts on the kernel
+    path). Scales are ``1 / q_scale``. No host sync; no recompile when N changes, nor K within its
+    class (the next power of 2) or, with ``axis="N"``, E within its bucket (<= 8, <= 64, ...).
     """
     return _QUANTIZE_3D.dispatch(backend, w, axis, round_scales_to_power_of_2)

@@ -22,7 +22,8 @@ from .kernel_cache import get_kernel, on_clear
 class DeviceTarget:
     """A CUDA device the kernels run on: ``arch`` ("sm_90a" / "sm_100a"), ``num_sms``, ``name``
     (``torch.cuda.get_device_name``: the tuned tables' key), and ``kernels`` (binding key ->
-    TVM-FFI callable, filled by :meth:`kernel`)."""
+    TVM-FFI callable, filled by :meth:`kernel`; a binding may also keep a tuple of callables it
+    launches together under a key of its own whose first item is no registry name)."""
 
     __slots__ = ("arch", "num_sms", "name", "kernels")
 
@@ -30,7 +31,7 @@ class DeviceTarget:
         self.arch = arch
         self.num_sms = num_sms
         self.name = name
-        self.kernels: dict[object, Callable] = {}
+        self.kernels: dict[object, Callable | tuple] = {}
 
     def kernel(
         self,

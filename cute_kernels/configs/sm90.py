@@ -126,12 +126,12 @@ def quantize_fp8_col_cast(variant):
     return Fp8ColCastConfig(min_ctas_per_sm=2 if spills else 3, load_blocks=2 if fits else 1)
 
 
-# Per shape class (``"<dtype>/<layout>/k<K class>/g<group-count bucket>"``, see
+# Per shape class (``"<dtype>/<layout>[+dual]/k<K class>/g<group-count bucket>"``, see
 # ``torch_bindings.quantize_fp8.col_shape_class``): the tuned entry (bench/tune_fp8_cols.py
-# --write; measured on the bf16 vector-load, vector-store, single-output variant and taken for it
-# only), else the configs above.
+# --write [--dual]; measured on the bf16 vector-load, vector-store variant of the class and taken
+# for it only), else the configs above.
 def _tuned_variant(variant) -> bool:
-    return variant.dtype == "bfloat16" and variant.vector_loads and variant.vector_stores and not variant.dual
+    return variant.dtype == "bfloat16" and variant.vector_loads and variant.vector_stores
 
 
 def quantize_fp8_col_amax_for_shape(variant, shape_class: str, tuned: dict | None):
