@@ -66,13 +66,19 @@ def _same(ours: tuple, theirs: tuple) -> str:
     return "yes" if same else "NO"
 
 
-def bench_2d(rows: int, cols: int, groups: int, torchao_fn) -> dict:
+def _inputs_2d(rows: int, cols: int, groups: int, bytes_per_set: int) -> tuple:
+    """``(device, ends, offsets, sets)``: skewed group ends (int32 (G,)), the offsets the op takes
+    (None for G = 1) and rotating bf16 x (rows, cols) input sets."""
     device = torch.device("cuda")
     ends = torch.tensor(skewed_group_ends(rows, groups), dtype=torch.int32, device=device)
-    offsets = None if groups == 1 else ends
     sets = make_rotating_inputs(
-        lambda: (torch.randn(rows, cols, device=device, dtype=torch.bfloat16),), bytes_per_set=3 * rows * cols
+        lambda: (torch.randn(rows, cols, device=device, dtype=torch.bfloat16),), bytes_per_set=bytes_per_set
     )
+    return device, ends, None if groups == 1 else ends, sets
+
+
+def bench_2d(rows: int, cols: int, groups: int, torchao_fn) -> dict:
+    device, ends, offsets, sets = _inputs_2d(rows, cols, groups, 3 * rows * cols)
 
     def run(x):
         return torch_bindings.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets)
@@ -93,12 +99,7 @@ def bench_2d(rows: int, cols: int, groups: int, torchao_fn) -> dict:
 def bench_dual(rows: int, cols: int, groups: int, anchors: tuple) -> dict:
     """``quantize_fp8_2d_dual`` (two reads of x) beside our row and column ops called one after
     the other (three reads) and torchao's two kernels for the same outputs."""
-    device = torch.device("cuda")
-    ends = torch.tensor(skewed_group_ends(rows, groups), dtype=torch.int32, device=device)
-    offsets = None if groups == 1 else ends
-    sets = make_rotating_inputs(
-        lambda: (torch.randn(rows, cols, device=device, dtype=torch.bfloat16),), bytes_per_set=4 * rows * cols
-    )
+    device, ends, offsets, sets = _inputs_2d(rows, cols, groups, 4 * rows * cols)
 
     def run(x):
         return torch_bindings.quantize_fp8_2d_dual(x, group_end_offsets=offsets)
