@@ -7,8 +7,10 @@ on a CUDA tensor of a supported GPU and the reference on CPU tensors.
 from __future__ import annotations
 
 from . import reference
+from .grouped_mm import scaled_grouped_mm
 from .kernel_cache import STATS as compile_stats
 from .kernel_cache import clear_memory_cache
+from .moe import GroupedExperts
 from .pad import pad_token_groups, unpad_token_groups
 from .pad_quantize import pad_and_quantize_mxfp8_2d
 from .quantize import quantize_mxfp8_2d
@@ -19,6 +21,7 @@ from .reference import check_group_end_offsets
 from .swizzle import swizzle_scales
 
 __all__ = [
+    "GroupedExperts",
     "check_group_end_offsets",
     "clear_memory_cache",
     "compile_stats",
@@ -31,6 +34,7 @@ __all__ = [
     "quantize_mxfp8_2d_dual",
     "quantize_mxfp8_3d",
     "reference",
+    "scaled_grouped_mm",
     "swizzle_scales",
     "unpad_token_groups",
 ]

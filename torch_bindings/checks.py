@@ -523,3 +523,49 @@ def check_quantize_fp8_3d(w: Any, axis: Any, round_scales: Any, *, op: str = "qu
     check_tensor("w", w, ndim=3, dtypes=QUANT_DTYPES, op=op)
     check_choice("axis", axis, FP8_AXES_3D, op=op)
     check_bool("round_scales_to_power_of_2", round_scales, op=op)
+
+
+GROUPED_MM_RECIPES = ("fp8_rowwise", "mxfp8", "bf16")
+GROUPED_MM_GEMMS = ("auto", "native", "emulated")
+# K and N must be multiples of this for the recipe's operands: 16-byte rows for the FP8 GEMMs (and
+# for bf16's), whole 32-element blocks for MXFP8 (SPEC section 8).
+GROUPED_MM_DIM_MULTIPLE = {"fp8_rowwise": 16, "mxfp8": 32, "bf16": 8}
+
+
+def check_scaled_grouped_mm(
+    x: Any,
+    w: Any,
+    group_end_offsets: Any,
+    recipe: Any,
+    out_dtype: Any,
+    gemm: Any,
+    *,
+    op: str = "scaled_grouped_mm",
+) -> None:
+    """x (M, K) bf16 contiguous, w (E, N, K) bf16 contiguous on x's device, E group end offsets,
+    a known recipe and GEMM choice, bf16 output, K and N multiples of the recipe's unit."""
+    check_choice("recipe", recipe, GROUPED_MM_RECIPES, op=op)
+    check_choice("gemm", gemm, GROUPED_MM_GEMMS, op=op)
+    if out_dtype != torch.bfloat16:
+        raise ValueError(
+            f"{_prefix(op)}out_dtype must be torch.bfloat16 (the GEMMs' output), got {out_dtype!r}"
+        )
+    check_tensor("x", x, ndim=2, dtypes=(torch.bfloat16,), op=op)
+    check_tensor("w", w, ndim=3, dtypes=(torch.bfloat16,), op=op)
+    if w.device != x.device:
+        raise ValueError(f"{_prefix(op)}w must be on x's device ({x.device}), got {w.device}")
+    if w.shape[2] != x.shape[1]:
+        raise ValueError(
+            f"{_prefix(op)}w (E, N, K) must have K = x.shape[1] ({x.shape[1]}), "
+            f"got w of shape {tuple(w.shape)}"
+        )
+    check_offsets("group_end_offsets", group_end_offsets, x.device, op=op)
+    if group_end_offsets.numel() != w.shape[0]:
+        raise ValueError(
+            f"{_prefix(op)}group_end_offsets must have one entry per expert (E = {w.shape[0]}), "
+            f"got length {group_end_offsets.numel()}"
+        )
+    unit = GROUPED_MM_DIM_MULTIPLE[recipe]
+    why = f"for recipe {recipe!r}"
+    check_divisible("K (x.shape[1])", x.shape[1], unit, why=why, op=op)
+    check_divisible("N (w.shape[1])", w.shape[1], unit, why=why, op=op)

@@ -1,0 +1,369 @@
+"""Benchmark the grouped-GEMM training op and the SwiGLU expert module, forward + backward.
+
+Columns, all in one run on the same inputs: ``bf16`` (``torch._grouped_mm`` forward, dgrad,
+wgrad), ``ours`` (``scaled_grouped_mm(recipe="fp8_rowwise", gemm="native")``) and ``torchao``
+(``_to_fp8_rowwise_then_scaled_grouped_mm``), plus ``fp8 GEMMs`` (the three
+``torch._scaled_grouped_mm`` calls alone on operands quantized beforehand: the cap). Every step
+sets ``.grad = None`` first (fresh gradients, no accumulation). Group sizes are skewed and
+multiples of 16 (torchao needs that; ours does not know it and pads as always).
+
+Also: the kernel time per step by kernel (``torch.profiler``), split into GEMMs and the rest
+(quantization, padding, layout, glue), and the rest against the copy-bandwidth floor of the bytes
+our quantization and padding move (each pass's reads and writes; copy GB/s measured in this run).
+
+Run (GPU machine, project root on PYTHONPATH)::
+
+    python -m bench.bench_moe [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+import torch_bindings as tb
+from bench.common.baselines import copy_baseline_best
+from bench.common.cli import make_parser, output_paths, progress
+from bench.common.groups import skewed_group_sizes
+from bench.common.report import report
+from bench.common.timing import time_cuda
+from torch_bindings.reference import padded_rows
+
+ALIGN = 16
+
+
+@dataclass(frozen=True)
+class Shape:
+    """E experts, M tokens, x (M, K), w (E, N, K)."""
+
+    name: str
+    experts: int
+    rows: int
+    k: int
+    n: int
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.rows * self.k * self.n
+
+
+GEMM_SHAPES = [
+    Shape("E8 M16384 K7168 N2048", 8, 16384, 7168, 2048),
+    Shape("E16 M65536 K5120 N8192", 16, 65536, 5120, 8192),
+    Shape("Llama4-Scout-like E16 M16384 K5120 N8192", 16, 16384, 5120, 8192),
+]
+# SwiGLU experts: D = K, hidden H = N.
+MODULE_SHAPES = [GEMM_SHAPES[0], GEMM_SHAPES[2]]
+
+
+def aligned_group_ends(rows: int, groups: int, device) -> torch.Tensor:
+    """Skewed group sizes, each a multiple of 16, summing to ``rows`` (a multiple of 16)."""
+    sizes = [s // ALIGN * ALIGN for s in skewed_group_sizes(rows, groups, seed=1)]
+    sizes[max(range(groups), key=sizes.__getitem__)] += rows - sum(sizes)
+    return torch.tensor(sizes, device=device).cumsum(0).to(torch.int32)
+
+
+def _torchao_mm():
+    try:
+        from torchao.prototype.moe_training.fp8_grouped_mm import _to_fp8_rowwise_then_scaled_grouped_mm
+    except Exception:  # noqa: BLE001 - no torchao: no anchor column
+        return None
+    # Groups here are 16-aligned, so torchao's own padding is off (0.18 does not support it).
+    return lambda x, w, ends: _to_fp8_rowwise_then_scaled_grouped_mm(
+        x, w.transpose(-2, -1), ends, out_dtype=torch.bfloat16, pad_token_groups_for_grouped_mm=False
+    )
+
+
+def _ours(recipe: str):
+    return lambda x, w, ends: tb.scaled_grouped_mm(x, w, ends, recipe=recipe, gemm="native")
+
+
+def _gemm_step(mm, x, w, ends, grad_y):
+    def step():
+        x.grad = w.grad = None
+        mm(x, w, ends).backward(grad_y)
+
+    return step
+
+
+def _time(step) -> float:
+    return time_cuda(step, warmup=3, iters=5, reps=5, use_graph=False)
+
+
+def _time_all(steps: dict) -> dict[str, float]:
+    """µs per step of each column; a column that raises is reported and dropped (not fatal)."""
+    us = {}
+    for name, step in steps.items():
+        try:
+            us[name] = _time(step)
+        except Exception as error:  # noqa: BLE001 - e.g. a torchao version without this path
+            print(f"{name}: failed: {type(error).__name__}: {str(error)[:200]}")
+    return us
+
+
+# ----------------------------------------------------------------------------------------------
+# Bytes our fp8_rowwise path moves outside the GEMMs (each pass's reads + writes)
+# ----------------------------------------------------------------------------------------------
+
+
+def _operand_bytes(rows: int, padded: int, cols: int, groups: int) -> int:
+    """x (cols = K) or grad_y (cols = N), bf16: the row quantization of the operand, its pad, and
+    the column quantization of the padded copy (torch_bindings.grouped_mm._fp8_operand)."""
+    row = 3 * rows * cols + 4 * rows
+    pad = 2 * rows * cols + 2 * padded * cols
+    col = 3 * padded * cols + 4 * groups * cols
+    return row + pad + col
+
+
+def quantization_bytes(s: Shape) -> int:
+    padded = padded_rows(s.rows, s.experts, ALIGN)
+    weights = 2 * (3 * s.experts * s.n * s.k) + 4 * s.experts * (s.n + s.k)
+    x = _operand_bytes(s.rows, padded, s.k, s.experts)
+    grad_y = _operand_bytes(s.rows, padded, s.n, s.experts)
+    return weights + x + grad_y
+
+
+# ----------------------------------------------------------------------------------------------
+# The FP8 GEMMs alone
+# ----------------------------------------------------------------------------------------------
+
+
+def fp8_gemms_step(x, w, ends, grad_y):
+    """The three FP8 rowwise GEMMs on operands quantized once beforehand (groups aligned)."""
+    q_x, s_x, qc_x, sc_x = tb.quantize_fp8_2d_dual(x, group_end_offsets=ends)
+    q_gy, s_gy, qc_gy, sc_gy = tb.quantize_fp8_2d_dual(grad_y, group_end_offsets=ends)
+    q_wk, s_wk = tb.quantize_fp8_3d(w, axis="K")
+    q_wn, s_wn = tb.quantize_fp8_3d(w, axis="N")
+    kw = dict(out_dtype=torch.bfloat16, use_fast_accum=True)
+
+    def step():
+        torch._scaled_grouped_mm(q_x, q_wk.transpose(-2, -1), s_x, s_wk, ends, **kw)
+        torch._scaled_grouped_mm(q_gy, q_wn, s_gy, s_wn, ends, **kw)
+        torch._scaled_grouped_mm(qc_gy.t(), qc_x, sc_gy, sc_x, ends, **kw)
+
+    return step
+
+
+def gemm_parts_row(s: Shape, x, w, ends, grad_y) -> dict:
+    """Each of the three GEMMs alone, bf16 and FP8 (operands quantized beforehand)."""
+    q_x, s_x, qc_x, sc_x = tb.quantize_fp8_2d_dual(x, group_end_offsets=ends)
+    q_gy, s_gy, qc_gy, sc_gy = tb.quantize_fp8_2d_dual(grad_y, group_end_offsets=ends)
+    q_wk, s_wk = tb.quantize_fp8_3d(w, axis="K")
+    q_wn, s_wn = tb.quantize_fp8_3d(w, axis="N")
+    kw = dict(out_dtype=torch.bfloat16, use_fast_accum=True)
+    calls = {
+        "fwd bf16": lambda: torch._grouped_mm(x, w.transpose(-2, -1), ends),
+        "fwd fp8": lambda: torch._scaled_grouped_mm(q_x, q_wk.transpose(-2, -1), s_x, s_wk, ends, **kw),
+        "dgrad bf16": lambda: torch._grouped_mm(grad_y, w, ends),
+        "dgrad fp8": lambda: torch._scaled_grouped_mm(q_gy, q_wn, s_gy, s_wn, ends, **kw),
+        "wgrad bf16": lambda: torch._grouped_mm(grad_y.t(), x, ends),
+        "wgrad fp8": lambda: torch._scaled_grouped_mm(qc_gy.t(), qc_x, sc_gy, sc_x, ends, **kw),
+    }
+    row = {"shape": s.name}
+    for name, call in calls.items():
+        us = _time(call)
+        row[f"{name} us"] = us
+        row[f"{name} TFLOP/s"] = s.flops / us / 1e6
+    return row
+
+
+def operand_passes_row(s: Shape, x, ends, copy_gbps: float) -> dict:
+    """x's two FP8 operands from its padded copy: the dual kernel against a row pass over x plus a
+    column pass over the padded copy (what the op runs), each with its copy floor."""
+    padded, _, padded_end = tb.pad_token_groups(x, ends, alignment=ALIGN)
+    dual_bytes = 2 * padded.numel() * 2 + 4 * padded.shape[0] + 4 * s.experts * s.k
+    separate_bytes = 3 * x.numel() + 4 * x.shape[0] + 3 * padded.numel() + 4 * s.experts * s.k
+    dual_us = _time(lambda: tb.quantize_fp8_2d_dual(padded, group_end_offsets=padded_end))
+    separate_us = _time(
+        lambda: (
+            tb.quantize_fp8_2d(x, axis="row"),
+            tb.quantize_fp8_2d(padded, axis="col", group_end_offsets=padded_end),
+        )
+    )
+    return {
+        "x (M, K)": s.name,
+        "dual us": dual_us,
+        "dual floor us": dual_bytes / copy_gbps / 1e3,
+        "row + col us": separate_us,
+        "row + col floor us": separate_bytes / copy_gbps / 1e3,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-kernel breakdown
+# ----------------------------------------------------------------------------------------------
+
+_GEMM_NAME = re.compile(r"gemm|xmma|f8f8|cutlass::device_kernel|nvjet|sm90_", re.IGNORECASE)
+
+
+def kernel_breakdown(step, steps: int = 3) -> list[tuple[str, float]]:
+    """(kernel name, µs per step) of the CUDA kernels ``step`` launches, largest first."""
+    step()
+    torch.cuda.synchronize()
+    activity = torch.profiler.ProfilerActivity.CUDA
+    with torch.profiler.profile(activities=[activity]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] = totals.get(event.name, 0.0) + event.device_time / steps
+    return sorted(totals.items(), key=lambda item: -item[1])
+
+
+def split_gemm(kernels: list[tuple[str, float]]) -> tuple[float, float]:
+    gemm = sum(us for name, us in kernels if _GEMM_NAME.search(name))
+    return gemm, sum(us for _, us in kernels) - gemm
+
+
+def print_breakdown(title: str, kernels: list[tuple[str, float]], top: int = 14) -> None:
+    print(f"\n### kernels per step: {title}\n\n| kernel | µs/step |\n|---|---|")
+    for name, us in kernels[:top]:
+        short = name if len(name) <= 90 else name[:87] + "..."
+        print(f"| `{short}` | {us:.1f} |")
+    rest = sum(us for _, us in kernels[top:])
+    if rest:
+        print(f"| ({len(kernels) - top} more) | {rest:.1f} |")
+
+
+# ----------------------------------------------------------------------------------------------
+# Rows
+# ----------------------------------------------------------------------------------------------
+
+
+def _inputs(s: Shape, device):
+    x = torch.randn(s.rows, s.k, device=device, dtype=torch.bfloat16).requires_grad_()
+    w = (torch.randn(s.experts, s.n, s.k, device=device) / s.k**0.5).to(torch.bfloat16).requires_grad_()
+    grad_y = torch.randn(s.rows, s.n, device=device, dtype=torch.bfloat16)
+    return x, w, aligned_group_ends(s.rows, s.experts, device), grad_y
+
+
+def gemm_rows(s: Shape, torchao_mm, copy_gbps: float) -> tuple[dict, dict, dict]:
+    """The fwd+bwd row, the per-GEMM row and the operand-passes row of one shape."""
+    device = torch.device("cuda")
+    x, w, ends, grad_y = _inputs(s, device)
+    parts = gemm_parts_row(s, x.detach(), w.detach(), ends, grad_y)
+    passes = operand_passes_row(s, x.detach(), ends, copy_gbps)
+    steps = {"bf16": _gemm_step(_ours("bf16"), x, w, ends, grad_y)}
+    steps["ours"] = _gemm_step(_ours("fp8_rowwise"), x, w, ends, grad_y)
+    if torchao_mm is not None:
+        steps["torchao"] = _gemm_step(torchao_mm, x, w, ends, grad_y)
+    steps["fp8 GEMMs"] = fp8_gemms_step(x.detach(), w.detach(), ends, grad_y)
+    us = _time_all(steps)
+    kernels = kernel_breakdown(steps["ours"])
+    print_breakdown(f"ours fp8_rowwise, {s.name}", kernels)
+    gemm_us, rest_us = split_gemm(kernels)
+    moved = quantization_bytes(s)
+    row = {
+        "shape": s.name,
+        "bf16 us": us["bf16"],
+        "ours us": us["ours"],
+        "ours vs bf16": us["bf16"] / us["ours"],
+    }
+    if "torchao" in us:
+        row.update({"torchao us": us["torchao"], "torchao vs bf16": us["bf16"] / us["torchao"]})
+    row.update(
+        {
+            "fp8 GEMMs us": us["fp8 GEMMs"],
+            "GEMM cap vs bf16": us["bf16"] / us["fp8 GEMMs"],
+            "ours GEMM kernels us": gemm_us,
+            "ours other kernels us": rest_us,
+            "other / GEMM": rest_us / gemm_us,
+            "quant+pad GB": moved / 1e9,
+            "floor us": moved / copy_gbps / 1e3,
+            "other / floor": rest_us / (moved / copy_gbps / 1e3),
+        }
+    )
+    del x, w, grad_y, steps
+    torch.cuda.empty_cache()
+    return row, parts, passes
+
+
+def _torchao_swiglu(torchao_mm):
+    def forward(x, w1, w3, w2, ends):
+        return torchao_mm(
+            torch.nn.functional.silu(torchao_mm(x, w1, ends)) * torchao_mm(x, w3, ends), w2, ends
+        )
+
+    return forward
+
+
+def _module_step(forward, x, params, ends, grad_out):
+    def step():
+        x.grad = None
+        for p in params:
+            p.grad = None
+        forward(x, ends).backward(grad_out)
+
+    return step
+
+
+def module_row(s: Shape, torchao_mm) -> dict:
+    device = torch.device("cuda")
+    ours = tb.GroupedExperts(s.experts, s.k, s.n, recipe="fp8_rowwise", gemm="native", device=device)
+    base = tb.GroupedExperts(s.experts, s.k, s.n, recipe="bf16", device=device)
+    base.load_state_dict(ours.state_dict())
+    x = torch.randn(s.rows, s.k, device=device, dtype=torch.bfloat16).requires_grad_()
+    ends = aligned_group_ends(s.rows, s.experts, device)
+    grad_out = torch.randn(s.rows, s.k, device=device, dtype=torch.bfloat16)
+    params = list(ours.parameters())
+    steps = {
+        "bf16": _module_step(base, x, list(base.parameters()), ends, grad_out),
+        "ours": _module_step(ours, x, params, ends, grad_out),
+    }
+    if torchao_mm is not None:
+        swiglu = _torchao_swiglu(torchao_mm)
+        steps["torchao"] = _module_step(
+            lambda a, e, m=ours: swiglu(a, m.w1, m.w3, m.w2, e), x, params, ends, grad_out
+        )
+    us = _time_all(steps)
+    print_breakdown(f"ours fp8_rowwise SwiGLU experts, {s.name}", kernel_breakdown(steps["ours"]), top=10)
+    row = {
+        "module (D=K, H=N)": s.name,
+        "bf16 us": us["bf16"],
+        "ours us": us["ours"],
+        "ours vs bf16": us["bf16"] / us["ours"],
+    }
+    if "torchao" in us:
+        row.update({"torchao us": us["torchao"], "torchao vs bf16": us["bf16"] / us["torchao"]})
+    del ours, base, x, grad_out, steps
+    torch.cuda.empty_cache()
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = make_parser(__doc__.splitlines()[0]).parse_args(argv)  # --quick: the first shape only
+    torchao_mm = _torchao_mm()
+    copy_gbps = (1 << 31) / copy_baseline_best(1 << 31, torch.device("cuda"))[0].us / 1e3
+    print(f"device: {torch.cuda.get_device_name()}, copy {copy_gbps:.0f} GB/s (read + write)")
+    tables: list[list[dict]] = [[], [], []]
+    for s in GEMM_SHAPES[:1] if args.quick else GEMM_SHAPES:
+        progress(f"grouped GEMM fwd+bwd: {s.name}")
+        for table, row in zip(tables, gemm_rows(s, torchao_mm, copy_gbps), strict=True):
+            table.append(row)
+    module_rows = []
+    for s in MODULE_SHAPES[:1] if args.quick else MODULE_SHAPES:
+        progress(f"SwiGLU experts fwd+bwd: {s.name}")
+        module_rows.append(module_row(s, torchao_mm))
+    meta = {"copy_GBps": copy_gbps}
+    titles = ["Grouped GEMM fwd+bwd (FP8 rowwise)", "Each GEMM alone", "x's FP8 operands: dual vs row + col"]
+    for stem, title, rows in zip(("moe", "moe_gemms", "moe_passes"), titles, tables, strict=True):
+        report(
+            rows, list(rows[0]), title, json_path=output_paths(args.out, stem)[0], panel_key=None, meta=meta
+        )
+    module_json, _ = output_paths(args.out, "moe_module")
+    report(
+        module_rows,
+        list(module_rows[0]),
+        "SwiGLU experts fwd+bwd",
+        json_path=module_json,
+        panel_key=None,
+        meta=meta,
+    )
+
+
+if __name__ == "__main__":
+    main()
