@@ -241,6 +241,15 @@ def _inputs(s: Shape, device):
     return x, w, aligned_group_ends(s.rows, s.experts, device), grad_y
 
 
+def _speedups(label_key: str, label: str, us: dict[str, float]) -> dict:
+    """The label, then bf16, ours and (when it ran) torchao µs with their speedups over bf16."""
+    row = {label_key: label, "bf16 us": us["bf16"]}
+    for name in ("ours", "torchao"):
+        if name in us:
+            row.update({f"{name} us": us[name], f"{name} vs bf16": us["bf16"] / us[name]})
+    return row
+
+
 def gemm_rows(s: Shape, torchao_mm, copy_gbps: float) -> tuple[dict, dict, dict]:
     """The fwd+bwd row, the per-GEMM row and the operand-passes row of one shape."""
     device = torch.device("cuda")
@@ -257,14 +266,7 @@ def gemm_rows(s: Shape, torchao_mm, copy_gbps: float) -> tuple[dict, dict, dict]
     print_breakdown(f"ours fp8_rowwise, {s.name}", kernels)
     gemm_us, rest_us = split_gemm(kernels)
     moved = quantization_bytes(s)
-    row = {
-        "shape": s.name,
-        "bf16 us": us["bf16"],
-        "ours us": us["ours"],
-        "ours vs bf16": us["bf16"] / us["ours"],
-    }
-    if "torchao" in us:
-        row.update({"torchao us": us["torchao"], "torchao vs bf16": us["bf16"] / us["torchao"]})
+    row = _speedups("shape", s.name, us)
     row.update(
         {
             "fp8 GEMMs us": us["fp8 GEMMs"],
@@ -321,14 +323,7 @@ def module_row(s: Shape, torchao_mm) -> dict:
         )
     us = _time_all(steps)
     print_breakdown(f"ours fp8_rowwise SwiGLU experts, {s.name}", kernel_breakdown(steps["ours"]), top=10)
-    row = {
-        "module (D=K, H=N)": s.name,
-        "bf16 us": us["bf16"],
-        "ours us": us["ours"],
-        "ours vs bf16": us["bf16"] / us["ours"],
-    }
-    if "torchao" in us:
-        row.update({"torchao us": us["torchao"], "torchao vs bf16": us["bf16"] / us["torchao"]})
+    row = _speedups("module (D=K, H=N)", s.name, us)
     del ours, base, x, grad_out, steps
     torch.cuda.empty_cache()
     return row
