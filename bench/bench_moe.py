@@ -9,7 +9,8 @@ multiples of 16 (torchao needs that; ours does not know it and pads as always).
 
 Also: the kernel time per step by kernel (``torch.profiler``), split into GEMMs and the rest
 (quantization, padding, layout, glue), and the rest against the copy-bandwidth floor of the bytes
-our quantization and padding move (each pass's reads and writes; copy GB/s measured in this run).
+our quantization and padding move (each pass's input read once plus its outputs: the column passes'
+second read is not counted; copy GB/s measured in this run).
 
 Run (GPU machine, project root on PYTHONPATH)::
 

@@ -147,7 +147,7 @@ def test_cpu_input_errors(change, error, match):
 # GPU
 # ----------------------------------------------------------------------------------------------
 
-# (K, N): the first pads x once (2N < K) and quantizes grad_y unpadded; the second the reverse.
+# (K, N): K > N, K < N and K = N (row tiles, column tiles and the K classes of the kernels differ).
 GPU_DIMS = [(256, 64), (64, 256), (128, 128)]
 
 
@@ -234,7 +234,36 @@ def test_gpu_no_sync_and_cuda_graph(recipe, gemm):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("recipe, gemm", [("fp8_rowwise", "native"), ("bf16", "auto")])
+def test_gpu_mxfp8_native_calls_shape_check():
+    """The sm_100-only MXFP8 GEMM calls, shape-checked by torch's meta functions under
+    FakeTensorMode (no Blackwell here to run them): operand layouts and scale shapes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    step = grouped_mm._Step("mxfp8", emulated=False, aligned=False)
+    with FakeTensorMode():
+        x = torch.empty(300, 128, dtype=torch.bfloat16, device="cuda")
+        w = torch.empty(4, 96, 128, dtype=torch.bfloat16, device="cuda")
+        ends = torch.empty(4, dtype=torch.int32, device="cuda")
+        groups, x_aligned = grouped_mm._groups(x, ends, step)
+        y, saved = grouped_mm._mx_forward(x, w, groups, x_aligned, step)
+        grad_x, grad_w = grouped_mm._mx_backward(torch.empty_like(y), w, groups, saved, step)
+    assert y.shape == (300, 96) and grad_x.shape == (300, 128) and grad_w.shape == (4, 96, 128)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["fp8_rowwise", "bf16"])
+def test_gpu_module_no_sync(recipe):
+    """GroupedExperts forward + backward (its own padding, the op's aligned path) never sync."""
+    module = tb.GroupedExperts(8, 256, 128, recipe=recipe, gemm="auto", device="cuda")
+    x = torch.randn(1000, 256, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    ends = torch.tensor(layout_ends(1000, 8, None, seed=7), dtype=torch.int32, device="cuda")
+    module(x, ends).sum().backward()  # compile / load the kernels
+    with no_sync():
+        module(x, ends).sum().backward()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe, gemm", [("fp8_rowwise", "native"), ("mxfp8", "emulated"), ("bf16", "auto")])
 def test_gpu_torch_compile_fullgraph(recipe, gemm):
     """Forward + backward under torch.compile(fullgraph=True) give the eager results."""
     x, w, grad_y = _inputs(1000, 8, 256, 128, "cuda")

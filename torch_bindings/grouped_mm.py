@@ -69,6 +69,8 @@ def gemm_path(recipe: str, device: torch.device, gemm: str = "auto") -> str:
     if gemm == "native":
         raise RuntimeError(f"scaled_grouped_mm: gemm='native' cannot run here: {reason}")
     key = (recipe, device.type)
+    # Under torch.compile the choice is made while tracing and the warning is not raised (the
+    # contract says so: gemm="native" is the strict choice there).
     if key not in _warned and not torch.compiler.is_compiling():
         _warned.add(key)
         warnings.warn(
@@ -150,9 +152,10 @@ def _dequant_group_cols_fp8(q: torch.Tensor, scales: torch.Tensor, ends: torch.T
 
 
 def _fp8_gemm(a, b, scale_a, scale_b, ends, step: _Step) -> torch.Tensor:
-    """The FP8 rowwise grouped GEMM: 2d x 3d (a (M, Kc) row-major, scale_a (M,); b (E, Kc, N)
-    column-major, scale_b (E, N)) or 2d x 2d (a (N, Mp) row-major, b (Mp, K) column-major, group-major
-    scales (G N,) and (G K,)); groups along M or along Mp by ``ends``."""
+    """The FP8 rowwise grouped GEMM (fast accumulation, as torchao's recipe): 2d x 3d (a (M, Kc)
+    row-major, scale_a (M,); b (E, Kc, N) column-major, scale_b (E, N)) or 2d x 2d (a (N, Mp)
+    row-major, b (Mp, K) column-major, group-major scales (G N,) and (G K,)); groups along M or
+    along Mp by ``ends``."""
     if not step.emulated:
         return torch._scaled_grouped_mm(
             a, b, scale_a, scale_b, ends, out_dtype=torch.bfloat16, use_fast_accum=True
@@ -238,6 +241,8 @@ def _mx_gemm_emulated(kind: str, a, sa, b, sb, ends) -> torch.Tensor:
 def _mx_gemm(kind: str, a, sa, b, sb, ends, step: _Step) -> torch.Tensor:
     if step.emulated:
         return _mx_gemm_emulated(kind, a, sa, b, sb, ends)
+    if b.dim() == 3:  # a 3-D operand takes its per-expert blocked scales flattened: (E, Rp Cp)
+        sb = sb.reshape(sb.shape[0], -1)
     if kind == "fwd":
         b = b.transpose(-2, -1)
     elif kind == "wgrad":

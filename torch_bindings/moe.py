@@ -5,8 +5,10 @@ and w2 (E, D, H) (``nn.Linear`` layout) and maps tokens x (M, D), already sorted
 int32 group end offsets (E,), to ``out[rows of e] = (silu(x w1[e].T) * (x w3[e].T)) w2[e].T``.
 
 For the low-precision recipes it pads the token groups once (to the recipe's alignment), runs the
-three grouped GEMMs and the SwiGLU on the padded rows (padding rows stay zero through all of them),
-and unpads once, instead of padding inside every GEMM.
+three grouped GEMMs and the SwiGLU on the padded rows, and unpads once, instead of padding inside
+every GEMM. Padding rows inside a group's aligned range are zero in x and stay zero (silu(0) * 0);
+rows past the last group's padded end belong to no group: no GEMM reads them and the unpad drops
+them.
 """
 
 from __future__ import annotations
@@ -67,13 +69,12 @@ class GroupedExperts(torch.nn.Module):
         recipe: str = "fp8_rowwise",
         gemm: str = "auto",
         device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.bfloat16,
     ) -> None:
         super().__init__()
         checks.check_choice("recipe", recipe, checks.GROUPED_MM_RECIPES, op="GroupedExperts")
         checks.check_choice("gemm", gemm, checks.GROUPED_MM_GEMMS, op="GroupedExperts")
         self.recipe, self.gemm = recipe, gemm
-        factory = {"device": device, "dtype": dtype}
+        factory = {"device": device, "dtype": torch.bfloat16}  # the op takes bf16 weights
         self.w1 = torch.nn.Parameter(torch.empty(num_experts, hidden, dim, **factory))
         self.w3 = torch.nn.Parameter(torch.empty(num_experts, hidden, dim, **factory))
         self.w2 = torch.nn.Parameter(torch.empty(num_experts, dim, hidden, **factory))
@@ -88,8 +89,9 @@ class GroupedExperts(torch.nn.Module):
     def forward(self, x: torch.Tensor, group_end_offsets: torch.Tensor) -> torch.Tensor:
         """x (M, D) bf16, tokens sorted by expert; ``group_end_offsets`` (E,) int32 on x's device.
         Returns (M, D) bf16; rows past the last group's end belong to no expert and are unspecified."""
-        for w in (self.w1, self.w3):
-            checks.check_scaled_grouped_mm(x, w, group_end_offsets, self.recipe, torch.bfloat16, self.gemm)
+        hidden = torch.empty(0, self.w2.shape[2], dtype=torch.bfloat16, device=x.device)  # metadata only
+        for a, w in ((x, self.w1), (x, self.w3), (hidden, self.w2)):
+            checks.check_scaled_grouped_mm(a, w, group_end_offsets, self.recipe, torch.bfloat16, self.gemm)
         emulated = gemm_path(self.recipe, x.device, self.gemm) == "emulated"
         if self.recipe == "bf16":
             return self._experts(x, group_end_offsets, emulated, aligned=False)
