@@ -236,18 +236,44 @@ def test_gpu_no_sync_and_cuda_graph(recipe, gemm):
 @pytest.mark.gpu
 def test_gpu_mxfp8_native_calls_shape_check():
     """The sm_100-only MXFP8 GEMM calls, shape-checked by torch's meta functions under
-    FakeTensorMode (no Blackwell here to run them): operand layouts and scale shapes."""
+    FakeTensorMode (no Blackwell here to run them) on operands shaped as the quantizers return
+    them (SPEC sections 3 and 5): q (Mp, C) row-major or (Mp, C) column-major, M-groups, K-groups
+    and per-expert blocked scales."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    step = grouped_mm._Step("mxfp8", emulated=False, aligned=False)
+    from torch_bindings.reference import blocked_shape
+
+    experts, rows, k, n = 4, 320, 128, 96
+    step = grouped_mm._Step("mxfp8", emulated=False, aligned=True)
+    e4m3, e8m0 = torch.float8_e4m3fn, torch.float8_e8m0fnu
+
+    def m_groups(cols):  # M-groups scales of (rows, cols): (rows + 128 G, Cp)
+        return torch.empty(
+            rows + 128 * experts, blocked_shape(rows, cols // 32)[1], dtype=e8m0, device="cuda"
+        )
+
+    def k_groups(cols):  # K-groups scales of S = (cols, rows / 32): (Rp, rows / 32 + 4 G)
+        return torch.empty(blocked_shape(cols, 1)[0], rows // 32 + 4 * experts, dtype=e8m0, device="cuda")
+
+    def col_major(r, c):
+        return torch.empty(c, r, dtype=e4m3, device="cuda").t()
+
     with FakeTensorMode():
-        x = torch.empty(300, 128, dtype=torch.bfloat16, device="cuda")
-        w = torch.empty(4, 96, 128, dtype=torch.bfloat16, device="cuda")
-        ends = torch.empty(4, dtype=torch.int32, device="cuda")
-        groups, x_aligned = grouped_mm._groups(x, ends, step)
-        y, saved = grouped_mm._mx_forward(x, w, groups, x_aligned, step)
-        grad_x, grad_w = grouped_mm._mx_backward(torch.empty_like(y), w, groups, saved, step)
-    assert y.shape == (300, 96) and grad_x.shape == (300, 128) and grad_w.shape == (4, 96, 128)
+        ends = torch.empty(experts, dtype=torch.int32, device="cuda")
+        q_x, q_gy = (
+            torch.empty(rows, k, dtype=e4m3, device="cuda"),
+            torch.empty(rows, n, dtype=e4m3, device="cuda"),
+        )
+        q_w = torch.empty(experts, n, k, dtype=e4m3, device="cuda")
+        q_w_n = torch.empty(experts, k, n, dtype=e4m3, device="cuda").transpose(-2, -1)
+        s_w = torch.empty(experts, *blocked_shape(n, k // 32), dtype=e8m0, device="cuda")
+        s_w_n = torch.empty(experts, *blocked_shape(k, n // 32), dtype=e8m0, device="cuda")
+        y = grouped_mm._mx_gemm("fwd", q_x, m_groups(k), q_w, s_w, ends, step)
+        grad_x = grouped_mm._mx_gemm("dgrad", q_gy, m_groups(n), q_w_n, s_w_n, ends, step)
+        grad_w = grouped_mm._mx_gemm(
+            "wgrad", col_major(rows, n), k_groups(n), col_major(rows, k), k_groups(k), ends, step
+        )
+    assert y.shape == (rows, n) and grad_x.shape == (rows, k) and grad_w.shape == (experts, n, k)
 
 
 @pytest.mark.gpu
