@@ -738,3 +738,108 @@ def quantize_fp8_3d(
         qi, scales[i] = _fp8_cols(w[i], round_scales_to_power_of_2)
         q[i].copy_(qi.view(torch.uint8))
     return q.view(torch.float8_e4m3fn), scales
+
+
+# ----------------------------------------------------------------------------------------------
+# Expert-parallel dispatch and combine (SPEC section 9), simulated over R ranks in one process
+# ----------------------------------------------------------------------------------------------
+
+
+def ep_rows(ranks: int, tokens: int, topk: int, local_experts: int, alignment: int) -> int:
+    """Static row count of a rank's dispatched tensor: ``R*T*k + E_local*A`` rounded up to A."""
+    return _round_up(ranks * tokens * topk + local_experts * alignment, alignment)
+
+
+def weighted_slot_sum(rows: Tensor, weights: Tensor) -> Tensor:
+    """Combine's sum: rows (T, k, D) and weights (T, k) -> (T, D) bf16 of ``sum_j w[t, j] y[t, j]``
+    in fp32, slots added in order 0..k-1 starting from slot 0's product (SPEC section 9). The one
+    definition both the reference and ``torch_bindings.ep`` run."""
+    w = weights.to(torch.float32)
+    acc = w[:, 0, None] * rows[:, 0].to(torch.float32)
+    for j in range(1, rows.shape[1]):
+        acc = acc + w[:, j, None] * rows[:, j].to(torch.float32)
+    return acc.to(torch.bfloat16)
+
+
+def ep_pair_rows(topk_idxs: list[Tensor], num_experts: int, alignment: int) -> list[Tensor]:
+    """Where every (token, slot) pair lands: per source rank s a (T, k) int64 tensor of
+    ``dest_rank * rows + dest_row`` (``ep_rows``), -1 for an expert outside ``[0, E)`` (dropped).
+    Rows of local expert j of rank r are ordered by (source rank, token, slot), each group padded
+    to ``alignment``. Syncs (the reference)."""
+    ranks = len(topk_idxs)
+    tokens, topk = topk_idxs[0].shape
+    local = num_experts // ranks
+    rows = ep_rows(ranks, tokens, topk, local, alignment)
+    flat = [t.reshape(-1).to(torch.int64) for t in topk_idxs]
+    out = [torch.full_like(f, -1) for f in flat]
+    for r in range(ranks):
+        row = 0
+        for j in range(local):
+            e = r * local + j
+            n = 0
+            for s in range(ranks):
+                pairs = torch.nonzero(flat[s] == e).flatten()
+                out[s][pairs] = r * rows + row + n + torch.arange(pairs.numel(), device=pairs.device)
+                n += pairs.numel()
+            row += _round_up(n, alignment)
+    return [o.view(tokens, topk) for o in out]
+
+
+def ep_dispatch(
+    xs: list[Tensor],
+    topk_idxs: list[Tensor],
+    num_experts: int,
+    *,
+    recipe: str = "mxfp8",
+    alignment: int = 32,
+    scaling_mode: str = "rceil",
+) -> list[dict]:
+    """``dispatch`` on every rank of a simulated group: xs[s] (T, D) bf16 (or (T, k, D): one row
+    per pair) and topk_idxs[s] (T, k) of rank s. Returns per rank a dict with ``q`` (rows, D)
+    (bf16, or e4m3 for ``"mxfp8"``), ``scales`` (None, or the M-groups blocked scales of the padded
+    groups, (rows + 128 E_local, Cp)), ``padded_group_start_offsets`` / ``padded_group_end_offsets``
+    (E_local,) int32 and ``pair_rows`` (``ep_pair_rows`` of the sources, shared)."""
+    ranks = len(xs)
+    tokens, topk = topk_idxs[0].shape
+    local = num_experts // ranks
+    rows = ep_rows(ranks, tokens, topk, local, alignment)
+    pair_rows = ep_pair_rows(topk_idxs, num_experts, alignment)
+    pairs = [x if x.dim() == 3 else x[:, None].expand(tokens, topk, x.shape[-1]) for x in xs]
+    results = []
+    for r in range(ranks):
+        chunks, sizes = [], []
+        for j in range(local):
+            e = r * local + j
+            n = 0
+            for s in range(ranks):
+                mask = (topk_idxs[s] == e).reshape(-1)
+                chunks.append(pairs[s].reshape(tokens * topk, -1)[mask])
+                n += chunks[-1].shape[0]
+            sizes.append(n)
+        data = torch.cat(chunks)
+        ends = torch.tensor(sizes, device=data.device).cumsum(0).to(torch.int32)
+        padded, start, end = pad_token_groups(data, ends, alignment=alignment)
+        grown = padded.new_zeros((rows, padded.shape[1]))
+        grown[: padded.shape[0]] = padded
+        result = {"padded_group_start_offsets": start, "padded_group_end_offsets": end}
+        result["pair_rows"] = pair_rows
+        if recipe == "bf16":
+            result.update(q=grown, scales=None)
+        else:
+            q, scales = quantize_mxfp8_2d(grown, group_end_offsets=end, scaling_mode=scaling_mode)
+            result.update(q=q, scales=scales)
+        results.append(result)
+    return results
+
+
+def ep_combine(ys: list[Tensor], pair_rows: list[Tensor], topk_weights: list[Tensor]) -> list[Tensor]:
+    """``combine`` on every rank of a simulated group: ys[r] (rows, D') outputs of rank r's experts
+    in the dispatched layout, ``pair_rows`` from ``ep_dispatch``. Returns per source rank (T, D')
+    bf16 ``weighted_slot_sum`` of its pairs' rows (a dropped pair contributes a zero row)."""
+    rows = ys[0].shape[0]
+    stacked = torch.cat([y.to(torch.bfloat16) for y in ys] + [ys[0].new_zeros((1, ys[0].shape[1]))])
+    outs = []
+    for where, w in zip(pair_rows, topk_weights, strict=True):
+        index = torch.where(where >= 0, where, len(ys) * rows)
+        outs.append(weighted_slot_sum(stacked[index], w))
+    return outs

@@ -80,6 +80,11 @@ def unpad(variant) -> PadConfig:
     return _PAD
 
 
+# The EP row scatter (notes/ep-dispatch-combine.md) moves rows like pad: its launch shape.
+def row_scatter(variant) -> PadConfig:
+    return _PAD
+
+
 # --- FP8 rowwise, one scale per row (bench/tune_fp8_rowwise.py; notes/fp8-rowwise-row-kernel.md) ---
 # The bindings pick per K class (quantize_fp8_row_for_shape below); without a shape (the SASS
 # targets CI checks, the registry's default) the kernel takes the heuristic of the benchmarks' K
