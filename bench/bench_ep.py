@@ -49,6 +49,21 @@ def _time(fn, iters: int) -> float:
     return float(med)
 
 
+def _graph(fn):
+    """``fn`` captured once in a CUDA graph (every step is sync-free): replay time is GPU time, no
+    host launch gaps. None when capture fails (the error is printed)."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph.replay
+    except Exception as err:  # noqa: BLE001 - report and go on
+        print(f"rank {dist.get_rank()}: graph capture failed: {err}", flush=True)
+        return None
+
+
 def _peer_copy(nbytes: int):
     """A copy of ``nbytes`` from this rank, an equal share to every rank's symmetric buffer."""
     import torch.distributed._symmetric_memory as symm_mem
@@ -137,6 +152,12 @@ def bench(tokens: int, hidden: int, topk: int, experts: int, alignment: int, ite
         "combine": _time(lambda: ep.combine(y, res, w), iters),
         "unfused": _time(_unfused_dispatch(x, ids, experts, alignment), iters),
     }
+    graphed = {
+        "dispatch_mx": _graph(lambda: ep.dispatch(x, ids, num_experts=experts)),
+        "combine": _graph(lambda: ep.combine(y, res, w)),
+    }
+    for name, replay in graphed.items():
+        timings[name + "_graph"] = _time(replay, iters) if replay is not None else float("nan")
     t = timings
     return [
         f"\n### T={tokens} D={hidden} k={topk} E={experts} "
@@ -151,6 +172,8 @@ def bench(tokens: int, hidden: int, topk: int, experts: int, alignment: int, ite
         _row("peer copy (combine bytes)", back_bytes, t["copy_back"], t["copy_back"]),
         _row("NCCL all_to_all_single (combine bytes)", back_bytes, t["nccl_back"], t["copy_back"]),
         _row("combine", back_bytes, t["combine"], t["copy_back"]),
+        _row("dispatch mxfp8, CUDA graph replay", mx_bytes, t["dispatch_mx_graph"], t["copy_mx"]),
+        _row("combine, CUDA graph replay", back_bytes, t["combine_graph"], t["copy_back"]),
         f"fused mxfp8 dispatch {t['dispatch_mx'] * 1e6:.0f} us vs unfused chain {t['unfused'] * 1e6:.0f} us: "
         f"{t['unfused'] / t['dispatch_mx']:.2f}x",
     ]

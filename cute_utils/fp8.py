@@ -72,3 +72,31 @@ def fp8_quant_scale_masked(amax_bits: Int32, mask: Int32) -> Float32:
     if amax_bits > _INF_BITS:
         q_scale = Int32(_QUIET_NAN_BITS).bitcast(Float32)
     return q_scale
+
+
+@dsl_user_op
+def mul_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """``fp32(a * b)`` rounded once (``mul.rn.f32``: never contracted into an FMA with a later add)."""
+    result = llvm.inline_asm(
+        T.f32(),
+        [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+        "mul.rn.f32 $0, $1, $2;",
+        "=f,f,f",
+        loc=loc,
+        ip=ip,
+    )
+    return Float32(result)
+
+
+@dsl_user_op
+def add_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """``fp32(a + b)`` rounded once (``add.rn.f32``: never contracted into an FMA)."""
+    result = llvm.inline_asm(
+        T.f32(),
+        [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+        "add.rn.f32 $0, $1, $2;",
+        "=f,f,f",
+        loc=loc,
+        ip=ip,
+    )
+    return Float32(result)

@@ -224,7 +224,7 @@ def scatter_rows(
     buffer ``dst_index[i] // P`` of ``dst`` (``local``: of this rank's own buffer only);
     ``dst_index < 0`` skips. CUDA: one row-scatter launch; CPU: the same moves in PyTorch."""
     ptrs = dst.self_ptr if local else dst.ptrs
-    target = targets.select("ep_dispatch", "auto", src)
+    target = _target(src)
     if target is None:
         _scatter_rows_reference(src, [dst.own] if local else dst.tensors, src_rows, dst_index)
         return
@@ -232,6 +232,11 @@ def scatter_rows(
     name = str(src.dtype).removeprefix("torch.")
     kernel = target.kernel(("row_scatter", name, vec), _scatter_variant)
     kernel(src, dst.own, src_rows, dst_index, ptrs)
+
+
+def _target(tensor: torch.Tensor):
+    """The kernel target of ``tensor``'s device (None on CPU): the per-device table once known."""
+    return targets.known(tensor) or targets.select("ep", "auto", tensor)
 
 
 def _scatter_variant(key: tuple, target) -> object:
@@ -443,20 +448,32 @@ def _combine_buffer(pool, rank: int, shape: EpShape, width: int) -> SharedRows:
 def finish_combine(
     result: DispatchResult, topk_weights: torch.Tensor, pool, rank: int, width: int
 ) -> torch.Tensor:
-    """Combine's sum on the source rank, after every peer's rows landed: (T, D') bf16. A dropped
-    pair's row is zeroed first (it contributes nothing)."""
+    """Combine's sum on the source rank, after every peer's rows landed: (T, D') bf16
+    (``reference.weighted_slot_sum``: the ``combine_sum`` kernel on CUDA, PyTorch on CPU). A dropped
+    pair reads as a zero row."""
     shape = result.shape
-    buf = _combine_buffer(pool, rank, shape, width)
-    pairs = torch.arange(shape.pairs, device=buf.own.device, dtype=torch.int32)
-    dropped = torch.where(result.dst_index < 0, pairs, -1)
-    scatter_rows(buf.own, buf, _minus_ones(shape.pairs, pairs.device), dropped, local=True)
-    return reference.weighted_slot_sum(buf.own.view(shape.tokens, shape.topk, width), topk_weights)
+    rows = _combine_buffer(pool, rank, shape, width).own
+    weights = topk_weights.to(torch.float32).contiguous()
+    target = _target(rows)
+    if target is None:
+        return reference.weighted_slot_sum(combined_rows(result, pool, rank, width), weights)
+    out = rows.new_empty((shape.tokens, width))
+    target.kernel(("combine_sum",), _combine_sum_variant)(rows, result.dst_index, weights, out)
+    return out
+
+
+def _combine_sum_variant(key: tuple, target) -> object:
+    from cute_kernels.combine_sum import CombineSumVariant
+
+    return CombineSumVariant()
 
 
 def combined_rows(result: DispatchResult, pool, rank: int, width: int) -> torch.Tensor:
-    """The (T, k, D') rows ``finish_combine`` summed (a view of the combine buffer)."""
+    """The (T, k, D') rows ``finish_combine`` sums, dropped pairs' rows zero (a new tensor)."""
     shape = result.shape
-    return _combine_buffer(pool, rank, shape, width).own.view(shape.tokens, shape.topk, width)
+    rows = _combine_buffer(pool, rank, shape, width).own.view(shape.tokens, shape.topk, width)
+    kept = (result.dst_index >= 0).view(shape.tokens, shape.topk, 1)
+    return torch.where(kept, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
 
 
 # --- The public ops -----------------------------------------------------------------------------------
@@ -567,7 +584,7 @@ class _CombineFn(torch.autograd.Function):
         ctx.save_for_backward(topk_weights)
         ctx.pair_rows = None
         if ctx.needs_input_grad[1]:
-            ctx.pair_rows = combined_rows(result, result.pool, result.rank, y.shape[1]).clone()
+            ctx.pair_rows = combined_rows(result, result.pool, result.rank, y.shape[1])
         return out
 
     @staticmethod

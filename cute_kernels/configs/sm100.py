@@ -19,6 +19,7 @@ quantize_dual = sm90.quantize_dual
 pad = sm90.pad
 unpad = sm90.unpad
 row_scatter = sm90.row_scatter
+combine_sum = sm90.combine_sum
 quantize_tma = sm90.quantize_tma
 quantize_fp8_col_amax = sm90.quantize_fp8_col_amax
 quantize_fp8_col_cast = sm90.quantize_fp8_col_cast

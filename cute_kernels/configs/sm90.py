@@ -85,6 +85,13 @@ def row_scatter(variant) -> PadConfig:
     return _PAD
 
 
+# Combine's weighted sum: one 16-byte vector per thread, 128 threads (notes/ep-dispatch-combine.md).
+def combine_sum(variant):
+    from ..combine_sum import CombineSumConfig
+
+    return CombineSumConfig()
+
+
 # --- FP8 rowwise, one scale per row (bench/tune_fp8_rowwise.py; notes/fp8-rowwise-row-kernel.md) ---
 # The bindings pick per K class (quantize_fp8_row_for_shape below); without a shape (the SASS
 # targets CI checks, the registry's default) the kernel takes the heuristic of the benchmarks' K
