@@ -188,6 +188,9 @@ def main() -> None:
     parser.add_argument("--alignment", type=int, default=32)
     parser.add_argument("--iters", type=int, default=10)
     args = parser.parse_args()
+    if "WORLD_SIZE" not in os.environ or not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        print("bench_ep: needs >= 2 GPUs, one process each: torchrun --nproc-per-node N -m bench.bench_ep")
+        return
     dist.init_process_group("nccl")
     torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
     for experts in args.experts:

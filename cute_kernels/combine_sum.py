@@ -6,8 +6,10 @@ pair was dropped and reads as a zero row), ``weights`` (T, k) fp32 -> ``out`` (T
 ``out[t] = bf16(((w0 y0 + w1 y1) + w2 y2) + ...)``: each product and each sum rounded once, in slot
 order (``mul.rn`` / ``add.rn``, never an FMA), exactly ``reference.weighted_slot_sum``.
 
-A thread owns 8 columns (one 16-byte vector) of one token: it reads the token's k vectors and
-writes one. Grid: (column blocks of ``threads`` vectors, T). T, k and D are symbolic (D % 8 == 0).
+A thread owns ``vectors`` 16-byte vectors (8 columns each, ``threads`` vectors apart: each load
+instruction of a warp is coalesced) of one token: per slot it loads them together, and it writes
+them once. Grid: (T, column blocks of ``threads * vectors`` vectors). T, k and D are symbolic
+(D % 8 == 0).
 """
 
 from __future__ import annotations
@@ -28,9 +30,13 @@ VECTOR = 8  # bf16 elements per 16-byte vector
 
 @dataclass(frozen=True)
 class CombineSumConfig:
-    """``threads`` per CTA (each one vector of a token's row)."""
+    """``threads`` per CTA, ``vectors`` 16-byte vectors of a token's row per thread (loaded
+    together: the bytes in flight), ``ctas_per_sm`` the residency the register cap keeps room for
+    (4 vectors took 66 registers, 7 CTAs per SM, 0.9 of B200's bytes in flight on paper)."""
 
     threads: int = 128
+    vectors: int = 4
+    ctas_per_sm: int = 8
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,10 @@ class CombineSumKernel(Kernel):
     """Combine's weighted sum (module docstring). Launch: ``kernel(rows, dst_index, weights, out)``."""
 
     name = "combine_sum"
+
+    def __init__(self, variant: CombineSumVariant, config: CombineSumConfig) -> None:
+        super().__init__(variant, config)
+        self.threads = config.threads
 
     @classmethod
     def variants(cls) -> list[CombineSumVariant]:
@@ -94,38 +104,49 @@ class CombineSumKernel(Kernel):
         stream,
     ):
         threads = self.config.threads
-        blocks = ceil_div(out.shape[1] // VECTOR, threads)
+        blocks = ceil_div(out.shape[1] // VECTOR, threads * self.config.vectors)
+        # Tokens along x (up to 2^31 - 1 CTAs; y stops at 65535), column blocks along y.
         self.kernel(rows, dst_index, weights, out).launch(
-            grid=[blocks, cutlass.max(out.shape[0], 1), 1], block=[threads, 1, 1], stream=stream
+            grid=[cutlass.max(out.shape[0], 1), blocks, 1],
+            block=[threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=self.config.ctas_per_sm,
+            preferred_smem_carveout=100,
         )
 
     @cute.kernel
     def kernel(self, rows: cute.Tensor, dst_index: cute.Tensor, weights: cute.Tensor, out: cute.Tensor):
         tid, _, _ = cute.arch.thread_idx()
-        block, token, _ = cute.arch.block_idx()
+        token, block, _ = cute.arch.block_idx()
+        threads, vectors = self.config.threads, self.config.vectors
         rows_v, out_v = _vectors(rows), _vectors(out)
-        vec = block * self.config.threads + tid
+        first = block * threads * vectors + tid
         topk = weights.shape[1]
-        if vec < out_v.shape[1] and token < out.shape[0]:
-            loaded = cute.make_rmem_tensor(cute.make_layout(VECTOR), BFloat16)
-            acc = cute.make_rmem_tensor(cute.make_layout(VECTOR), Float32)
+        row_vectors = out_v.shape[1]
+        loaded = cute.make_rmem_tensor(cute.make_layout((VECTOR, vectors)), BFloat16)
+        acc = cute.make_rmem_tensor(cute.make_layout((VECTOR, vectors)), Float32)
+        if token < out.shape[0]:
             for j in cutlass.range(topk):
                 pair = token * topk + j
                 w = weights[token, j]
-                for e in cutlass.range_constexpr(VECTOR):
-                    loaded[e] = BFloat16(0.0)
-                if dst_index[pair] >= 0:
-                    cute.autovec_copy(rows_v[pair, vec, None], loaded)
+                kept = dst_index[pair] >= 0
+                for v in cutlass.range_constexpr(vectors):
+                    for e in cutlass.range_constexpr(VECTOR):
+                        loaded[e, v] = BFloat16(0.0)
+                    if kept and first + v * threads < row_vectors:
+                        cute.autovec_copy(rows_v[pair, first + v * threads, None], loaded[None, v])
                 values = loaded.load().to(Float32)
-                for e in cutlass.range_constexpr(VECTOR):
-                    product = mul_rn(w, values[e])
+                for i in cutlass.range_constexpr(VECTOR * vectors):
+                    product = mul_rn(w, values[i])
                     if j == 0:
-                        acc[e] = product
+                        acc[i] = product
                     else:
-                        acc[e] = add_rn(acc[e], product)
-            result = cute.make_rmem_tensor(cute.make_layout(VECTOR), BFloat16)
+                        acc[i] = add_rn(acc[i], product)
+            result = cute.make_rmem_tensor(cute.make_layout((VECTOR, vectors)), BFloat16)
             result.store(acc.load().to(BFloat16))
-            cute.autovec_copy(result, out_v[token, vec, None])
+            for v in cutlass.range_constexpr(vectors):
+                if first + v * threads < row_vectors:
+                    cute.autovec_copy(result[None, v], out_v[token, first + v * threads, None])
 
 
 __all__ = ["CombineSumConfig", "CombineSumKernel", "CombineSumVariant"]

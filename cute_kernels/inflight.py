@@ -32,6 +32,7 @@ from typing import Any
 
 from cute_utils.constants import BLOCK_SIZE, TILE_COLS, TILE_ROWS
 
+from . import combine_sum as csum
 from . import pad as pad_mod
 from . import quantize as q1x32
 from . import quantize_32x1 as q32x1
@@ -147,6 +148,15 @@ def _pad(variant: pad_mod.RowGatherVariant, config: pad_mod.PadConfig, cols: int
     )
 
 
+def _combine_sum(variant: csum.CombineSumVariant, config: csum.CombineSumConfig, cols: int) -> LoadsInFlight:
+    """``vectors`` 16-byte vectors per thread: a slot's loads are used before the next slot's."""
+    return LoadsInFlight(
+        config.threads,
+        config.threads * config.vectors * csum.VECTOR * 2,
+        f"{config.threads} thr x {config.vectors} vectors x {csum.VECTOR} bf16 x 2 B (one slot at a time)",
+    )
+
+
 def _fp8_row(variant: fp8_row.Fp8RowVariant, config: fp8_row.Fp8RowConfig, cols: int) -> LoadsInFlight:
     """One batch of ``unroll`` steps per thread of each row the CTA works on (a whole CTA per row,
     or a warp per row), capped by the row's steps."""
@@ -194,6 +204,8 @@ _COUNTS: dict[str, Callable[[Any, Any, int], LoadsInFlight]] = {
     "quantize_dual": _quantize_dual,
     "pad": _pad,
     "unpad": _pad,
+    "row_scatter": _pad,
+    "combine_sum": _combine_sum,
     "quantize_fp8_row": _fp8_row,
     "quantize_fp8_col_amax": _fp8_col_amax,
     "quantize_fp8_col_cast": _fp8_col_cast,
@@ -223,6 +235,8 @@ def _representatives() -> dict[str, Callable[[], Any]]:
         "quantize_dual": lambda: dual.DualVariant("bfloat16", "rceil", dual.ScaleLayout.BLOCKED),
         "pad": lambda: pad_mod.RowGatherVariant("int16", pad_mod.VECTOR_BYTES),
         "unpad": lambda: pad_mod.RowGatherVariant("int16", pad_mod.VECTOR_BYTES),
+        "row_scatter": lambda: pad_mod.RowGatherVariant("bfloat16", pad_mod.VECTOR_BYTES),
+        "combine_sum": lambda: csum.CombineSumVariant(),
         "quantize_fp8_row": lambda: fp8_row.Fp8RowVariant("bfloat16", round_pow2=True, vector=True, rank=2),
         "quantize_fp8_col_amax": lambda: fp8_col.Fp8ColVariant("bfloat16", "plain"),
         "quantize_fp8_col_cast": lambda: fp8_col.Fp8ColVariant("bfloat16", "plain"),
@@ -233,7 +247,8 @@ def _representatives() -> dict[str, Callable[[], Any]]:
 def representative_variant(name: str) -> Any:
     """The variant kernel ``name`` is benchmarked with: bf16 (E8M0 scales for ``swizzle``),
     ungrouped, 2-D, the scaling mode and scale layout the benches default to (``rceil``, blocked
-    scales), vector loads; pad / unpad as their bf16 rows' 16-byte ``int16`` carrier."""
+    scales), vector loads; pad / unpad as their bf16 rows' 16-byte ``int16`` carrier, the row
+    scatter as bf16 rows."""
     makers = _representatives()
     if name not in makers:
         raise KeyError(f"no representative variant for kernel {name!r} (known: {', '.join(makers)})")

@@ -148,6 +148,41 @@ def test_autograd_pair_matches_spec(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_expert_that_saves_q_gets_its_weight_gradient(device):
+    """An expert saving the dispatched q for its backward (q @ W.T) must see q, not combine's
+    backward rows: the gradient dispatch writes buffers of its own."""
+    tokens, hidden, topk, experts = 48, 128, 2, 4
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(tokens, hidden, generator=gen).bfloat16().to(device)
+    ids = torch.randint(0, experts, (tokens, topk), generator=gen).to(device)
+    w_route = torch.rand(tokens, topk, generator=gen).to(device)
+    weight = torch.randn(hidden, hidden, generator=gen).bfloat16().to(device).requires_grad_()
+    res = ep.dispatch(x, ids, num_experts=experts, recipe="bf16")
+    out = ep.combine(res.q @ weight.t(), res, w_route)
+    g = torch.randn(tokens, hidden, generator=gen).bfloat16().to(device)
+    out.backward(g)
+    q = ref.ep_dispatch([x], [ids], experts, recipe="bf16")[0]["q"]
+    per_pair = (g.float()[:, None] * w_route[:, :, None]).bfloat16()
+    grad_y = ref.ep_dispatch([per_pair], [ids], experts, recipe="bf16")[0]["q"]
+    # The same product on the same device; a tolerance only for cuBLAS's choice of algorithm (an
+    # overwritten q gives a different matrix altogether).
+    torch.testing.assert_close(weight.grad.float(), (grad_y.t() @ q).float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+def test_combine_with_more_tokens_than_a_grid_row():
+    """T > 65535 tokens: combine's grid puts tokens along x."""
+    tokens, hidden, experts = 70000, 64, 2
+    x = torch.randn(tokens, hidden, device="cuda").bfloat16()
+    ids = torch.randint(0, experts, (tokens, 1), device="cuda")
+    w = torch.rand(tokens, 1, device="cuda")
+    res = ep.dispatch(x, ids, num_experts=experts, recipe="bf16")
+    out = ep.combine(res.q, res, w)
+    want = ref.weighted_slot_sum(x[:, None], w)
+    _same(out, want, "combine")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_public_r1_matches_reference(device):
     tokens, hidden, topk, experts = 300, 256, 4, 16
     gen = torch.Generator().manual_seed(5)
@@ -189,6 +224,8 @@ def test_bad_arguments_name_what_is_wrong():
     res = ep.dispatch(x, ids, num_experts=4, recipe="bf16")
     with pytest.raises(TypeError, match="combine: y"):
         ep.combine(torch.zeros(3, 8, dtype=torch.bfloat16), res, torch.ones(4, 2))
+    with pytest.raises(ValueError, match="D' % 8"):
+        ep.combine(torch.zeros(res.q.shape[0], 12, dtype=torch.bfloat16), res, torch.ones(4, 2))
     with pytest.raises(ValueError, match="topk_weights"):
         ep.combine(torch.zeros(res.q.shape[0], 8, dtype=torch.bfloat16), res, torch.ones(4, 3))
 

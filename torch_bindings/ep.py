@@ -31,7 +31,7 @@ weighted output gradient plus the weights' gradient.
 
 Buffers: one set per (group, shapes), allocated on first use (a collective that syncs once) and
 reused: a ``DispatchResult``'s ``q`` is a view of them, valid until the next ``dispatch`` with the
-same group and shapes. The R = 1 path (no group) runs the same kernels on local buffers, and on CPU
+same group and shapes (combine's backward dispatches into a set of its own). The R = 1 path (no group) runs the same kernels on local buffers, and on CPU
 the reference's moves.
 """
 
@@ -104,8 +104,8 @@ def check_dispatch(
         raise ValueError(
             f"dispatch: mxfp8 needs D % 128 == 0 (whole 4-byte scale words), got D = {x.shape[1]}"
         )
-    if recipe == "bf16" and x.shape[1] % 2:
-        raise ValueError(f"dispatch: bf16 rows must be whole 4-byte words (D even), got D = {x.shape[1]}")
+    if recipe == "bf16" and x.shape[1] % 8:
+        raise ValueError(f"dispatch: bf16 needs D % 8 == 0 (16-byte vectors), got D = {x.shape[1]}")
 
 
 # --- Buffers: R destination buffers of one kind, seen from one rank ----------------------------------
@@ -153,7 +153,21 @@ class LocalPool:
         return counts[None]
 
     def barrier(self) -> None:
-        """One process, one stream: stream order is the barrier."""
+        """R = 1: one stream, stream order is the barrier. A simulated group's driver orders its
+        ranks' steps itself (``simulate_combine``): the public ops refuse its results."""
+        if self.ranks != 1:
+            raise RuntimeError("results of a simulated group go through simulate_combine, not combine")
+
+
+def _same_on_every_rank(group, key: tuple) -> None:
+    """Raise unless every rank allocates the same buffer (T, D, k, E the same everywhere): a rank
+    with more rows would write past a peer's buffer. Runs once per buffer, with its allocation."""
+    import torch.distributed as dist
+
+    keys: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(keys, key, group=group)
+    if any(k != key for k in keys):
+        raise ValueError(f"dispatch: ranks disagree on the buffer shapes (T, D, k, E must match): {keys}")
 
 
 class SymmetricPool:
@@ -177,6 +191,7 @@ class SymmetricPool:
 
             if self._handle is None and hasattr(symm_mem, "enable_symm_mem_for_group"):
                 symm_mem.enable_symm_mem_for_group(self.group.group_name)  # a no-op on newer torch
+            _same_on_every_rank(self.group, (name, shape, str(dtype)))
             own = symm_mem.empty(shape, dtype=dtype, device=torch.device("cuda", torch.cuda.current_device()))
             own.zero_()
             handle = symm_mem.rendezvous(own, self.group)
@@ -359,12 +374,14 @@ class DispatchResult:
     pool: object = field(repr=False, default=None)
 
 
-def _buffers(pool, rank: int, shape: EpShape) -> dict[str, SharedRows]:
+def _buffers(pool, rank: int, shape: EpShape, purpose: str = "dispatch") -> dict[str, SharedRows]:
     """The buffers a dispatch of ``shape`` writes, by name: ``q`` (rows, D) bf16 or e4m3, ``s``
     (rows, D/32) e8m0 scale rows (mxfp8), ``tags`` (rows, 1) int32, ``high_water`` (1, 1) int32 (the
-    end of the rows the last call filled). Keyed by recipe and D: each family keeps its own state."""
+    end of the rows the last call filled). Keyed by ``purpose`` (the forward dispatch, or combine's
+    backward, which must not overwrite a forward ``q`` an expert saved), recipe and D: each family
+    keeps its own state."""
     rows, d = shape.rows, shape.hidden
-    family = f"{shape.recipe}/{d}"
+    family = f"{purpose}/{shape.recipe}/{d}"
     kinds = {"tags": ((rows, 1), torch.int32), "high_water": ((1, 1), torch.int32)}
     if shape.recipe == "mxfp8":
         kinds.update(q=((rows, d), torch.float8_e4m3fn), s=((rows, d // 32), torch.float8_e8m0fnu))
@@ -488,14 +505,17 @@ def _pool(group, device: torch.device):
 
     if group is None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         group = dist.group.WORLD
-    key = (id(group) if group is not None else None, device)
+    key = (group.group_name if group is not None else None, device)
     pool = _POOLS.get(key)
     if pool is None:
         if group is None or dist.get_world_size(group) == 1:
             pool = LocalPool(1, device)
         else:
-            if device.type != "cuda":
-                raise ValueError(f"dispatch: a group of several ranks needs CUDA tensors, got {device}")
+            if device.type != "cuda" or device.index != torch.cuda.current_device():
+                raise ValueError(
+                    f"dispatch: a group of several ranks needs x on the current CUDA device "
+                    f"(cuda:{torch.cuda.current_device()}), got {device}"
+                )
             pool = SymmetricPool(group)
         _POOLS[key] = pool
     return pool
@@ -533,7 +553,7 @@ def _grad_dispatch(rows: torch.Tensor, result: DispatchResult) -> torch.Tensor:
     padding rows zero (a copy: the buffer is reused). The layout is the forward's."""
     pool, rank = result.pool, result.rank
     shape = EpShape(**{**result.shape.__dict__, "hidden": rows.shape[-1], "recipe": "bf16"})
-    bufs = _buffers(pool, rank, shape)
+    bufs = _buffers(pool, rank, shape, purpose="grad")
     hw = bufs["high_water"].own
     zero = _zero_rows(
         result.padded_group_start_offsets, result.padded_group_end_offsets, result.group_sizes, hw, shape.rows
@@ -561,9 +581,10 @@ class _DispatchFn(torch.autograd.Function):
         result = run_dispatch(x, topk_idx, shape, pool, scaling_mode)
         holder.append(result)
         ctx.result = result
+        q = result.q.view_as(result.q)  # a fresh view per call: autograd history stays off the buffer
         if result.scales is not None:
-            ctx.mark_non_differentiable(result.q)
-        return result.q
+            ctx.mark_non_differentiable(q)
+        return q
 
     @staticmethod
     def backward(ctx, grad_q):
@@ -651,8 +672,8 @@ def combine(y: torch.Tensor, dispatched: DispatchResult, topk_weights: torch.Ten
         or y.shape[0] != shape.rows
     ):
         raise TypeError(f"combine: y must be bfloat16 ({shape.rows}, D'), got {checks.describe(y)}")
-    if y.shape[1] % 2:
-        raise ValueError(f"combine: D' must be even (whole 4-byte words), got {y.shape[1]}")
+    if y.shape[1] % 8:
+        raise ValueError(f"combine: y needs D' % 8 == 0 (16-byte vectors), got D' = {y.shape[1]}")
     expected = (shape.tokens, shape.topk)
     if not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != expected:
         raise ValueError(f"combine: topk_weights must be {expected}, got {checks.describe(topk_weights)}")

@@ -74,7 +74,7 @@ def target(device: torch.device, arch: str) -> DeviceTarget:
     found = _targets.get(index)
     if found is None:
         found = _targets[index] = DeviceTarget(
-            arch, _backend.num_sms(index), torch.cuda.get_device_name(index)
+            arch, _backend.num_sms(index), torch.cuda.get_device_properties(index).name
         )
     return found
 
