@@ -25,14 +25,13 @@ from cutlass import Int32, Int64
 
 from cute_utils.blocked import ceil_div
 
-from .base import Kernel
 from .pad import (
     _WARP,
     ELEMENT_TYPES,
-    PadConfig,
     RowGatherVariant,
     _chunk_fragment,
     _load_row_chunk,
+    _RowGatherKernel,
     _store_row_chunk,
     _vector_view,
     _word_and_count,
@@ -50,8 +49,8 @@ SCATTER_VARIANTS = (
 )
 
 
-class RowScatterKernel(Kernel):
-    """Row scatter (module docstring). Launch:
+class RowScatterKernel(_RowGatherKernel):
+    """Row scatter (module docstring), on the pad kernels' launch shape and row-chunk loop. Launch:
     ``kernel(src, dst, src_rows, dst_index, buffer_ptrs)``: ``src`` (M, D) and ``dst`` (P, D)
     row-major of one dtype (``dst`` is this process's own buffer: it gives the destinations' shape),
     ``src_rows`` / ``dst_index`` Int32 (N,), ``buffer_ptrs`` Int64 (R,) base addresses of R buffers
@@ -59,22 +58,9 @@ class RowScatterKernel(Kernel):
 
     name = "row_scatter"
 
-    def __init__(self, variant: RowGatherVariant, config: PadConfig) -> None:
-        super().__init__(variant, config)
-        self.vector_bytes = variant.vector_bytes
-        self.threads = config.threads
-        self.warps = config.threads // _WARP
-        self.per_lane = config.vectors_per_lane
-        self.row_chunk = config.row_chunk
-        self.cta_items = self.warps * config.items_per_warp
-
     @classmethod
     def variants(cls) -> list[RowGatherVariant]:
         return [RowGatherVariant(name, width) for name, width in SCATTER_VARIANTS]
-
-    @classmethod
-    def target_name(cls, variant: RowGatherVariant) -> str:
-        return f"{cls.name}_{variant.dtype}_v{variant.vector_bytes}"
 
     @staticmethod
     def can_implement(row_bytes: int, vector_bytes: int, *data_ptrs: int) -> bool:
@@ -113,11 +99,7 @@ class RowScatterKernel(Kernel):
         chunks = ceil_div(ceil_div(row_bytes, self.vector_bytes), self.row_chunk)
         ctas = cutlass.max(ceil_div(src_rows.shape[0] * chunks, self.cta_items), 1)
         self.kernel(src, dst, src_rows, dst_index, buffer_ptrs).launch(
-            grid=[ctas, 1, 1],
-            block=[self.threads, 1, 1],
-            stream=stream,
-            min_blocks_per_mp=self.config.ctas_per_sm,
-            preferred_smem_carveout=100,
+            grid=[ctas, 1, 1], stream=stream, **self._launch_options()
         )
 
     @cute.jit

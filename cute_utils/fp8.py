@@ -74,29 +74,27 @@ def fp8_quant_scale_masked(amax_bits: Int32, mask: Int32) -> Float32:
     return q_scale
 
 
-@dsl_user_op
-def mul_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
-    """``fp32(a * b)`` rounded once (``mul.rn.f32``: never contracted into an FMA with a later add)."""
+def _rounded_once(instruction: str, a: Float32, b: Float32, loc, ip) -> Float32:
+    """``instruction`` (``mul.rn.f32`` / ``add.rn.f32``) of a and b: an explicit rounding mode, so
+    ptxas never contracts it with a neighbour into an FMA."""
     result = llvm.inline_asm(
         T.f32(),
         [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
-        "mul.rn.f32 $0, $1, $2;",
+        f"{instruction} $0, $1, $2;",
         "=f,f,f",
         loc=loc,
         ip=ip,
     )
     return Float32(result)
+
+
+@dsl_user_op
+def mul_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """``fp32(a * b)`` rounded once (never contracted into an FMA with a later add)."""
+    return _rounded_once("mul.rn.f32", a, b, loc, ip)
 
 
 @dsl_user_op
 def add_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
-    """``fp32(a + b)`` rounded once (``add.rn.f32``: never contracted into an FMA)."""
-    result = llvm.inline_asm(
-        T.f32(),
-        [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
-        "add.rn.f32 $0, $1, $2;",
-        "=f,f,f",
-        loc=loc,
-        ip=ip,
-    )
-    return Float32(result)
+    """``fp32(a + b)`` rounded once (never contracted into an FMA)."""
+    return _rounded_once("add.rn.f32", a, b, loc, ip)

@@ -31,8 +31,8 @@ weighted output gradient plus the weights' gradient.
 
 Buffers: one set per (group, shapes), allocated on first use (a collective that syncs once) and
 reused: a ``DispatchResult``'s ``q`` is a view of them, valid until the next ``dispatch`` with the
-same group and shapes (combine's backward dispatches into a set of its own). The R = 1 path (no group) runs the same kernels on local buffers, and on CPU
-the reference's moves.
+same group and shapes (combine's backward dispatches into a set of its own). The R = 1 path (no
+group) runs the same kernels on local buffers, and on CPU the reference's moves.
 """
 
 from __future__ import annotations
