@@ -12,6 +12,7 @@ on the same buffers, the bf16 autograd pair, and no host sync once the buffers e
 from __future__ import annotations
 
 import os
+import random
 import zlib
 
 for _name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
@@ -19,58 +20,29 @@ for _name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_D
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from ep_cases import assert_dispatch_matches, assert_same, routing  # noqa: E402 (this script's folder)
 
 from torch_bindings import ep  # noqa: E402
 from torch_bindings import reference as ref  # noqa: E402
 
 
-def _ids(kind: str, ranks: int, tokens: int, topk: int, experts: int, gen: torch.Generator) -> list:
-    """topk ids of every rank for one routing ``kind``."""
-    out = []
-    for s in range(ranks):
-        ids = torch.randint(0, experts, (tokens, topk), generator=gen)
-        if kind == "one_expert":
-            ids[:] = experts - 1
-        elif kind == "empty_experts":  # only the even experts of rank 0's range are used
-            ids = torch.randint(0, max(experts // ranks // 2, 1), (tokens, topk), generator=gen) * 2
-        elif kind == "same_rank":  # all k slots of a token on one rank
-            local = experts // ranks
-            ids = (s * local + torch.randint(0, local, (tokens, topk), generator=gen)) % experts
-        elif kind == "dropped":
-            ids[0, 0], ids[-1, -1] = experts + 3, -1
-        out.append(ids)
-    return out
-
-
 def _check(case: str, tokens: int, hidden: int, topk: int, experts: int, recipe: str, alignment: int) -> None:
     rank, ranks = dist.get_rank(), dist.get_world_size()
     dev = torch.device("cuda", torch.cuda.current_device())
-    gen = torch.Generator().manual_seed(
-        zlib.crc32(f"{case}/{tokens}/{hidden}/{topk}/{experts}/{recipe}".encode())
-    )
+    seed = zlib.crc32(f"{case}/{tokens}/{hidden}/{topk}/{experts}/{recipe}".encode())
+    gen = torch.Generator().manual_seed(seed)
     xs = [torch.randn(tokens, hidden, generator=gen).bfloat16().to(dev) for _ in range(ranks)]
-    ids = [t.to(dev) for t in _ids(case, ranks, tokens, topk, experts, gen)]
+    ids = routing(case, ranks, tokens, topk, experts, random.Random(seed), dev)
     ws = [torch.rand(tokens, topk, generator=gen).to(dev) for _ in range(ranks)]
     got = ep.dispatch(xs[rank], ids[rank], num_experts=experts, recipe=recipe, alignment=alignment)
     want = ref.ep_dispatch(xs, ids, experts, recipe=recipe, alignment=alignment)
     mine = want[rank]
-    assert torch.equal(got.q.view(torch.uint8), mine["q"].view(torch.uint8)), (case, rank, "q")
-    if recipe == "mxfp8":
-        assert torch.equal(got.scales.view(torch.uint8), mine["scales"].view(torch.uint8)), (
-            case,
-            rank,
-            "scales",
-        )
-    assert torch.equal(got.padded_group_end_offsets, mine["padded_group_end_offsets"]), (
-        case,
-        rank,
-        "offsets",
-    )
+    assert_dispatch_matches(got, mine, f"{case} rank {rank}")
     width = 256
     ys = [torch.randn(got.q.shape[0], width, generator=gen).bfloat16().to(dev) for _ in range(ranks)]
     out = ep.combine(ys[rank], got, ws[rank])
     want_out = ref.ep_combine(ys, mine["pair_rows"], ws)[rank]
-    assert torch.equal(out.view(torch.int16), want_out.view(torch.int16)), (case, rank, "combine")
+    assert_same(out, want_out, f"{case} rank {rank} combine")
 
 
 def _check_autograd(tokens: int, hidden: int, topk: int, experts: int) -> None:
@@ -107,7 +79,7 @@ def main() -> None:
     torch.cuda.set_device(rank % torch.cuda.device_count())
     cases = 0
     for recipe in ("mxfp8", "bf16"):
-        for case in ("random", "one_expert", "empty_experts", "same_rank", "dropped", "random"):
+        for case in ("random", "one_expert", "one_rank", "empty_runs", "same_rank", "dropped", "random"):
             for tokens, hidden, topk, experts, align in (
                 (256, 512, 4, 8 * ranks, 32),
                 (77, 384, 8, 4 * ranks, 16),

@@ -17,35 +17,12 @@ import pytest
 import torch
 
 from tests.conftest import no_sync
+from tests.ep_cases import KINDS, assert_dispatch_matches, routing
+from tests.ep_cases import assert_same as _same
 from torch_bindings import ep
 from torch_bindings import reference as ref
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-
-
-def _same(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
-    assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), what
-
-
-def _routing(kind: str, ranks: int, tokens: int, topk: int, experts: int, rng: random.Random, device) -> list:
-    """topk ids (T, k) of every rank, favouring the edges of the expert-major layout."""
-    gen = torch.Generator().manual_seed(rng.randrange(2**31))
-    local = experts // ranks
-    out = []
-    for s in range(ranks):
-        ids = torch.randint(0, experts, (tokens, topk), generator=gen)
-        if kind == "one_expert":
-            ids[:] = rng.randrange(experts)
-        elif kind == "empty_runs":  # a few experts only: runs of empty groups, empty first/last
-            used = torch.tensor(rng.sample(range(experts), max(1, experts // 4)))
-            ids = used[torch.randint(0, used.numel(), (tokens, topk), generator=gen)]
-        elif kind == "same_rank":
-            ids = (s * local + torch.randint(0, local, (tokens, topk), generator=gen)) % experts
-        elif kind == "dropped":
-            ids[torch.rand(tokens, topk, generator=gen) < 0.1] = experts + 1
-            ids[0, 0] = -1
-        out.append(ids.to(device))
-    return out
 
 
 def _run_case(device, ranks, tokens, hidden, topk, experts, recipe, alignment, kind, rng, calls=2):
@@ -55,15 +32,11 @@ def _run_case(device, ranks, tokens, hidden, topk, experts, recipe, alignment, k
     for _ in range(calls):
         gen = torch.Generator().manual_seed(rng.randrange(2**31))
         xs = [(torch.randn(tokens, hidden, generator=gen) * 4).bfloat16().to(device) for _ in range(ranks)]
-        ids = _routing(kind, ranks, tokens, topk, experts, rng, device)
+        ids = routing(kind, ranks, tokens, topk, experts, rng, device)
         got = ep.simulate_dispatch(xs, ids, experts, pool, recipe=recipe, alignment=alignment)
         want = ref.ep_dispatch(xs, ids, experts, recipe=recipe, alignment=alignment)
         for r in range(ranks):
-            _same(got[r].q, want[r]["q"], f"rank {r} q")
-            if recipe == "mxfp8":
-                _same(got[r].scales, want[r]["scales"], f"rank {r} scales")
-            assert torch.equal(got[r].padded_group_start_offsets, want[r]["padded_group_start_offsets"])
-            assert torch.equal(got[r].padded_group_end_offsets, want[r]["padded_group_end_offsets"])
+            assert_dispatch_matches(got[r], want[r], f"rank {r}")
         width = 64
         ys = [
             torch.randn(got[0].q.shape[0], width, generator=gen).bfloat16().to(device) for _ in range(ranks)
@@ -109,7 +82,7 @@ def fuzz_cases(seed: int, count: int):
             experts=ranks * local,
             recipe=rng.choice(["mxfp8", "bf16"]),
             alignment=rng.choice([16, 32, 64, 128]),
-            kind=rng.choice(["random", "one_expert", "empty_runs", "same_rank", "dropped"]),
+            kind=rng.choice(KINDS),
         )
 
 
@@ -211,7 +184,7 @@ def test_no_host_sync_after_first_call():
 def test_bad_arguments_name_what_is_wrong():
     x = torch.zeros(4, 256, dtype=torch.bfloat16)
     ids = torch.zeros(4, 2, dtype=torch.int64)
-    with pytest.raises(TypeError, match="x must be a 2-D bfloat16"):
+    with pytest.raises(TypeError, match="dispatch: x must be a 2-D tensor of dtype torch.bfloat16"):
         ep.dispatch(x.float(), ids, num_experts=4)
     with pytest.raises(ValueError, match="topk_idx must be"):
         ep.dispatch(x, ids[:3], num_experts=4)
@@ -219,12 +192,14 @@ def test_bad_arguments_name_what_is_wrong():
         ep.dispatch(x, ids, num_experts=4, recipe="fp4")
     with pytest.raises(ValueError, match="alignment"):
         ep.dispatch(x, ids, num_experts=4, alignment=24)
-    with pytest.raises(ValueError, match="D % 128"):
+    with pytest.raises(ValueError, match=r"D \(96\) must be a multiple of 128"):
         ep.dispatch(torch.zeros(4, 96, dtype=torch.bfloat16), ids, num_experts=4)
     res = ep.dispatch(x, ids, num_experts=4, recipe="bf16")
-    with pytest.raises(TypeError, match="combine: y"):
+    with pytest.raises(ValueError, match="combine: y must have the dispatched"):
         ep.combine(torch.zeros(3, 8, dtype=torch.bfloat16), res, torch.ones(4, 2))
-    with pytest.raises(ValueError, match="D' % 8"):
+    with pytest.raises(TypeError, match="combine: y must be a 2-D tensor of dtype torch.bfloat16"):
+        ep.combine(torch.zeros(res.q.shape[0], 8), res, torch.ones(4, 2))
+    with pytest.raises(ValueError, match=r"D' \(12\) must be a multiple of 8"):
         ep.combine(torch.zeros(res.q.shape[0], 12, dtype=torch.bfloat16), res, torch.ones(4, 2))
     with pytest.raises(ValueError, match="topk_weights"):
         ep.combine(torch.zeros(res.q.shape[0], 8, dtype=torch.bfloat16), res, torch.ones(4, 3))

@@ -569,3 +569,37 @@ def check_scaled_grouped_mm(
     why = f"for recipe {recipe!r}"
     check_divisible("K (x.shape[1])", x.shape[1], unit, why=why, op=op)
     check_divisible("N (w.shape[1])", w.shape[1], unit, why=why, op=op)
+
+
+EP_RECIPES: tuple[str, ...] = ("mxfp8", "bf16")
+#: Row width each EP recipe needs: mxfp8 whole 4-byte scale words (D / 32 scales), bf16 16-byte vectors.
+_EP_WIDTH = {"mxfp8": (128, "(whole 4-byte scale words)"), "bf16": (8, "(16-byte vectors)")}
+
+
+def check_ep_dispatch(
+    x: Any, topk_idx: Any, num_experts: Any, ranks: int, recipe: Any, alignment: Any
+) -> None:
+    """``torch_bindings.ep.dispatch``'s arguments (docs/contract.md section 9)."""
+    op = "dispatch"
+    check_tensor("x", x, ndim=2, dtypes=(torch.bfloat16,), op=op)
+    check_tensor("topk_idx", topk_idx, ndim=2, dtypes=(torch.int32, torch.int64), contiguous=False, op=op)
+    if topk_idx.shape[0] != x.shape[0] or topk_idx.device != x.device:
+        raise ValueError(f"{op}: topk_idx must be (T, k) with x's T and device, got {describe(topk_idx)}")
+    check_choice("recipe", recipe, EP_RECIPES, op=op)
+    check_alignment(alignment, op=op)
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        raise TypeError(f"{op}: num_experts must be a positive int, got {describe(num_experts)}")
+    check_divisible("num_experts", num_experts, ranks, why="(the group size)", op=op)
+    divisor, why = _EP_WIDTH[recipe]
+    check_divisible("D", x.shape[1], divisor, why=f"for {recipe} {why}", op=op)
+
+
+def check_ep_combine(y: Any, rows: int, topk_weights: Any, tokens: int, topk: int) -> None:
+    """``torch_bindings.ep.combine``'s arguments: y (rows, D') bf16 with D' % 8 == 0, weights (T, k)."""
+    op = "combine"
+    check_tensor("y", y, ndim=2, dtypes=(torch.bfloat16,), contiguous=False, op=op)
+    if y.shape[0] != rows:
+        raise ValueError(f"{op}: y must have the dispatched {rows} rows, got {describe(y)}")
+    check_divisible("D'", y.shape[1], 8, why="(16-byte vectors)", op=op)
+    if not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != (tokens, topk):
+        raise ValueError(f"{op}: topk_weights must be ({tokens}, {topk}), got {describe(topk_weights)}")

@@ -37,7 +37,7 @@ group) runs the same kernels on local buffers, and on CPU the reference's moves.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -47,7 +47,7 @@ from . import checks, reference, targets
 from .quantize import quantize_mxfp8_2d
 from .swizzle import swizzle_scales
 
-RECIPES = ("mxfp8", "bf16")
+RECIPES = checks.EP_RECIPES
 _INT32_MAX = 2**31 - 1
 
 
@@ -75,37 +75,6 @@ class EpShape:
     @property
     def rows(self) -> int:
         return reference.ep_rows(self.ranks, self.tokens, self.topk, self.local_experts, self.alignment)
-
-
-def check_dispatch(
-    x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, ranks: int, recipe: str, alignment: int
-):
-    """The contract's checks of ``dispatch`` (TypeError / ValueError naming the argument)."""
-    if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16 or x.dim() != 2:
-        raise TypeError(f"dispatch: x must be a 2-D bfloat16 tensor (T, D), got {checks.describe(x)}")
-    if not x.is_contiguous():
-        raise ValueError("dispatch: x must be contiguous")
-    if not isinstance(topk_idx, torch.Tensor) or topk_idx.dim() != 2 or topk_idx.shape[0] != x.shape[0]:
-        raise ValueError(
-            f"dispatch: topk_idx must be (T, k) with T = {x.shape[0]}, got {checks.describe(topk_idx)}"
-        )
-    if topk_idx.dtype not in (torch.int32, torch.int64) or topk_idx.device != x.device:
-        raise TypeError(
-            f"dispatch: topk_idx must be int32/int64 on {x.device}, got {checks.describe(topk_idx)}"
-        )
-    if recipe not in RECIPES:
-        raise ValueError(f"dispatch: recipe must be one of {RECIPES}, got {recipe!r}")
-    checks.check_alignment(alignment, op="dispatch")
-    if not isinstance(num_experts, int) or num_experts < 1 or num_experts % ranks:
-        raise ValueError(
-            f"dispatch: num_experts must be a positive multiple of the group size {ranks}, got {num_experts}"
-        )
-    if recipe == "mxfp8" and x.shape[1] % 128:
-        raise ValueError(
-            f"dispatch: mxfp8 needs D % 128 == 0 (whole 4-byte scale words), got D = {x.shape[1]}"
-        )
-    if recipe == "bf16" and x.shape[1] % 8:
-        raise ValueError(f"dispatch: bf16 needs D % 8 == 0 (16-byte vectors), got D = {x.shape[1]}")
 
 
 # --- Buffers: R destination buffers of one kind, seen from one rank ----------------------------------
@@ -343,7 +312,7 @@ def layout(
 
 def _zero_rows(start, end, sizes, high_water, rows: int) -> torch.Tensor:
     """(rows,) int32: row r where r is no pair's row and below ``max(high_water, end[-1])``, else -1."""
-    r = torch.arange(rows, device=start.device)
+    r = _arange(rows, start.device)
     group = torch.searchsorted(end, r, right=True).clamp(max=end.numel() - 1)
     data = (r >= start[group]) & (r < start[group] + sizes[group])
     limit = torch.maximum(high_water.reshape(-1).to(torch.int64), end[-1:])
@@ -369,7 +338,6 @@ class DispatchResult:
     shape: EpShape
     dst_index: torch.Tensor  # (P,) int32: where each of this rank's pairs went
     tags: torch.Tensor  # (rows,) int32: 1 + source rank * P + pair of each local row, 0 for padding
-    zero_index: torch.Tensor
     rank: int
     pool: object = field(repr=False, default=None)
 
@@ -395,7 +363,7 @@ def send_dispatch(
 ) -> None:
     """Step 4: this rank's pairs (x (T, D), or (T, k, D): one row per pair) into the receivers'
     buffers: q (mxfp8: quantized once per row here, then q and its scale rows), and the tags."""
-    pairs = torch.arange(shape.pairs, device=x.device, dtype=torch.int32)
+    pairs = _arange(shape.pairs, x.device)
     src_rows = pairs if x.dim() == 3 else pairs // shape.topk
     rows2d = x.reshape(-1, x.shape[-1])
     if shape.recipe == "mxfp8":
@@ -417,25 +385,45 @@ def zero_padding(lay: Layout, bufs: dict) -> None:
             scatter_rows(bufs[name].own, bufs[name], none, lay.zero_index, local=True)
 
 
-_MINUS_ONES: dict[tuple, torch.Tensor] = {}
+_INDEX_TENSORS: dict[tuple, torch.Tensor] = {}
 
 
 def _minus_ones(n: int, device: torch.device) -> torch.Tensor:
     """A cached (n,) int32 tensor of -1 (source rows that read as zero rows)."""
-    key = (n, device)
-    if key not in _MINUS_ONES:
-        _MINUS_ONES[key] = torch.full((n,), -1, dtype=torch.int32, device=device)
-    return _MINUS_ONES[key]
+    key = ("-1", n, device)
+    if key not in _INDEX_TENSORS:
+        _INDEX_TENSORS[key] = torch.full((n,), -1, dtype=torch.int32, device=device)
+    return _INDEX_TENSORS[key]
+
+
+def _arange(n: int, device: torch.device) -> torch.Tensor:
+    """A cached ``arange(n)`` int32 (the static row and pair numbers: one launch less per use)."""
+    key = ("arange", n, device)
+    if key not in _INDEX_TENSORS:
+        _INDEX_TENSORS[key] = torch.arange(n, dtype=torch.int32, device=device)
+    return _INDEX_TENSORS[key]
+
+
+def _send_and_land(x: torch.Tensor, lay: Layout, bufs: dict, shape: EpShape, pool, scaling_mode: str) -> None:
+    """Steps 4 and 5a on this rank, then the barrier after which every peer's rows have landed;
+    records the new filled end (``high_water``) for the next call's zero fill."""
+    send_dispatch(x, lay, bufs, shape, pool.rank, scaling_mode)
+    zero_padding(lay, bufs)
+    pool.barrier()
+    _mark_filled(lay, bufs)
+
+
+def _mark_filled(lay: Layout, bufs: dict) -> None:
+    bufs["high_water"].own.view(-1).copy_(lay.padded_end[-1:])
 
 
 def finish_dispatch(lay: Layout, bufs: dict, shape: EpShape, rank: int) -> DispatchResult:
     """Step 5b, after every rank's rows have landed (barrier): the result (q a view of the buffer,
-    the blocked scales for mxfp8, the row tags copied out) and the new filled end."""
+    the blocked scales for mxfp8, the row tags copied out)."""
     scales = None
     if shape.recipe == "mxfp8":
         scales = swizzle_scales(bufs["s"].own, group_end_offsets=lay.padded_end, groups="M")
     tags = bufs["tags"].own.view(-1).clone()
-    bufs["high_water"].own.view(-1).copy_(lay.padded_end[-1:])
     return DispatchResult(
         bufs["q"].own,
         scales,
@@ -445,7 +433,6 @@ def finish_dispatch(lay: Layout, bufs: dict, shape: EpShape, rank: int) -> Dispa
         shape,
         lay.dst_index,
         tags,
-        lay.zero_index,
         rank,
     )
 
@@ -454,7 +441,7 @@ def send_combine(y: torch.Tensor, result: DispatchResult, pool, rank: int) -> No
     """Combine's send: local row r of y (rows, D') to its source's (T*k, D') buffer at the pair its
     tag names (padding rows skipped)."""
     shape = result.shape
-    rows = torch.arange(shape.rows, device=y.device, dtype=torch.int32)
+    rows = _arange(shape.rows, y.device)
     scatter_rows(y, _combine_buffer(pool, rank, shape, y.shape[1]), rows, result.tags - 1)
 
 
@@ -530,9 +517,7 @@ def run_dispatch(
     all_counts = pool.exchange_counts(routing.counts)
     bufs = _buffers(pool, rank, shape)
     lay = layout(routing, all_counts, rank, shape, bufs["high_water"].own)
-    send_dispatch(x, lay, bufs, shape, rank, scaling_mode)
-    zero_padding(lay, bufs)
-    pool.barrier()
+    _send_and_land(x, lay, bufs, shape, pool, scaling_mode)
     result = finish_dispatch(lay, bufs, shape, rank)
     result.pool = pool
     return result
@@ -552,24 +537,13 @@ def _grad_dispatch(rows: torch.Tensor, result: DispatchResult) -> torch.Tensor:
     """Per-pair rows (T, k, D') bf16 sent where the forward dispatch sent the pairs: (rows, D') with
     padding rows zero (a copy: the buffer is reused). The layout is the forward's."""
     pool, rank = result.pool, result.rank
-    shape = EpShape(**{**result.shape.__dict__, "hidden": rows.shape[-1], "recipe": "bf16"})
+    shape = replace(result.shape, hidden=rows.shape[-1], recipe="bf16")
     bufs = _buffers(pool, rank, shape, purpose="grad")
-    hw = bufs["high_water"].own
-    zero = _zero_rows(
-        result.padded_group_start_offsets, result.padded_group_end_offsets, result.group_sizes, hw, shape.rows
-    )
-    lay = Layout(
-        result.dst_index,
-        result.padded_group_start_offsets,
-        result.padded_group_end_offsets,
-        result.group_sizes,
-        zero,
-    )
+    start, end, sizes = result.padded_group_start_offsets, result.padded_group_end_offsets, result.group_sizes
+    zero = _zero_rows(start, end, sizes, bufs["high_water"].own, shape.rows)
+    lay = Layout(result.dst_index, start, end, sizes, zero)
     pool.barrier()  # every rank is done with these buffers' previous contents
-    send_dispatch(rows, lay, bufs, shape, rank, "rceil")
-    zero_padding(lay, bufs)
-    pool.barrier()
-    hw.view(-1).copy_(lay.padded_end[-1:])
+    _send_and_land(rows, lay, bufs, shape, pool, "rceil")
     return bufs["q"].own.clone()
 
 
@@ -645,7 +619,7 @@ def dispatch(
     bf16: differentiable in x (the gradient is a combine with unit weights).
     """
     pool = _pool(group, x.device)
-    check_dispatch(x, topk_idx, num_experts, pool.ranks, recipe, alignment)
+    checks.check_ep_dispatch(x, topk_idx, num_experts, pool.ranks, recipe, alignment)
     tokens, hidden = x.shape
     shape = EpShape(pool.ranks, tokens, hidden, topk_idx.shape[1], num_experts, alignment, recipe)
     if pool.ranks * shape.rows > _INT32_MAX:
@@ -665,18 +639,7 @@ def combine(y: torch.Tensor, dispatched: DispatchResult, topk_weights: torch.Ten
     (``reference.weighted_slot_sum``; a dropped pair adds nothing). Differentiable in y and the
     weights. No host sync."""
     shape = dispatched.shape
-    if (
-        not isinstance(y, torch.Tensor)
-        or y.dtype != torch.bfloat16
-        or y.dim() != 2
-        or y.shape[0] != shape.rows
-    ):
-        raise TypeError(f"combine: y must be bfloat16 ({shape.rows}, D'), got {checks.describe(y)}")
-    if y.shape[1] % 8:
-        raise ValueError(f"combine: y needs D' % 8 == 0 (16-byte vectors), got D' = {y.shape[1]}")
-    expected = (shape.tokens, shape.topk)
-    if not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != expected:
-        raise ValueError(f"combine: topk_weights must be {expected}, got {checks.describe(topk_weights)}")
+    checks.check_ep_combine(y, shape.rows, topk_weights, shape.tokens, shape.topk)
     return _CombineFn.apply(y.contiguous(), topk_weights, dispatched)
 
 
@@ -707,6 +670,7 @@ def simulate_dispatch(
         send_dispatch(xs[r], lays[r], bufs[r], shape, r, scaling_mode)
     for r in range(ranks):
         zero_padding(lays[r], bufs[r])
+        _mark_filled(lays[r], bufs[r])
     results = [finish_dispatch(lays[r], bufs[r], shape, r) for r in range(ranks)]
     for result in results:
         result.pool = pool
