@@ -44,7 +44,7 @@ SHAPES = (
 def _single_calls(x: torch.Tensor, ends: torch.Tensor | None = None):
     q_r, s_r = torch_bindings.quantize_mxfp8_2d(x, block="1x32", group_end_offsets=ends)
     q_c, s_c = torch_bindings.quantize_mxfp8_2d(x, block="32x1", group_end_offsets=ends)
-    return q_r, s_r, q_c.t(), s_c
+    return q_r, s_r, q_c, s_c
 
 
 def _bytes(tensors) -> list[torch.Tensor]:

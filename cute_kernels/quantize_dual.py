@@ -3,8 +3,8 @@
 x (M, K) bf16/fp32, M and K multiples of 32, gives
 
 - ``q`` (M, K) E4M3 row-major and its 1x32 scales S = (M, K/32): 32 consecutive elements of a row;
-- ``qt`` = q_32x1^T (K, M) E4M3 row-major (the (M, K) result with strides (1, M)) and its 32x1
-  scales S^T = (K, M/32): 32 consecutive rows of a column.
+- ``qt``: the 32x1 result (M, K) E4M3 with strides (1, M) (in memory q_32x1^T (K, M) row-major)
+  and its 32x1 scales S^T = (K, M/32): 32 consecutive rows of a column.
 
 Scale layouts (:class:`ScaleLayout`): ``plain`` (the logical matrices, row-major), ``blocked``
 (SPEC section 3, every padding byte written 0) or ``groups`` (row groups from end offsets, sizes
@@ -261,10 +261,10 @@ class QuantizeDualKernel(Kernel):
     """The dual kernel of one :class:`DualVariant` and :class:`DualConfig` (module docstring).
 
     Launch: ``kernel(x, q, scales, qt, scales_t, offsets)`` with ``x`` (M, K) bf16/fp32 row-major,
-    M and K multiples of 32, 16-byte aligned; ``q`` (M, K) and ``qt`` (K, M) Float8E4M3FN row-major,
-    16-byte aligned; ``scales`` / ``scales_t`` Float8E8M0FNU: (M, K/32) / (K, M/32) for ``plain``,
-    their blocked layouts (Rp, Cp) for ``blocked``, the M-groups / K-groups layouts for ``groups``;
-    ``offsets``: Int32 (G,) group end rows (``groups``), else ``None``.
+    M and K multiples of 32, 16-byte aligned; ``q`` (M, K) Float8E4M3FN row-major and ``qt`` (M, K)
+    with strides (1, M), 16-byte aligned; ``scales`` / ``scales_t`` Float8E8M0FNU: (M, K/32) /
+    (K, M/32) for ``plain``, their blocked layouts (Rp, Cp) for ``blocked``, the M-groups / K-groups
+    layouts for ``groups``; ``offsets``: Int32 (G,) group end rows (``groups``), else ``None``.
     """
 
     name = "quantize_dual"
@@ -303,8 +303,8 @@ class QuantizeDualKernel(Kernel):
         q = cute.runtime.make_fake_compact_tensor(
             Float8E4M3FN, (rows, cols), stride_order=(1, 0), assumed_align=16
         )
-        qt = cute.runtime.make_fake_compact_tensor(
-            Float8E4M3FN, (cols, rows), stride_order=(1, 0), assumed_align=16
+        qt = cute.runtime.make_fake_compact_tensor(  # the public 32x1 q as it is: no view per call
+            Float8E4M3FN, (rows, cols), stride_order=(0, 1), assumed_align=16
         )
 
         def scale_tensor():
@@ -340,7 +340,7 @@ class QuantizeDualKernel(Kernel):
         x: cute.Tensor,  # (M, K) bf16/fp32 row-major
         q: cute.Tensor,  # (M, K) Float8E4M3FN row-major
         scales: cute.Tensor,  # Float8E8M0FNU 1x32 scales: (M, K/32), (Rp, Cp) or (M + 128 G, Cp)
-        qt: cute.Tensor,  # (K, M) Float8E4M3FN row-major
+        qt: cute.Tensor,  # (M, K) Float8E4M3FN, strides (1, M) (read through its iterator)
         scales_t: cute.Tensor,  # Float8E8M0FNU 32x1 scales: (K, M/32), (Rp, Cp) or (Rp, M/32 + 4 G)
         offsets,  # Int32 (G,) group end rows (groups layout), else None
         stream,

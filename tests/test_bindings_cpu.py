@@ -122,6 +122,7 @@ def test_swizzle_kernel_choice():
 
     class Target:
         arch, num_sms = "sm_90a", 132
+        kernels: dict = {}  # nothing compiled yet: every call takes kernel()
 
         def kernel(self, key, variant_of):
             assert key[0] == "swizzle"

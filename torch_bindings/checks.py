@@ -53,12 +53,12 @@ __all__ = [
     "FP8_AXES_2D",
     "FP8_AXES_3D",
     "MAX_KERNEL_GROUPS",
-    "fast_offsets_ok",
-    "fast_pad_ok",
-    "fast_quantize_ok",
-    "fast_unpad_ok",
     "unpad_row_count",
     "describe",
+    "fast_alignment_ok",
+    "fast_byte_copy_shape",
+    "fast_group_count",
+    "fast_quant_shape",
 ]
 
 QUANT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
@@ -285,7 +285,7 @@ _SWIZZLE_DTYPES = frozenset(SCALE_DTYPES)
 def check_swizzle(scales: Any, group_end_offsets: Any, groups: Any, *, op: str = "swizzle_scales") -> None:
     """``swizzle_scales``: scales 2-D (R, C) or 3-D (E, R, C), E8M0 or uint8, contiguous; offsets only
     with 2-D scales; groups in ("M", "K"). (The eager fast path's cheaper test is
-    ``torch_bindings.swizzle._fast_ok``.)"""
+    ``torch_bindings.swizzle._fast``.)"""
     _check_swizzle_full(scales, group_end_offsets, groups, op)
 
 
@@ -410,77 +410,63 @@ def check_kernel_inputs(op: str, group_end_offsets: torch.Tensor | None, *tensor
 
 
 # ----------------------------------------------------------------------------------------------
-# Eager fast paths (host overhead): True only when the arguments surely pass the full checks above;
-# any doubt returns False and the caller runs the full check, which raises the error.
+# Eager fast paths (host overhead, ``KernelOp.fast``): each test says yes only when the full checks
+# above (and the kernel path's limits) surely pass, from a few metadata reads, and hands back what
+# it read; any doubt says no and the caller runs the full checks, which raise the error.
 # ----------------------------------------------------------------------------------------------
 
-_QUANT_DTYPE_SET = frozenset(QUANT_DTYPES)
-
-
-def fast_quantize_ok(x: Any, ndim: int, scaling_mode: Any, blocked_scales: Any) -> bool:
-    """x a contiguous bf16/fp32 tensor of rank ``ndim`` with its last dim a multiple of 32, and a
-    valid scaling mode and ``blocked_scales`` flag."""
-    return (
-        isinstance(x, torch.Tensor)
-        and x.dtype in _QUANT_DTYPE_SET
-        and x.dim() == ndim
-        and not x.shape[-1] % BLOCK_SIZE
-        and type(scaling_mode) is str
-        and (scaling_mode == "rceil" or scaling_mode == "floor")
-        and (blocked_scales is True or blocked_scales is False)
-        and x.is_contiguous()
-    )
-
-
-def fast_offsets_ok(offsets: Any, x: torch.Tensor) -> bool:
-    """Group end offsets that :func:`check_offsets` accepts for data ``x``."""
-    return (
-        isinstance(offsets, torch.Tensor)
-        and offsets.dtype == OFFSETS_DTYPE
-        and offsets.dim() == 1
-        and offsets.numel() > 0
-        and offsets.is_contiguous()
-        and offsets.get_device() == x.get_device()
-        and offsets.is_cuda == x.is_cuda  # same index, other device type (cpu/meta: both -1)
-    )
-
-
+_BF16, _F32 = torch.bfloat16, torch.float32
 _ALIGNMENT_SET = frozenset(ALIGNMENTS)
 _PAD_SIZE_SET = frozenset(PAD_ELEMENT_SIZES)
 
 
-def _fast_byte_copy_ok(t: Any) -> bool:
-    """A 2-D contiguous tensor :func:`check_byte_copy_tensor` accepts (quantized tensors take the
-    full check)."""
-    return (
-        isinstance(t, torch.Tensor)
-        and t.element_size() in _PAD_SIZE_SET
-        and t.dim() == 2
-        and t.is_contiguous()
-        and not t.is_quantized
-    )
+def fast_quant_shape(x: torch.Tensor, scaling_mode: Any, blocked_scales: Any) -> torch.Size | None:
+    """x's shape when x is a contiguous bf16/fp32 tensor with its last dim a multiple of 32 and a
+    16-byte aligned data pointer (``check_kernel_inputs``), and the scaling mode and
+    ``blocked_scales`` flag are valid; else None. The caller checks the rank."""
+    dtype = x.dtype
+    if (
+        (dtype is _BF16 or dtype is _F32)
+        and type(scaling_mode) is str
+        and (scaling_mode == "rceil" or scaling_mode == "floor")
+        and (blocked_scales is True or blocked_scales is False)
+        and x.is_contiguous()
+        and not x.data_ptr() & 15
+    ):
+        shape = x.shape
+        if shape and not shape[-1] & 31:
+            return shape
+    return None
 
 
-def fast_pad_ok(x: Any, group_end_offsets: Any, alignment: Any) -> bool:
-    """Arguments :func:`check_pad` accepts."""
-    return (
-        _fast_byte_copy_ok(x)
-        and type(alignment) is int
-        and alignment in _ALIGNMENT_SET
-        and fast_offsets_ok(group_end_offsets, x)
-    )
+def fast_group_count(offsets: Any, device: torch.device, limit: int = MAX_KERNEL_GROUPS) -> int:
+    """G when ``offsets`` are group end offsets :func:`check_offsets` accepts for data on ``device``
+    and G is at most ``limit`` (the kernels' group limit); else 0."""
+    if (
+        isinstance(offsets, torch.Tensor)
+        and offsets.dtype is OFFSETS_DTYPE
+        and offsets.is_contiguous()
+        and offsets.device == device
+    ):
+        shape = offsets.shape
+        if len(shape) == 1 and shape[0] <= limit:
+            return shape[0]
+    return 0
 
 
-def fast_unpad_ok(padded: Any, group_end_offsets: Any, padded_start: Any, num_tokens: Any) -> bool:
-    """Arguments :func:`check_unpad` accepts, with an int ``num_tokens`` (the no-sync form)."""
-    return (
-        type(num_tokens) is int
-        and num_tokens >= 0
-        and _fast_byte_copy_ok(padded)
-        and fast_offsets_ok(group_end_offsets, padded)
-        and fast_offsets_ok(padded_start, padded)
-        and padded_start.shape[0] == group_end_offsets.shape[0]
-    )
+def fast_byte_copy_shape(t: torch.Tensor) -> torch.Size | None:
+    """The shape of a 2-D contiguous tensor :func:`check_byte_copy_tensor` accepts (quantized
+    tensors take the full check); else None."""
+    if t.element_size() in _PAD_SIZE_SET and t.is_contiguous() and not t.is_quantized:
+        shape = t.shape
+        if len(shape) == 2:
+            return shape
+    return None
+
+
+def fast_alignment_ok(alignment: Any) -> bool:
+    """An alignment :func:`check_alignment` accepts."""
+    return type(alignment) is int and alignment in _ALIGNMENT_SET
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """The one path every public op takes: check -> backend -> cached kernel -> launch.
 
-An op declares a :class:`KernelOp` (its name, checks, kernel runner, reference and custom op) and
-its public function calls it. Eager calls on a device where a kernel already ran, with arguments
-the op's ``fast_ok`` accepts in a few metadata reads, go straight to ``run`` (host overhead: see
-notes/host-overhead.md); everything else runs the full checks (which raise the clear errors),
-picks the backend, and under ``torch.compile`` goes through the op's ``torch.library`` custom op so
-the graph holds one opaque node with a fake.
+An op declares a :class:`KernelOp` (its name, checks, kernel runner, reference, custom op and
+eager fast path) and its public function calls it. Eager calls on a device where a kernel already
+ran go to the op's ``fast``, which checks the arguments in a few metadata reads and launches, or
+declines; everything else (and whatever ``fast`` declines) runs the full checks (which raise the
+clear errors), picks the backend, and under ``torch.compile`` goes through the op's
+``torch.library`` custom op so the graph holds one opaque node with a fake. Host overhead: see
+notes/host-overhead.md.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import torch
 from . import targets
 
 _TARGETS = targets._targets  # device index -> DeviceTarget (the dict object never changes)
+_Tensor = torch.Tensor
 
 
-def _never(*args: Any) -> bool:
-    return False
+def _decline(*args: Any) -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,9 @@ class KernelOp:
       outputs, launches once, returns them);
     - ``reference(*args)``: ``torch_bindings.reference``'s implementation;
     - ``custom_op(*args)``: the ``torch.library`` op that calls ``run`` (``torch.compile`` path);
-    - ``fast_ok(*args)``: True only when ``check`` surely passes (metadata reads only).
+    - ``fast(target, *args)``: the eager fast path, called with ``args[0]`` a tensor on ``target``'s
+      device: the outputs of ``run(target, *args)``, or ``None`` (nothing launched) unless ``check``
+      and ``run``'s kernel-path checks surely pass, judged from metadata reads only.
     """
 
     name: str
@@ -42,16 +46,18 @@ class KernelOp:
     run: Callable[..., Any]
     reference: Callable[..., Any]
     custom_op: Callable[..., Any]
-    fast_ok: Callable[..., bool] = _never
+    fast: Callable[..., Any] = _decline
 
     def dispatch(self, backend: str, *args: Any) -> Any:
         """Run the op on ``args`` with ``backend`` (a method with positional arguments: the fastest
         call Python has, ~0.3 us less than ``__call__`` with a keyword)."""
         compiling = torch.compiler.is_compiling()  # first: dynamo must not guard on the tables
-        if not compiling and (backend == "auto" or backend == "cute") and self.fast_ok(*args):
+        if not compiling and (backend == "auto" or backend == "cute") and isinstance(args[0], _Tensor):
             target = _TARGETS.get(args[0].get_device())  # targets.known, inlined (hot path)
             if target is not None:  # eager fast path
-                return self.run(target, *args)
+                out = self.fast(target, *args)
+                if out is not None:
+                    return out
         self.check(*args)
         target = targets.select(self.name, backend, args[0])
         if target is None:

@@ -23,7 +23,6 @@ _UNPAD = "unpad_token_groups"
 #: dtypes with kernels of their own (cute_utils.constants.PAD_KERNEL_DTYPES); others run as their
 #: integer carrier.
 _KERNEL_DTYPES = frozenset(getattr(torch, name) for name in PAD_KERNEL_DTYPES)
-_MAX_GROUPS = checks.MAX_KERNEL_GROUPS
 
 
 def _variant(key: tuple, target: targets.DeviceTarget):
@@ -62,22 +61,45 @@ def padded_shape(x_shape, num_groups, alignment: int) -> tuple:
 # ----------------------------------------------------------------------------------------------
 
 
-def _run_pad(
-    target: targets.DeviceTarget, x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int
+def _launch_pad(
+    target: targets.DeviceTarget,
+    x: torch.Tensor,
+    shape: torch.Size,
+    group_end_offsets: torch.Tensor,
+    num_groups: int,
+    alignment: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    num_groups = group_end_offsets.shape[0]
-    if num_groups > _MAX_GROUPS:
-        checks.check_kernel_group_count(_PAD, group_end_offsets)  # raises
+    """Allocate pad's outputs for x of ``shape`` (checked; ``num_groups`` <= ``MAX_KERNEL_GROUPS``)
+    and launch."""
     data = _kernel_data(x)
-    rows, cols = x.shape
-    out = data.new_empty((reference.padded_rows(rows, num_groups, alignment), cols))
+    rows, cols = shape
+    out = data.new_empty(reference.padded_rows(rows, num_groups, alignment), cols)
     padded_start = group_end_offsets.new_empty(num_groups)
     padded_end = group_end_offsets.new_empty(num_groups)
-    width = vector_bytes(data, cols)  # out: fresh from the caching allocator, 512-byte aligned
-    kernel = target.kernel(("pad", data.dtype, width), _variant)
+    # out: fresh from the caching allocator, 512-byte aligned
+    key = ("pad", data.dtype, vector_bytes(data, cols))
+    kernel = target.kernels.get(key) or target.kernel(key, _variant)
     # Always launched: CTA 0 writes padded_start / padded_end even when there is no data.
     kernel(data, out, group_end_offsets, padded_start, padded_end, alignment)
     return (out if data is x else out.view(x.dtype)), padded_start, padded_end
+
+
+def _run_pad(
+    target: targets.DeviceTarget, x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    checks.check_kernel_group_count(_PAD, group_end_offsets)
+    return _launch_pad(target, x, x.shape, group_end_offsets, group_end_offsets.shape[0], alignment)
+
+
+def _fast_pad(target: targets.DeviceTarget, x: torch.Tensor, group_end_offsets, alignment):
+    """``KernelOp.fast``: :func:`checks.check_pad` and the group limit from metadata reads."""
+    shape = checks.fast_byte_copy_shape(x)
+    if shape is None or not checks.fast_alignment_ok(alignment):
+        return None
+    num_groups = checks.fast_group_count(group_end_offsets, target.device)
+    if not num_groups:
+        return None
+    return _launch_pad(target, x, shape, group_end_offsets, num_groups, alignment)
 
 
 @torch.library.custom_op("cute_kernels::pad_token_groups", mutates_args=())
@@ -103,7 +125,7 @@ def _pad_reference(x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: 
     return reference.pad_token_groups(x, group_end_offsets, alignment=alignment)
 
 
-_PAD_OP = KernelOp(_PAD, checks.check_pad, _run_pad, _pad_reference, _pad_op, fast_ok=checks.fast_pad_ok)
+_PAD_OP = KernelOp(_PAD, checks.check_pad, _run_pad, _pad_reference, _pad_op, fast=_fast_pad)
 
 
 def pad_token_groups(
@@ -125,6 +147,25 @@ def pad_token_groups(
 # ----------------------------------------------------------------------------------------------
 
 
+def _launch_unpad(
+    target: targets.DeviceTarget,
+    padded: torch.Tensor,
+    shape: torch.Size,
+    group_end_offsets: torch.Tensor,
+    padded_start: torch.Tensor,
+    num_tokens: int,
+) -> torch.Tensor:
+    """Allocate unpad's (num_tokens, D) output for ``padded`` of ``shape`` (checked) and launch."""
+    data = _kernel_data(padded)
+    cols = shape[1]
+    out = data.new_empty(num_tokens, cols)
+    if num_tokens and cols:
+        key = ("unpad", data.dtype, vector_bytes(data, cols))
+        kernel = target.kernels.get(key) or target.kernel(key, _variant)
+        kernel(data, out, group_end_offsets, padded_start)  # out: fresh, 512-byte aligned
+    return out if data is padded else out.view(padded.dtype)
+
+
 def _run_unpad(
     target: targets.DeviceTarget,
     padded: torch.Tensor,
@@ -132,17 +173,24 @@ def _run_unpad(
     padded_start: torch.Tensor,
     num_tokens: int | None,
 ) -> torch.Tensor:
-    if group_end_offsets.shape[0] > _MAX_GROUPS:
-        checks.check_kernel_group_count(_UNPAD, group_end_offsets)  # raises
+    checks.check_kernel_group_count(_UNPAD, group_end_offsets)
     if num_tokens is None:  # the one syncing path: the row count lives on the device
         num_tokens = checks.unpad_row_count(int(group_end_offsets[-1]), padded.shape[0])
-    data = _kernel_data(padded)
-    cols = padded.shape[1]
-    out = data.new_empty((num_tokens, cols))
-    if num_tokens and cols:
-        kernel = target.kernel(("unpad", data.dtype, vector_bytes(data, cols)), _variant)
-        kernel(data, out, group_end_offsets, padded_start)  # out: fresh, 512-byte aligned
-    return out if data is padded else out.view(padded.dtype)
+    return _launch_unpad(target, padded, padded.shape, group_end_offsets, padded_start, num_tokens)
+
+
+def _fast_unpad(target: targets.DeviceTarget, padded, group_end_offsets, padded_start, num_tokens):
+    """``KernelOp.fast``: :func:`checks.check_unpad` with an int ``num_tokens`` (the no-sync form)
+    and the group limit, from metadata reads."""
+    if type(num_tokens) is not int or num_tokens < 0:
+        return None
+    shape = checks.fast_byte_copy_shape(padded)
+    if shape is None:
+        return None
+    num_groups = checks.fast_group_count(group_end_offsets, target.device)
+    if not num_groups or checks.fast_group_count(padded_start, target.device) != num_groups:
+        return None
+    return _launch_unpad(target, padded, shape, group_end_offsets, padded_start, num_tokens)
 
 
 @torch.library.custom_op("cute_kernels::unpad_token_groups", mutates_args=())
@@ -169,9 +217,7 @@ def _unpad_reference(padded, group_end_offsets, padded_start, num_tokens):
     return reference.unpad_token_groups(padded, group_end_offsets, padded_start, num_tokens=num_tokens)
 
 
-_UNPAD_OP = KernelOp(
-    _UNPAD, _check_unpad, _run_unpad, _unpad_reference, _unpad_op, fast_ok=checks.fast_unpad_ok
-)
+_UNPAD_OP = KernelOp(_UNPAD, _check_unpad, _run_unpad, _unpad_reference, _unpad_op, fast=_fast_unpad)
 
 
 def unpad_token_groups(

@@ -15,28 +15,35 @@ from .op import KernelOp
 from .quantize import launch_1x32, scales_shape_1x32
 
 _OP = "pad_and_quantize_mxfp8_2d"
-_ALIGNMENTS = frozenset(checks.ALIGNMENTS)
 
 
 def _outputs(x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int):
     """Empty (q, scales, padded_start, padded_end) for x (M, K); works on fake tensors."""
     num_groups = group_end_offsets.shape[0]
     rows = reference.padded_rows(x.shape[0], num_groups, alignment)
-    q = x.new_empty((rows, x.shape[1]), dtype=torch.float8_e4m3fn)
-    scales = x.new_empty(scales_shape_1x32((rows, x.shape[1]), num_groups, True), dtype=torch.float8_e8m0fnu)
+    cols = x.shape[1]
+    q = x.new_empty(rows, cols, dtype=torch.float8_e4m3fn)
+    scales = x.new_empty(*scales_shape_1x32((rows, cols), num_groups, True), dtype=torch.float8_e8m0fnu)
     return q, scales, group_end_offsets.new_empty(num_groups), group_end_offsets.new_empty(num_groups)
 
 
-def _run_kernel(
-    x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, mode: str, target: targets.DeviceTarget
+def _launch(
+    target: targets.DeviceTarget, x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, mode: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    checks.check_kernel_inputs(_OP, group_end_offsets, x)
+    """Allocate the outputs and launch (all checks done)."""
     q, scales, padded_start, padded_end = _outputs(x, group_end_offsets, alignment)
     if scales.numel() == 0:  # K == 0: no data to quantize, only the padded offsets
         padded_start, padded_end = reference.padded_group_offsets(group_end_offsets, alignment)
         return q, scales, padded_start, padded_end
     launch_1x32(target, "padded", x, q, scales, mode, group_end_offsets, padded_start, padded_end, alignment)
     return q, scales, padded_start, padded_end
+
+
+def _run_kernel(
+    x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, mode: str, target: targets.DeviceTarget
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    checks.check_kernel_inputs(_OP, group_end_offsets, x)
+    return _launch(target, x, group_end_offsets, alignment, mode)
 
 
 @torch.library.custom_op("cute_kernels::pad_and_quantize_mxfp8_2d", mutates_args=())
@@ -56,13 +63,18 @@ def _pad_quantize_fake(
 # The op's parts for ``KernelOp``, all on ``(x, group_end_offsets, alignment, scaling_mode)``.
 
 
-def _fast_ok(x, group_end_offsets, alignment, scaling_mode) -> bool:
-    return (
-        checks.fast_quantize_ok(x, 2, scaling_mode, True)
-        and checks.fast_offsets_ok(group_end_offsets, x)
-        and type(alignment) is int
-        and alignment in _ALIGNMENTS
-    )
+def _fast(target: targets.DeviceTarget, x: torch.Tensor, group_end_offsets, alignment, scaling_mode):
+    """``KernelOp.fast``: :func:`checks.check_pad_and_quantize` and the kernel-path checks from
+    metadata reads."""
+    shape = checks.fast_quant_shape(x, scaling_mode, True)
+    if (
+        shape is None
+        or len(shape) != 2
+        or not checks.fast_alignment_ok(alignment)
+        or not checks.fast_group_count(group_end_offsets, target.device)
+    ):
+        return None
+    return _launch(target, x, group_end_offsets, alignment, scaling_mode)
 
 
 def _run(target: targets.DeviceTarget, x, group_end_offsets, alignment, scaling_mode):
@@ -75,9 +87,7 @@ def _reference(x, group_end_offsets, alignment, scaling_mode):
     )
 
 
-_PAD_QUANTIZE = KernelOp(
-    _OP, checks.check_pad_and_quantize, _run, _reference, _pad_quantize_op, fast_ok=_fast_ok
-)
+_PAD_QUANTIZE = KernelOp(_OP, checks.check_pad_and_quantize, _run, _reference, _pad_quantize_op, fast=_fast)
 
 
 def pad_and_quantize_mxfp8_2d(

@@ -14,7 +14,7 @@ from cute_utils.constants import BLOCK_SIZE, SMALL_GROUPS
 
 from . import checks, reference, targets
 from .op import KernelOp
-from .quantize_32x1 import quantize_2d_32x1_op, run_32x1_2d
+from .quantize_32x1 import launch_32x1_2d, quantize_2d_32x1_op, run_32x1_2d
 from .swizzle import blocked_output_shape
 
 _OP = "quantize_mxfp8_2d"
@@ -69,8 +69,39 @@ def launch_1x32(
 ) -> None:
     """Launch the 1x32 kernel variant ``layout`` (``cute_kernels.quantize.ScaleLayout`` value) on
     pre-allocated outputs; argument contract in ``cute_kernels.quantize.Quantize1x32Kernel.__call__``."""
-    kernel = target.kernel((KERNEL, x.dtype, mode, layout, _max_groups(group_end_offsets)), variant_of)
+    key = (KERNEL, x.dtype, mode, layout, _max_groups(group_end_offsets))
+    kernel = target.kernels.get(key) or target.kernel(key, variant_of)
     kernel(x, q, scales, group_end_offsets, padded_start, padded_end, group_param)
+
+
+def launch_1x32_2d(
+    target: targets.DeviceTarget,
+    x: torch.Tensor,
+    shape: torch.Size,
+    group_end_offsets: torch.Tensor | None,
+    num_groups: int,
+    mode: str,
+    blocked: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate (q, scales) for x of ``shape`` (M, K) and launch the 1x32 kernel once (all checks
+    done; ``num_groups`` 0 without offsets)."""
+    rows, cols = shape
+    padded_cols = ((cols >> 5) + 3) & -4  # integer form of scales_shape_1x32 (hot path)
+    if num_groups:
+        layout, key_groups = "m_groups", _SMALL_GROUPS if num_groups <= _SMALL_GROUPS else MAX_GROUPS
+        scales = x.new_empty(rows + 128 * num_groups, padded_cols, dtype=_E8M0)
+    elif blocked:
+        layout, key_groups = "blocked", MAX_GROUPS
+        scales = x.new_empty((rows + 127) & -128, padded_cols, dtype=_E8M0)
+    else:
+        layout, key_groups = "plain", MAX_GROUPS
+        scales = x.new_empty(rows, cols >> 5, dtype=_E8M0)
+    q = x.new_empty(rows, cols, dtype=_E4M3)
+    if scales.numel():
+        key = (KERNEL, x.dtype, mode, layout, key_groups)
+        kernel = target.kernels.get(key) or target.kernel(key, variant_of)
+        kernel(x, q, scales, group_end_offsets, None, None, 0)
+    return q, scales
 
 
 def run_1x32_2d(
@@ -80,24 +111,11 @@ def run_1x32_2d(
     blocked: bool,
     target: targets.DeviceTarget,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """1x32 kernel path of ``quantize_mxfp8_2d`` after the contract checks: allocates (q, scales)
-    and launches once on ``target`` (kernel-path checks: alignment, group count)."""
+    """1x32 kernel path of ``quantize_mxfp8_2d`` after the contract checks: the kernel-path checks
+    (alignment, group count), then :func:`launch_1x32_2d`."""
     checks.check_kernel_inputs(_OP, group_end_offsets, x)
-    rows, cols = x.shape
-    padded_cols = ((cols >> 5) + 3) & -4  # integer form of scales_shape_1x32 (hot path)
-    if group_end_offsets is not None:
-        layout, shape = "m_groups", (rows + 128 * group_end_offsets.shape[0], padded_cols)
-        key_groups = _max_groups(group_end_offsets)
-    elif blocked:
-        layout, shape, key_groups = "blocked", ((rows + 127) & -128, padded_cols), MAX_GROUPS
-    else:
-        layout, shape, key_groups = "plain", (rows, cols >> 5), MAX_GROUPS
-    q = x.new_empty((rows, cols), dtype=_E4M3)
-    scales = x.new_empty(shape, dtype=_E8M0)
-    if shape[0] and cols:
-        kernel = target.kernel((KERNEL, x.dtype, mode, layout, key_groups), variant_of)
-        kernel(x, q, scales, group_end_offsets, None, None, 0)
-    return q, scales
+    num_groups = 0 if group_end_offsets is None else group_end_offsets.shape[0]
+    return launch_1x32_2d(target, x, x.shape, group_end_offsets, num_groups, mode, blocked)
 
 
 @torch.library.custom_op("cute_kernels::quantize_mxfp8_2d_1x32", mutates_args=())
@@ -120,13 +138,22 @@ def _quantize_fake(
 # the block picks the 1x32 kernel (above) or the 32x1 one (``torch_bindings.quantize_32x1``).
 
 
-def _fast_ok(x, block, group_end_offsets, scaling_mode, blocked_scales) -> bool:
-    return (
-        checks.fast_quantize_ok(x, 2, scaling_mode, blocked_scales)
-        and type(block) is str
-        and (block == "1x32" or (block == "32x1" and not x.shape[0] % _BLOCK))
-        and (group_end_offsets is None or (blocked_scales and checks.fast_offsets_ok(group_end_offsets, x)))
-    )
+def _fast(target: targets.DeviceTarget, x, block, group_end_offsets, scaling_mode, blocked_scales):
+    """``KernelOp.fast``: :func:`checks.check_quantize_2d` and the kernel-path checks from metadata
+    reads."""
+    shape = checks.fast_quant_shape(x, scaling_mode, blocked_scales)
+    if shape is None or len(shape) != 2 or type(block) is not str:
+        return None
+    num_groups = 0
+    if group_end_offsets is not None:
+        num_groups = checks.fast_group_count(group_end_offsets, target.device)
+        if not num_groups or not blocked_scales:
+            return None
+    if block == "1x32":
+        return launch_1x32_2d(target, x, shape, group_end_offsets, num_groups, scaling_mode, blocked_scales)
+    if block == "32x1" and not shape[0] & 31:
+        return launch_32x1_2d(target, x, shape, group_end_offsets, num_groups, scaling_mode, blocked_scales)
+    return None
 
 
 def _run(target: targets.DeviceTarget, x, block, group_end_offsets, scaling_mode, blocked_scales):
@@ -149,7 +176,7 @@ def _custom_op(x, block, group_end_offsets, scaling_mode, blocked_scales):
     return op(x, group_end_offsets, scaling_mode, blocked_scales)
 
 
-_QUANTIZE_2D = KernelOp(_OP, checks.check_quantize_2d, _run, _reference, _custom_op, fast_ok=_fast_ok)
+_QUANTIZE_2D = KernelOp(_OP, checks.check_quantize_2d, _run, _reference, _custom_op, fast=_fast)
 
 
 def quantize_mxfp8_2d(

@@ -1,7 +1,7 @@
 """PyTorch runners of the 32x1 quantization kernel (``cute_kernels.quantize_32x1``), 2D and 3D.
 
-``run_32x1_2d`` serves ``quantize_mxfp8_2d(block="32x1")``, ``run_32x1_3d`` serves
-``quantize_mxfp8_3d(block="32x1")``. Both allocate the outputs with the SPEC's shapes and strides
+``run_32x1_2d`` / ``launch_32x1_2d`` serve ``quantize_mxfp8_2d(block="32x1")``, ``launch_32x1_3d``
+serves ``quantize_mxfp8_3d(block="32x1")``. They allocate the outputs with the SPEC's shapes and strides
 (q^T storage), check what the kernel needs beyond the contract (alignment, group count) and launch
 on the current stream with no host sync. ``cute_kernels::quantize_mxfp8_2d_32x1`` is the 2D custom
 op (fake implementation for ``torch.compile``); the 3D path runs inside
@@ -45,7 +45,36 @@ def _launch(target: targets.DeviceTarget, x, q, scales, offsets, mode: str, layo
     """Run the kernel on the public tensors: rank 3, (E, M, K) x and q (strides (M K, 1, M)) and
     (E, R, C) scales; rank 2, (M, K) x and q (strides (1, M)) and 2-D scales."""
     key = ("quantize_32x1", x.dtype, mode, layout, x.dim())
-    target.kernel(key, _variant)(x, q, scales, offsets)
+    kernel = target.kernels.get(key) or target.kernel(key, _variant)
+    kernel(x, q, scales, offsets)
+
+
+def launch_32x1_2d(
+    target: targets.DeviceTarget,
+    x: torch.Tensor,
+    shape: torch.Size,
+    group_end_offsets: torch.Tensor | None,
+    num_groups: int,
+    mode: str,
+    blocked: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """32x1 quantization of x of ``shape`` (M, K), M and K multiples of 32 (all checks done;
+    ``num_groups`` 0 without offsets): q (M, K) with strides (1, M), scales E8M0 plain (K, M/32),
+    blocked (Rp, Cp) or, with row end offsets, K-groups."""
+    rows, cols = shape
+    # S = (K, M/32): plain, blocked (Rp, Cp) or K-groups (Rp, M/32 + 4 G) (scales_shape_32x1 inlined)
+    if num_groups:
+        layout, scale_shape = "k_groups", ((cols + 127) & -128, (rows >> 5) + 4 * num_groups)
+    elif blocked:
+        layout, scale_shape = "blocked", ((cols + 127) & -128, ((rows >> 5) + 3) & -4)
+    else:
+        layout, scale_shape = "plain", (cols, rows >> 5)
+    q = x.new_empty_strided((rows, cols), (1, rows), dtype=_E4M3)
+    if rows == 0 or cols == 0:  # nothing to quantize: only padding bytes (zeros)
+        return q, x.new_zeros(scale_shape, dtype=_E8M0)
+    scales = x.new_empty(*scale_shape, dtype=_E8M0)
+    _launch(target, x, q, scales, group_end_offsets, mode, layout)  # the rank-2 entry: no views
+    return q, scales
 
 
 def run_32x1_2d(
@@ -55,44 +84,31 @@ def run_32x1_2d(
     blocked: bool,
     target: targets.DeviceTarget,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """32x1 quantization of x (M, K) (contract checks done by the caller): q (M, K) with strides
-    (1, M), scales E8M0 plain (K, M/32), blocked (Rp, Cp) or, with row end offsets, K-groups."""
+    """32x1 path of ``quantize_mxfp8_2d`` after the contract checks: the kernel-path checks
+    (alignment, group count, K % 32), then :func:`launch_32x1_2d`."""
     checks.check_kernel_inputs(_OP_2D, group_end_offsets, x)
-    rows, cols = x.shape
-    if cols % _BLOCK:
-        checks.check_divisible("x.shape[1] (K)", cols, _BLOCK, why="for the 32x1 kernel", op=_OP_2D)
-    # S = (K, M/32): plain, blocked (Rp, Cp) or K-groups (Rp, M/32 + 4 G) (scales_shape_32x1 inlined)
-    if group_end_offsets is not None:
-        layout, shape = "k_groups", ((cols + 127) & -128, (rows >> 5) + 4 * group_end_offsets.shape[0])
-    elif blocked:
-        layout, shape = "blocked", ((cols + 127) & -128, ((rows >> 5) + 3) & -4)
-    else:
-        layout, shape = "plain", (cols, rows >> 5)
-    q = x.new_empty_strided((rows, cols), (1, rows), dtype=_E4M3)
-    if rows == 0 or cols == 0:  # nothing to quantize: only padding bytes (zeros)
-        return q, x.new_zeros(shape, dtype=_E8M0)
-    scales = x.new_empty(shape, dtype=_E8M0)
-    _launch(target, x, q, scales, group_end_offsets, mode, layout)  # the rank-2 entry: no views
-    return q, scales
+    if x.shape[1] % _BLOCK:
+        checks.check_divisible("x.shape[1] (K)", x.shape[1], _BLOCK, why="for the 32x1 kernel", op=_OP_2D)
+    num_groups = 0 if group_end_offsets is None else group_end_offsets.shape[0]
+    return launch_32x1_2d(target, x, x.shape, group_end_offsets, num_groups, mode, blocked)
 
 
-def run_32x1_3d(
-    w: torch.Tensor, mode: str, blocked: bool, target: targets.DeviceTarget
+def launch_32x1_3d(
+    target: targets.DeviceTarget, w: torch.Tensor, shape: torch.Size, mode: str, blocked: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """32x1 quantization of expert weights w (E, N, K) along N (contract checks done by the caller):
-    q (E, N, K) with strides (N*K, 1, N), scales E8M0 per expert of S = (K, N/32): plain (E, K, N/32)
-    or blocked (E, Rp, Cp) with every padding byte 0."""
-    checks.check_kernel_inputs(_OP_3D, None, w)
-    experts, rows, cols = w.shape
+    """32x1 quantization of expert weights w of ``shape`` (E, N, K) along N (contract checks and
+    alignment done): q (E, N, K) with strides (N*K, 1, N), scales E8M0 per expert of S = (K, N/32):
+    plain (E, K, N/32) or blocked (E, Rp, Cp) with every padding byte 0."""
+    experts, rows, cols = shape
     q = w.new_empty_strided((experts, rows, cols), (rows * cols, 1, rows), dtype=_E4M3)
     if blocked:  # per expert S = (K, N/32): plain, or blocked (Rp, Cp)
-        shape = (experts, (cols + 127) & -128, ((rows >> 5) + 3) & -4)
+        scale_shape = (experts, (cols + 127) & -128, ((rows >> 5) + 3) & -4)
     else:
-        shape = (experts, cols, rows >> 5)
+        scale_shape = (experts, cols, rows >> 5)
     if experts == 0 or rows == 0 or cols == 0:
-        return q, w.new_zeros(shape, dtype=_E8M0)
+        return q, w.new_zeros(scale_shape, dtype=_E8M0)
     checks.check_kernel_experts(_OP_3D, experts)
-    scales = w.new_empty(shape, dtype=_E8M0)
+    scales = w.new_empty(*scale_shape, dtype=_E8M0)
     _launch(target, w, q, scales, None, mode, "blocked" if blocked else "plain")  # no views
     return q, scales
 

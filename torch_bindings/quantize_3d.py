@@ -15,11 +15,12 @@ from cute_utils.constants import BLOCK_SIZE
 from . import checks, reference, targets
 from .op import KernelOp
 from .quantize import KERNEL, MAX_GROUPS, variant_of
-from .quantize_32x1 import run_32x1_3d
+from .quantize_32x1 import launch_32x1_3d
 from .swizzle import blocked_output_shape
 
 _OP = "quantize_mxfp8_3d"
 _BLOCK = BLOCK_SIZE
+_E4M3, _E8M0 = torch.float8_e4m3fn, torch.float8_e8m0fnu
 
 
 def scales_shape_3d(w_shape: tuple, block: str, blocked: bool) -> tuple:
@@ -41,22 +42,23 @@ def expert_rows(w: torch.Tensor) -> torch.Tensor:
     return w
 
 
-def _run_1x32(
-    w: torch.Tensor, mode: str, blocked: bool, target: targets.DeviceTarget
+def _launch_1x32(
+    target: targets.DeviceTarget, w: torch.Tensor, shape: torch.Size, mode: str, blocked: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    experts, n, k = w.shape
+    """1x32 quantization of w of ``shape`` (E, N, K) (all checks done): the kernel's rank-3 entry
+    takes the (E, N, K) tensors as they are (it sees E N rows)."""
+    experts, n, k = shape
     if n == 1:  # the one shape whose row stride PyTorch leaves free
         w = expert_rows(w)
-    # Per-expert scales S = (N, K/32), blocked (Rp, Cp) per expert (scales_shape_3d inlined). The
-    # kernel's rank-3 entry takes the (E, N, K) tensors as they are (it sees E N rows).
+    # Per-expert scales S = (N, K/32), blocked (Rp, Cp) per expert (scales_shape_3d inlined).
     if blocked:
-        shape, layout = (experts, (n + 127) & -128, ((k >> 5) + 3) & -4), "experts"
+        layout, scales = "experts", w.new_empty(experts, (n + 127) & -128, ((k >> 5) + 3) & -4, dtype=_E8M0)
     else:
-        shape, layout = (experts, n, k >> 5), "plain"
-    q = w.new_empty((experts, n, k), dtype=torch.float8_e4m3fn)
-    scales = w.new_empty(shape, dtype=torch.float8_e8m0fnu)
-    if experts and shape[1] and shape[2]:
-        kernel = target.kernel((KERNEL, w.dtype, mode, layout, MAX_GROUPS, 3), variant_of)
+        layout, scales = "plain", w.new_empty(experts, n, k >> 5, dtype=_E8M0)
+    q = w.new_empty(experts, n, k, dtype=_E4M3)
+    if scales.numel():
+        key = (KERNEL, w.dtype, mode, layout, MAX_GROUPS, 3)
+        kernel = target.kernels.get(key) or target.kernel(key, variant_of)
         kernel(w, q, scales, None, None, None, n)
     return q, scales
 
@@ -66,8 +68,8 @@ def _run_kernel(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     checks.check_kernel_inputs(_OP, None, w)
     if block == "1x32":
-        return _run_1x32(w, mode, blocked, target)
-    return run_32x1_3d(w, mode, blocked, target)
+        return _launch_1x32(target, w, w.shape, mode, blocked)
+    return launch_32x1_3d(target, w, w.shape, mode, blocked)
 
 
 @torch.library.custom_op("cute_kernels::quantize_mxfp8_3d", mutates_args=())
@@ -92,13 +94,16 @@ def _quantize_3d_fake(
 # The op's parts for ``KernelOp``, all on ``(w, block, scaling_mode, blocked_scales)``.
 
 
-def _fast_ok(w, block, scaling_mode, blocked_scales) -> bool:
-    return (
-        type(block) is str
-        and (block == "1x32" or block == "32x1")
-        and checks.fast_quantize_ok(w, 3, scaling_mode, blocked_scales)
-        and (block == "1x32" or not w.shape[1] % 32)
-    )
+def _fast(target: targets.DeviceTarget, w: torch.Tensor, block, scaling_mode, blocked_scales):
+    """``KernelOp.fast``: :func:`checks.check_quantize_3d` and the alignment from metadata reads."""
+    shape = checks.fast_quant_shape(w, scaling_mode, blocked_scales)
+    if shape is None or len(shape) != 3 or type(block) is not str:
+        return None
+    if block == "1x32":
+        return _launch_1x32(target, w, shape, scaling_mode, blocked_scales)
+    if block == "32x1" and not shape[1] & 31:
+        return launch_32x1_3d(target, w, shape, scaling_mode, blocked_scales)
+    return None
 
 
 def _run(target: targets.DeviceTarget, w, block, scaling_mode, blocked_scales):
@@ -111,7 +116,7 @@ def _reference(w, block, scaling_mode, blocked_scales):
     )
 
 
-_QUANTIZE_3D = KernelOp(_OP, checks.check_quantize_3d, _run, _reference, _quantize_3d_op, fast_ok=_fast_ok)
+_QUANTIZE_3D = KernelOp(_OP, checks.check_quantize_3d, _run, _reference, _quantize_3d_op, fast=_fast)
 
 
 def quantize_mxfp8_3d(

@@ -27,6 +27,42 @@ def _variant(key: tuple, target: targets.DeviceTarget):
     return DualVariant(str(key[1]).removeprefix("torch."), key[2], ScaleLayout(key[3]))
 
 
+def _launch_dual(
+    target: targets.DeviceTarget,
+    x: torch.Tensor,
+    shape: torch.Size,
+    group_end_offsets: torch.Tensor | None,
+    num_groups: int,
+    scaling_mode: str,
+    blocked_scales: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q_1x32, scales_1x32, q_32x1, scales_32x1)`` of x of ``shape`` (M, K), M and K multiples of
+    32 (all checks done; ``num_groups`` 0 without offsets), bit-identical to the two single calls:
+    one launch of the dual kernel (layout ``groups`` with offsets, else ``blocked`` or ``plain``)."""
+    rows, cols = shape
+    q_r = x.new_empty(rows, cols, dtype=_E4M3)
+    q_c = x.new_empty_strided((rows, cols), (1, rows), dtype=_E4M3)
+    # scales_shape_1x32 / scales_shape_32x1 inlined (hot path): S_r = (M, K/32), S_c = (K, M/32)
+    if num_groups:
+        layout = "groups"
+        shape_r = (rows + 128 * num_groups, ((cols >> 5) + 3) & -4)
+        shape_c = ((cols + 127) & -128, (rows >> 5) + 4 * num_groups)
+    elif blocked_scales:
+        layout = "blocked"
+        shape_r = ((rows + 127) & -128, ((cols >> 5) + 3) & -4)
+        shape_c = ((cols + 127) & -128, ((rows >> 5) + 3) & -4)
+    else:
+        layout, shape_r, shape_c = "plain", (rows, cols >> 5), (cols, rows >> 5)
+    if rows == 0 or cols == 0:  # nothing to quantize: only padding bytes (zeros)
+        return q_r, x.new_zeros(shape_r, dtype=_E8M0), q_c, x.new_zeros(shape_c, dtype=_E8M0)
+    s_r = x.new_empty(*shape_r, dtype=_E8M0)
+    s_c = x.new_empty(*shape_c, dtype=_E8M0)
+    key = ("quantize_dual", x.dtype, scaling_mode, layout)
+    kernel = target.kernels.get(key) or target.kernel(key, _variant)
+    kernel(x, q_r, s_r, q_c, s_c, group_end_offsets)
+    return q_r, s_r, q_c, s_c
+
+
 def _run_dual(
     target: targets.DeviceTarget,
     x: torch.Tensor,
@@ -34,41 +70,24 @@ def _run_dual(
     scaling_mode: str,
     blocked_scales: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(q_1x32, scales_1x32, q_32x1, scales_32x1)`` of x (M, K), M and K multiples of 32
-    (contract checks done by the caller), bit-identical to the two single calls: one launch of
-    the dual kernel (layout ``groups`` with offsets, else ``blocked`` or ``plain``)."""
+    """The kernel path after the contract checks: alignment and group count, then the launch."""
     checks.check_kernel_inputs(_OP, group_end_offsets, x)
-    rows, cols = x.shape
-    num_groups = None if group_end_offsets is None else group_end_offsets.shape[0]
-    blocked = blocked_scales or num_groups is not None
-    q_r = x.new_empty((rows, cols), dtype=_E4M3)
-    q_c = x.new_empty_strided((rows, cols), (1, rows), dtype=_E4M3)
-    # scales_shape_1x32 / scales_shape_32x1 inlined (hot path): S_r = (M, K/32), S_c = (K, M/32)
-    if num_groups is not None:
-        shape_r = (rows + 128 * num_groups, ((cols >> 5) + 3) & -4)
-        shape_c = ((cols + 127) & -128, (rows >> 5) + 4 * num_groups)
-    elif blocked:
-        shape_r = ((rows + 127) & -128, ((cols >> 5) + 3) & -4)
-        shape_c = ((cols + 127) & -128, ((rows >> 5) + 3) & -4)
-    else:
-        shape_r, shape_c = (rows, cols >> 5), (cols, rows >> 5)
-    if rows == 0 or cols == 0:  # nothing to quantize: only padding bytes (zeros)
-        return q_r, x.new_zeros(shape_r, dtype=_E8M0), q_c, x.new_zeros(shape_c, dtype=_E8M0)
-    s_r = x.new_empty(shape_r, dtype=_E8M0)
-    s_c = x.new_empty(shape_c, dtype=_E8M0)
-    layout = "groups" if num_groups is not None else ("blocked" if blocked else "plain")
-    kernel = target.kernel(("quantize_dual", x.dtype, scaling_mode, layout), _variant)
-    kernel(x, q_r, s_r, q_c.t(), s_c, group_end_offsets)
-    return q_r, s_r, q_c, s_c
+    num_groups = 0 if group_end_offsets is None else group_end_offsets.shape[0]
+    return _launch_dual(target, x, x.shape, group_end_offsets, num_groups, scaling_mode, blocked_scales)
 
 
-def _fast_dual_ok(x, group_end_offsets, scaling_mode, blocked_scales) -> bool:
-    """Arguments :func:`checks.check_quantize_2d_dual` accepts (metadata reads only)."""
-    return (
-        checks.fast_quantize_ok(x, 2, scaling_mode, blocked_scales)
-        and not x.shape[0] % _BLOCK
-        and (group_end_offsets is None or (blocked_scales and checks.fast_offsets_ok(group_end_offsets, x)))
-    )
+def _fast_dual(target: targets.DeviceTarget, x, group_end_offsets, scaling_mode, blocked_scales):
+    """``KernelOp.fast``: :func:`checks.check_quantize_2d_dual` and the kernel-path checks from
+    metadata reads."""
+    shape = checks.fast_quant_shape(x, scaling_mode, blocked_scales)
+    if shape is None or len(shape) != 2 or shape[0] & 31:
+        return None
+    num_groups = 0
+    if group_end_offsets is not None:
+        num_groups = checks.fast_group_count(group_end_offsets, target.device)
+        if not num_groups or not blocked_scales:
+            return None
+    return _launch_dual(target, x, shape, group_end_offsets, num_groups, scaling_mode, blocked_scales)
 
 
 @torch.library.custom_op("cute_kernels::quantize_mxfp8_2d_dual", mutates_args=())
@@ -94,9 +113,7 @@ def _dual_reference(x, group_end_offsets, scaling_mode, blocked_scales):
     )
 
 
-_DUAL_OP = KernelOp(
-    _OP, checks.check_quantize_2d_dual, _run_dual, _dual_reference, _dual_op, fast_ok=_fast_dual_ok
-)
+_DUAL_OP = KernelOp(_OP, checks.check_quantize_2d_dual, _run_dual, _dual_reference, _dual_op, fast=_fast_dual)
 
 
 def quantize_mxfp8_2d_dual(

@@ -22,7 +22,8 @@ _OP_2D, _OP_DUAL, _OP_3D = "quantize_fp8_2d", "quantize_fp8_2d_dual", "quantize_
 _KERNEL = "quantize_fp8_row"  # cute_kernels.registry names
 _COL_AMAX, _COL_CAST = "quantize_fp8_col_amax", "quantize_fp8_col_cast"
 _E4M3 = torch.float8_e4m3fn
-_QUANT_DTYPES = frozenset(checks.QUANT_DTYPES)
+_BF16, _F32 = torch.bfloat16, torch.float32
+_ANY_GROUPS = 1 << 62  # the column kernels take any number of row groups
 
 
 def _variant(key: tuple, target: targets.DeviceTarget):
@@ -154,21 +155,41 @@ def _run_cols(
     return q, scales
 
 
+def _launch_rows(
+    target: targets.DeviceTarget, x: torch.Tensor, shape: torch.Size, round_pow2: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale per row of x of ``shape`` (M, K) or (E, N, K) (checked; an (E, 1, K) x with its row
+    stride fixed by :func:`_run_rows`): q in x's shape, row-major; scales ``shape[:-1]``."""
+    q = x.new_empty(*shape, dtype=_E4M3)
+    scales = x.new_empty(*shape[:-1], dtype=torch.float32)
+    cols = shape[-1]
+    if not cols:  # rows of no elements: scale 1.0 (and PyTorch's strides of (M, 0) are 1)
+        return q, scales.fill_(1.0)
+    if scales.numel():
+        vector = not (cols & 7 or x.data_ptr() & 15)  # q: fresh, 512-byte aligned
+        key = (_KERNEL, x.dtype, round_pow2, vector, len(shape), k_class(cols))
+        kernel = target.kernels.get(key) or target.kernel(key, _variant, _row_config)
+        kernel(x, q, scales)
+    return q, scales
+
+
 def _run_rows(
     target: targets.DeviceTarget, x: torch.Tensor, round_pow2: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One scale per row of x (M, K) or w (E, N, K): q in x's shape, row-major; scales x.shape[:-1]."""
     if x.dim() == 3 and x.shape[1] == 1:  # the one shape whose row stride PyTorch leaves free
         x = expert_rows(x)
-    q = x.new_empty(x.shape, dtype=_E4M3)
-    scales = x.new_empty(x.shape[:-1], dtype=torch.float32)
-    if not x.shape[-1]:  # rows of no elements: scale 1.0 (and PyTorch's strides of (M, 0) are 1)
-        return q, scales.fill_(1.0)
-    if scales.numel():
-        vector = not (x.shape[-1] & 7 or x.data_ptr() & 15)  # q: fresh, 512-byte aligned
-        key = (_KERNEL, x.dtype, round_pow2, vector, x.dim(), k_class(x.shape[-1]))
-        target.kernel(key, _variant, _row_config)(x, q, scales)
-    return q, scales
+    return _launch_rows(target, x, x.shape, round_pow2)
+
+
+def _fast_shape(x: torch.Tensor, round_pow2) -> torch.Size | None:
+    """x's shape when x is a contiguous bf16/fp32 tensor and ``round_pow2`` a bool (the tests of
+    ``checks.check_quantize_fp8_*`` other than rank and axis); else None."""
+    dtype = x.dtype
+    if (dtype is _BF16 or dtype is _F32) and (round_pow2 is True or round_pow2 is False):
+        if x.is_contiguous():
+            return x.shape
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -203,19 +224,18 @@ def _cols_2d_fake(
     return q, x.new_empty(groups * cols, dtype=torch.float32)
 
 
-def _fast_2d_ok(x, axis, group_end_offsets, round_pow2) -> bool:
-    return (
-        isinstance(x, torch.Tensor)
-        and x.dtype in _QUANT_DTYPES
-        and x.dim() == 2
-        and type(axis) is str
-        and (
-            (axis == "row" and group_end_offsets is None)
-            or (axis == "col" and (group_end_offsets is None or checks.fast_offsets_ok(group_end_offsets, x)))
-        )
-        and (round_pow2 is True or round_pow2 is False)
-        and x.is_contiguous()
-    )
+def _fast_2d(target: targets.DeviceTarget, x: torch.Tensor, axis, group_end_offsets, round_pow2):
+    """``KernelOp.fast``: :func:`checks.check_quantize_fp8_2d` from metadata reads."""
+    shape = _fast_shape(x, round_pow2)
+    if shape is None or len(shape) != 2 or type(axis) is not str:
+        return None
+    if axis == "row" and group_end_offsets is None:
+        return _launch_rows(target, x, shape, round_pow2)
+    if axis == "col" and (
+        group_end_offsets is None or checks.fast_group_count(group_end_offsets, target.device, _ANY_GROUPS)
+    ):
+        return _run_cols(target, x, group_end_offsets, round_pow2)
+    return None
 
 
 def _run_2d(target: targets.DeviceTarget, x, axis, group_end_offsets, round_pow2):
@@ -237,7 +257,7 @@ def _custom_2d(x, axis, group_end_offsets, round_pow2):
 
 
 _QUANTIZE_2D = KernelOp(
-    _OP_2D, checks.check_quantize_fp8_2d, _run_2d, _reference_2d, _custom_2d, fast_ok=_fast_2d_ok
+    _OP_2D, checks.check_quantize_fp8_2d, _run_2d, _reference_2d, _custom_2d, fast=_fast_2d
 )
 
 
@@ -282,8 +302,14 @@ def _dual_fake(
     return (*_rows_2d_fake(x, round_pow2), *_cols_2d_fake(x, group_end_offsets, round_pow2))
 
 
-def _fast_dual_ok(x, group_end_offsets, round_pow2) -> bool:
-    return _fast_2d_ok(x, "col", group_end_offsets, round_pow2)
+def _fast_dual(target: targets.DeviceTarget, x: torch.Tensor, group_end_offsets, round_pow2):
+    """``KernelOp.fast``: :func:`checks.check_quantize_fp8_2d_dual` from metadata reads."""
+    shape = _fast_shape(x, round_pow2)
+    if shape is None or len(shape) != 2:
+        return None
+    if group_end_offsets is None or checks.fast_group_count(group_end_offsets, target.device, _ANY_GROUPS):
+        return _run_dual(target, x, group_end_offsets, round_pow2)
+    return None
 
 
 def _run_dual(target: targets.DeviceTarget, x, group_end_offsets, round_pow2):
@@ -306,7 +332,7 @@ def _reference_dual(x, group_end_offsets, round_pow2):
 
 
 _QUANTIZE_DUAL = KernelOp(
-    _OP_DUAL, checks.check_quantize_fp8_2d_dual, _run_dual, _reference_dual, _dual_op, fast_ok=_fast_dual_ok
+    _OP_DUAL, checks.check_quantize_fp8_2d_dual, _run_dual, _reference_dual, _dual_op, fast=_fast_dual
 )
 
 
@@ -352,16 +378,16 @@ def _cols_3d_fake(w: torch.Tensor, round_pow2: bool) -> tuple[torch.Tensor, torc
     return q, w.new_empty((experts, k), dtype=torch.float32)
 
 
-def _fast_3d_ok(w, axis, round_pow2) -> bool:
-    return (
-        isinstance(w, torch.Tensor)
-        and w.dtype in _QUANT_DTYPES
-        and w.dim() == 3
-        and type(axis) is str
-        and (axis == "K" or axis == "N")
-        and (round_pow2 is True or round_pow2 is False)
-        and w.is_contiguous()
-    )
+def _fast_3d(target: targets.DeviceTarget, w: torch.Tensor, axis, round_pow2):
+    """``KernelOp.fast``: :func:`checks.check_quantize_fp8_3d` from metadata reads."""
+    shape = _fast_shape(w, round_pow2)
+    if shape is None or len(shape) != 3 or type(axis) is not str:
+        return None
+    if axis == "K" and shape[1] != 1:  # (E, 1, K): _run_rows fixes the row stride
+        return _launch_rows(target, w, shape, round_pow2)
+    if axis == "N":
+        return _run_cols(target, w, None, round_pow2)
+    return None
 
 
 def _run_3d(target: targets.DeviceTarget, w, axis, round_pow2):
@@ -381,7 +407,7 @@ def _custom_3d(w, axis, round_pow2):
 
 
 _QUANTIZE_3D = KernelOp(
-    _OP_3D, checks.check_quantize_fp8_3d, _run_3d, _reference_3d, _custom_3d, fast_ok=_fast_3d_ok
+    _OP_3D, checks.check_quantize_fp8_3d, _run_3d, _reference_3d, _custom_3d, fast=_fast_3d
 )
 
 

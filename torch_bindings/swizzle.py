@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from cute_utils.constants import MAX_GROUPS, SWIZZLE_WIDE_MAX_BYTES, TILE_COLS, TILE_ROWS
+from cute_utils.constants import SWIZZLE_WIDE_MAX_BYTES, TILE_COLS, TILE_ROWS
 
 from . import checks, reference, targets
 from .op import KernelOp
@@ -32,13 +32,12 @@ def blocked_output_shape(scales_shape: tuple, num_groups: int | None, groups: st
     return (_round_up(rows, TILE_ROWS), cols + TILE_COLS * num_groups)
 
 
-_E8M0 = torch.float8_e8m0fnu
+_E8M0, _U8 = torch.float8_e8m0fnu, torch.uint8
 _LAYOUTS = ("plain", "plain", "m_groups", "k_groups")  # by (code & 7) >> 1 (1: 3-D plain)
 _WIDE = 8  # code bit: the layout's 128-column-window config (cute_kernels.swizzle.wide_window)
 _RAGGED = 16  # code bit: raw-word loads of a source that ends inside an aligned word
 #: The kernel-table key of each variant code (built once: no tuple per call).
 _KEYS = tuple(("swizzle", code) for code in range(2 * _RAGGED))
-_SCALE_DTYPES = frozenset(checks.SCALE_DTYPES)
 
 
 def wide_window(rows: int, cols: int) -> bool:
@@ -63,27 +62,28 @@ def _variant(key: tuple, target: targets.DeviceTarget):
     )
 
 
-def _run_kernel(
-    target: targets.DeviceTarget, scales: torch.Tensor, group_end_offsets: torch.Tensor | None, groups: str
+def _launch(
+    target: targets.DeviceTarget,
+    scales: torch.Tensor,
+    shape: torch.Size,
+    group_end_offsets: torch.Tensor | None,
+    num_groups: int,
+    groups: str,
 ) -> torch.Tensor:
-    if scales.dtype is not _E8M0:
-        scales = scales.view(_E8M0)
-    shape = scales.shape
+    """Allocate the blocked output of E8M0 ``scales`` (``shape``: 2-D or 3-D; ``num_groups`` 0 when
+    there are no offsets, else at most ``MAX_GROUPS``) and launch the kernel variant for it."""
     rows, cols = shape[-2], shape[-1]
     padded_cols = (cols + 3) & -4
-    if group_end_offsets is None:
-        code = 0 if len(shape) == 2 else 2
-        out_shape = (*shape[:-2], (rows + 127) & -128, padded_cols)  # 3-D: (E, Rp, Cp)
+    if not num_groups:
+        if len(shape) == 2:
+            code, out = 0, scales.new_empty((rows + 127) & -128, padded_cols)
+        else:  # (E, Rp, Cp)
+            code, out = 2, scales.new_empty(shape[0], (rows + 127) & -128, padded_cols)
+    elif groups == "M":
+        code, out = 4, scales.new_empty(rows + 128 * num_groups, padded_cols)
     else:
-        num_groups = group_end_offsets.shape[0]
-        if num_groups > MAX_GROUPS:  # SwizzleKernel.can_implement
-            checks.check_kernel_group_count(_OP, group_end_offsets)  # raises
-        if groups == "M":
-            code, out_shape = 4, (rows + 128 * num_groups, padded_cols)
-        else:
-            code, out_shape = 6, ((rows + 127) & -128, cols + 4 * num_groups)
-    out = scales.new_empty(out_shape)
-    if out_shape[0] and out_shape[-2] and out_shape[-1]:
+        code, out = 6, scales.new_empty((rows + 127) & -128, cols + 4 * num_groups)
+    if out.numel():
         if code >= 4 and wide_window(rows, cols):  # grouped layouts
             code += _WIDE
         # Rows of whole, aligned 4-byte words (one word per tile column) stage with fewer instructions.
@@ -93,24 +93,47 @@ def _run_kernel(
             # Raw words where the source may end inside a word, decided from the static dim (C for
             # plain and M-groups, R = K for K-groups) and the base, so M never switches kernels.
             code += _RAGGED
-        target.kernel(_KEYS[code], _variant)(scales, out, group_end_offsets, target.num_sms)
+        key = _KEYS[code]
+        kernel = target.kernels.get(key) or target.kernel(key, _variant)
+        kernel(scales, out, group_end_offsets, target.num_sms)
     return out
 
 
-def _fast_ok(scales, group_end_offsets, groups) -> bool:
-    """Arguments :func:`checks.check_swizzle` surely accepts, from a few metadata reads."""
+def _run_kernel(
+    target: targets.DeviceTarget, scales: torch.Tensor, group_end_offsets: torch.Tensor | None, groups: str
+) -> torch.Tensor:
+    """The kernel path after the contract checks (and ``SwizzleKernel.can_implement``'s group limit)."""
+    if scales.dtype is not _E8M0:
+        scales = scales.view(_E8M0)
+    num_groups = 0
+    if group_end_offsets is not None:
+        checks.check_kernel_group_count(_OP, group_end_offsets)
+        num_groups = group_end_offsets.shape[0]
+    return _launch(target, scales, scales.shape, group_end_offsets, num_groups, groups)
+
+
+def _fast(target: targets.DeviceTarget, scales: torch.Tensor, group_end_offsets, groups):
+    """``KernelOp.fast``: :func:`checks.check_swizzle` and the group limit from metadata reads."""
+    dtype = scales.dtype
     if not (
-        isinstance(scales, torch.Tensor)
+        (dtype is _E8M0 or dtype is _U8)
         and type(groups) is str
         and (groups == "M" or groups == "K")
-        and scales.dtype in _SCALE_DTYPES
         and scales.is_contiguous()
     ):
-        return False
-    ndim = scales.dim()
+        return None
+    shape = scales.shape
     if group_end_offsets is None:
-        return ndim == 2 or ndim == 3
-    return ndim == 2 and checks.fast_offsets_ok(group_end_offsets, scales)
+        if len(shape) != 2 and len(shape) != 3:
+            return None
+        num_groups = 0
+    else:
+        num_groups = checks.fast_group_count(group_end_offsets, target.device)
+        if not num_groups or len(shape) != 2:
+            return None
+    if dtype is _U8:
+        scales = scales.view(_E8M0)
+    return _launch(target, scales, shape, group_end_offsets, num_groups, groups)
 
 
 @torch.library.custom_op("cute_kernels::swizzle_scales", mutates_args=())
@@ -129,7 +152,7 @@ def _reference(scales: torch.Tensor, group_end_offsets: torch.Tensor | None, gro
     return reference.swizzle_scales(scales, group_end_offsets=group_end_offsets, groups=groups)
 
 
-_SWIZZLE_OP = KernelOp(_OP, checks.check_swizzle, _run_kernel, _reference, _swizzle_op, fast_ok=_fast_ok)
+_SWIZZLE_OP = KernelOp(_OP, checks.check_swizzle, _run_kernel, _reference, _swizzle_op, fast=_fast)
 
 
 def swizzle_scales(

@@ -21,16 +21,18 @@ from .kernel_cache import get_kernel, on_clear
 
 class DeviceTarget:
     """A CUDA device the kernels run on: ``arch`` ("sm_90a" / "sm_100a"), ``num_sms``, ``name``
-    (``torch.cuda.get_device_name``: the tuned tables' key), and ``kernels`` (binding key ->
+    (``torch.cuda.get_device_name``: the tuned tables' key), ``device`` (its ``torch.device``: the
+    fast paths compare other tensors' devices with it) and ``kernels`` (binding key ->
     TVM-FFI callable, filled by :meth:`kernel`; a binding may also keep a tuple of callables it
     launches together under a key of its own whose first item is no registry name)."""
 
-    __slots__ = ("arch", "num_sms", "name", "kernels")
+    __slots__ = ("arch", "num_sms", "name", "device", "kernels")
 
-    def __init__(self, arch: str, num_sms: int, name: str = "") -> None:
+    def __init__(self, arch: str, num_sms: int, name: str = "", device: torch.device | None = None) -> None:
         self.arch = arch
         self.num_sms = num_sms
         self.name = name
+        self.device = device
         self.kernels: dict[object, Callable | tuple] = {}
 
     def kernel(
@@ -74,7 +76,10 @@ def target(device: torch.device, arch: str) -> DeviceTarget:
     found = _targets.get(index)
     if found is None:
         found = _targets[index] = DeviceTarget(
-            arch, _backend.num_sms(index), torch.cuda.get_device_properties(index).name
+            arch,
+            _backend.num_sms(index),
+            torch.cuda.get_device_properties(index).name,
+            torch.device("cuda", index),
         )
     return found
 
