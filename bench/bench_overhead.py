@@ -3,8 +3,8 @@
 The floor of an op is what no binding can avoid: allocating tensors like its outputs plus one bare
 TVM-FFI call of each kernel it launches, with the arguments it passed (recorded from a real call
 through the per-device kernel table). The rule: time per call <= 1.3 x floor, and <= 10 us where
-the floor is under 7 us. Both are timed back to back on tiny inputs with a host clock (the GPU
-work is a few microseconds, so the host is the bottleneck), alternately, fastest round of each.
+the floor is under 7 us. Both are timed on tiny inputs with a host clock (the GPU work is a few
+microseconds, so the host is the bottleneck), one call of each in turn, median of each.
 Ops: ``swizzle_scales`` (plain, M-groups, K-groups), ``quantize_mxfp8_2d`` (1x32 plain scales,
 blocked, M-groups; 32x1), ``quantize_mxfp8_2d_dual``, ``quantize_mxfp8_3d`` (1x32, 32x1),
 ``pad_token_groups``, ``unpad_token_groups`` (with ``num_tokens``, the no-sync form),
@@ -15,6 +15,7 @@ An op that raises gets a row saying so. The last rows time the
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -49,14 +50,26 @@ def host_us_per_call(fn: Callable[[], object], calls: int = 1000, rounds: int = 
     return min(samples)
 
 
-def paired_us(fn: Callable[[], object], floor: Callable[[], object], pairs: int = 5) -> tuple[float, float]:
-    """``(op us, floor us)``, each the fastest of ``pairs`` measurements taken alternately, so a
-    slow phase of the host hits both."""
-    ops, floors = [], []
-    for _ in range(pairs):
-        ops.append(host_us_per_call(fn, rounds=3))
-        floors.append(host_us_per_call(floor, rounds=3))
-    return min(ops), min(floors)
+def paired_us(
+    fn: Callable[[], object], floor: Callable[[], object], calls: int = 20000
+) -> tuple[float, float]:
+    """``(op us, floor us)``: the medians of ``calls`` single calls of each, taken in alternation
+    (op, floor, op, ...), so whatever slows the host at a moment slows both; a rounds-based minimum
+    moved the same row's floor by 50% between runs on a busy host (notes/host-overhead.md)."""
+    for _ in range(200):
+        fn()
+        floor()
+    torch.cuda.synchronize()
+    clock = time.perf_counter_ns
+    ops, floors = [0] * calls, [0] * calls
+    for i in range(calls):
+        start = clock()
+        fn()
+        middle = clock()
+        floor()
+        ops[i], floors[i] = middle - start, clock() - middle
+    torch.cuda.synchronize()
+    return statistics.median(ops) / 1e3, statistics.median(floors) / 1e3
 
 
 def op_cases(device: torch.device) -> dict[str, Callable[[], object]]:

@@ -182,7 +182,7 @@ def test_overhead_rule() -> None:
 def test_overhead_measure_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     times = {"op": 12.0, "floor": 10.0}
     monkeypatch.setattr(bench_overhead, "floor_of", lambda fn, device: lambda: "floor")
-    monkeypatch.setattr(bench_overhead, "host_us_per_call", lambda fn, rounds=9: times[fn() or "op"])
+    monkeypatch.setattr(bench_overhead, "paired_us", lambda fn, floor: (times[fn() or "op"], times[floor()]))
     row = bench_overhead.measure("q3d", lambda: None, torch.device("cpu"))
     assert row == {"call": "q3d", "host_us": 12.0, "floor_us": 10.0, "ratio": 1.2, "status": "ok"}
 
@@ -201,6 +201,7 @@ def test_overhead_cpu_mock_runs_every_op(monkeypatch: pytest.MonkeyPatch, tmp_pa
         return 1.0
 
     monkeypatch.setattr(bench_overhead, "host_us_per_call", once)
+    monkeypatch.setattr(bench_overhead, "paired_us", lambda fn, floor: (once(fn), once(floor)))
     monkeypatch.setattr(torch.cuda, "synchronize", torch.cuda.synchronize)
     try:
         assert bench_overhead.main(["--cpu-mock", "--out", str(tmp_path)]) == 0

@@ -17,13 +17,16 @@ from .quantize import launch_1x32, scales_shape_1x32
 _OP = "pad_and_quantize_mxfp8_2d"
 
 
-def _outputs(x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int):
-    """Empty (q, scales, padded_start, padded_end) for x (M, K); works on fake tensors."""
+def _outputs(
+    x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, e4m3: torch.Tensor, e8m0: torch.Tensor
+):
+    """Empty (q, scales, padded_start, padded_end) for x (M, K), allocated like ``e4m3`` / ``e8m0``
+    (tensors of those dtypes on x's device); works on fake tensors."""
     num_groups = group_end_offsets.shape[0]
     rows = reference.padded_rows(x.shape[0], num_groups, alignment)
     cols = x.shape[1]
-    q = x.new_empty(rows, cols, dtype=torch.float8_e4m3fn)
-    scales = x.new_empty(*scales_shape_1x32((rows, cols), num_groups, True), dtype=torch.float8_e8m0fnu)
+    q = e4m3.new_empty(rows, cols)
+    scales = e8m0.new_empty(*scales_shape_1x32((rows, cols), num_groups, True))
     return q, scales, group_end_offsets.new_empty(num_groups), group_end_offsets.new_empty(num_groups)
 
 
@@ -31,7 +34,7 @@ def _launch(
     target: targets.DeviceTarget, x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, mode: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Allocate the outputs and launch (all checks done)."""
-    q, scales, padded_start, padded_end = _outputs(x, group_end_offsets, alignment)
+    q, scales, padded_start, padded_end = _outputs(x, group_end_offsets, alignment, target.e4m3, target.e8m0)
     if scales.numel() == 0:  # K == 0: no data to quantize, only the padded offsets
         padded_start, padded_end = reference.padded_group_offsets(group_end_offsets, alignment)
         return q, scales, padded_start, padded_end
@@ -57,7 +60,8 @@ def _pad_quantize_op(
 def _pad_quantize_fake(
     x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, scaling_mode: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _outputs(x, group_end_offsets, alignment)
+    like = (x.new_empty(0, dtype=torch.float8_e4m3fn), x.new_empty(0, dtype=torch.float8_e8m0fnu))
+    return _outputs(x, group_end_offsets, alignment, *like)
 
 
 # The op's parts for ``KernelOp``, all on ``(x, group_end_offsets, alignment, scaling_mode)``.

@@ -89,14 +89,14 @@ def launch_1x32_2d(
     padded_cols = ((cols >> 5) + 3) & -4  # integer form of scales_shape_1x32 (hot path)
     if num_groups:
         layout, key_groups = "m_groups", _SMALL_GROUPS if num_groups <= _SMALL_GROUPS else MAX_GROUPS
-        scales = x.new_empty(rows + 128 * num_groups, padded_cols, dtype=_E8M0)
+        scales = target.e8m0.new_empty(rows + 128 * num_groups, padded_cols)
     elif blocked:
         layout, key_groups = "blocked", MAX_GROUPS
-        scales = x.new_empty((rows + 127) & -128, padded_cols, dtype=_E8M0)
+        scales = target.e8m0.new_empty((rows + 127) & -128, padded_cols)
     else:
         layout, key_groups = "plain", MAX_GROUPS
-        scales = x.new_empty(rows, cols >> 5, dtype=_E8M0)
-    q = x.new_empty(rows, cols, dtype=_E4M3)
+        scales = target.e8m0.new_empty(rows, cols >> 5)
+    q = target.e4m3.new_empty(rows, cols)
     if scales.numel():
         key = (KERNEL, x.dtype, mode, layout, key_groups)
         kernel = target.kernels.get(key) or target.kernel(key, variant_of)

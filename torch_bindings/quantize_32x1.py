@@ -69,10 +69,10 @@ def launch_32x1_2d(
         layout, scale_shape = "blocked", ((cols + 127) & -128, ((rows >> 5) + 3) & -4)
     else:
         layout, scale_shape = "plain", (cols, rows >> 5)
-    q = x.new_empty_strided((rows, cols), (1, rows), dtype=_E4M3)
+    q = target.e4m3.new_empty_strided((rows, cols), (1, rows))
     if rows == 0 or cols == 0:  # nothing to quantize: only padding bytes (zeros)
         return q, x.new_zeros(scale_shape, dtype=_E8M0)
-    scales = x.new_empty(*scale_shape, dtype=_E8M0)
+    scales = target.e8m0.new_empty(*scale_shape)
     _launch(target, x, q, scales, group_end_offsets, mode, layout)  # the rank-2 entry: no views
     return q, scales
 
@@ -100,7 +100,7 @@ def launch_32x1_3d(
     alignment done): q (E, N, K) with strides (N*K, 1, N), scales E8M0 per expert of S = (K, N/32):
     plain (E, K, N/32) or blocked (E, Rp, Cp) with every padding byte 0."""
     experts, rows, cols = shape
-    q = w.new_empty_strided((experts, rows, cols), (rows * cols, 1, rows), dtype=_E4M3)
+    q = target.e4m3.new_empty_strided((experts, rows, cols), (rows * cols, 1, rows))
     if blocked:  # per expert S = (K, N/32): plain, or blocked (Rp, Cp)
         scale_shape = (experts, (cols + 127) & -128, ((rows >> 5) + 3) & -4)
     else:
@@ -108,7 +108,7 @@ def launch_32x1_3d(
     if experts == 0 or rows == 0 or cols == 0:
         return q, w.new_zeros(scale_shape, dtype=_E8M0)
     checks.check_kernel_experts(_OP_3D, experts)
-    scales = w.new_empty(*scale_shape, dtype=_E8M0)
+    scales = target.e8m0.new_empty(*scale_shape)
     _launch(target, w, q, scales, None, mode, "blocked" if blocked else "plain")  # no views
     return q, scales
 

@@ -52,10 +52,10 @@ def _launch_1x32(
         w = expert_rows(w)
     # Per-expert scales S = (N, K/32), blocked (Rp, Cp) per expert (scales_shape_3d inlined).
     if blocked:
-        layout, scales = "experts", w.new_empty(experts, (n + 127) & -128, ((k >> 5) + 3) & -4, dtype=_E8M0)
+        layout, scales = "experts", target.e8m0.new_empty(experts, (n + 127) & -128, ((k >> 5) + 3) & -4)
     else:
-        layout, scales = "plain", w.new_empty(experts, n, k >> 5, dtype=_E8M0)
-    q = w.new_empty(experts, n, k, dtype=_E4M3)
+        layout, scales = "plain", target.e8m0.new_empty(experts, n, k >> 5)
+    q = target.e4m3.new_empty(experts, n, k)
     if scales.numel():
         key = (KERNEL, w.dtype, mode, layout, MAX_GROUPS, 3)
         kernel = target.kernels.get(key) or target.kernel(key, variant_of)

@@ -40,8 +40,8 @@ def _launch_dual(
     32 (all checks done; ``num_groups`` 0 without offsets), bit-identical to the two single calls:
     one launch of the dual kernel (layout ``groups`` with offsets, else ``blocked`` or ``plain``)."""
     rows, cols = shape
-    q_r = x.new_empty(rows, cols, dtype=_E4M3)
-    q_c = x.new_empty_strided((rows, cols), (1, rows), dtype=_E4M3)
+    q_r = target.e4m3.new_empty(rows, cols)
+    q_c = target.e4m3.new_empty_strided((rows, cols), (1, rows))
     # scales_shape_1x32 / scales_shape_32x1 inlined (hot path): S_r = (M, K/32), S_c = (K, M/32)
     if num_groups:
         layout = "groups"
@@ -55,8 +55,8 @@ def _launch_dual(
         layout, shape_r, shape_c = "plain", (rows, cols >> 5), (cols, rows >> 5)
     if rows == 0 or cols == 0:  # nothing to quantize: only padding bytes (zeros)
         return q_r, x.new_zeros(shape_r, dtype=_E8M0), q_c, x.new_zeros(shape_c, dtype=_E8M0)
-    s_r = x.new_empty(*shape_r, dtype=_E8M0)
-    s_c = x.new_empty(*shape_c, dtype=_E8M0)
+    s_r = target.e8m0.new_empty(*shape_r)
+    s_c = target.e8m0.new_empty(*shape_c)
     key = ("quantize_dual", x.dtype, scaling_mode, layout)
     kernel = target.kernels.get(key) or target.kernel(key, _variant)
     kernel(x, q_r, s_r, q_c, s_c, group_end_offsets)

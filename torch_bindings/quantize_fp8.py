@@ -160,8 +160,8 @@ def _launch_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One scale per row of x of ``shape`` (M, K) or (E, N, K) (checked; an (E, 1, K) x with its row
     stride fixed by :func:`_run_rows`): q in x's shape, row-major; scales ``shape[:-1]``."""
-    q = x.new_empty(*shape, dtype=_E4M3)
-    scales = x.new_empty(*shape[:-1], dtype=torch.float32)
+    q = target.e4m3.new_empty(*shape)
+    scales = target.f32.new_empty(*shape[:-1])
     cols = shape[-1]
     if not cols:  # rows of no elements: scale 1.0 (and PyTorch's strides of (M, 0) are 1)
         return q, scales.fill_(1.0)

@@ -18,21 +18,32 @@ from cute_kernels import registry
 from . import backend as _backend
 from .kernel_cache import get_kernel, on_clear
 
+_OUTPUT_DTYPES = (torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.float32)
+
 
 class DeviceTarget:
     """A CUDA device the kernels run on: ``arch`` ("sm_90a" / "sm_100a"), ``num_sms``, ``name``
     (``torch.cuda.get_device_name``: the tuned tables' key), ``device`` (its ``torch.device``: the
-    fast paths compare other tensors' devices with it) and ``kernels`` (binding key ->
+    fast paths compare other tensors' devices with it), ``e4m3`` / ``e8m0`` / ``f32`` (empty tensors
+    of the output dtypes there, whose ``new_empty`` allocates outputs) and ``kernels`` (binding key ->
     TVM-FFI callable, filled by :meth:`kernel`; a binding may also keep a tuple of callables it
     launches together under a key of its own whose first item is no registry name)."""
 
-    __slots__ = ("arch", "num_sms", "name", "device", "kernels")
+    __slots__ = ("arch", "num_sms", "name", "device", "kernels", "e4m3", "e8m0", "f32")
 
     def __init__(self, arch: str, num_sms: int, name: str = "", device: torch.device | None = None) -> None:
         self.arch = arch
         self.num_sms = num_sms
         self.name = name
         self.device = device
+        # Empty tensors of the output dtypes on the device: ``target.e4m3.new_empty(rows, cols)``
+        # allocates without a dtype argument to parse (0.2-0.3 us less than ``x.new_empty(...,
+        # dtype=)``; notes/host-overhead.md).
+        self.e4m3, self.e8m0, self.f32 = (
+            (None, None, None)
+            if device is None
+            else tuple(torch.empty(0, dtype=d, device=device) for d in _OUTPUT_DTYPES)
+        )
         self.kernels: dict[object, Callable | tuple] = {}
 
     def kernel(
