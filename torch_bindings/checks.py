@@ -58,6 +58,7 @@ __all__ = [
     "fast_alignment_ok",
     "fast_byte_copy_shape",
     "fast_group_count",
+    "fast_optional_groups",
     "fast_quant_shape",
 ]
 
@@ -452,6 +453,14 @@ def fast_group_count(offsets: Any, device: torch.device, limit: int = MAX_KERNEL
         if len(shape) == 1 and shape[0] <= limit:
             return shape[0]
     return 0
+
+
+def fast_optional_groups(offsets: Any, blocked_scales: bool, device: torch.device) -> int:
+    """The MXFP8 ops' optional row groups: 0 without offsets, G for offsets :func:`fast_group_count`
+    accepts with ``blocked_scales`` True (groups need the blocked layouts); -1 otherwise."""
+    if offsets is None:
+        return 0
+    return (blocked_scales and fast_group_count(offsets, device)) or -1
 
 
 def fast_byte_copy_shape(t: torch.Tensor) -> torch.Size | None:

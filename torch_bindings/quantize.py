@@ -104,20 +104,6 @@ def launch_1x32_2d(
     return q, scales
 
 
-def run_1x32_2d(
-    x: torch.Tensor,
-    group_end_offsets: torch.Tensor | None,
-    mode: str,
-    blocked: bool,
-    target: targets.DeviceTarget,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """1x32 kernel path of ``quantize_mxfp8_2d`` after the contract checks: the kernel-path checks
-    (alignment, group count), then :func:`launch_1x32_2d`."""
-    checks.check_kernel_inputs(_OP, group_end_offsets, x)
-    num_groups = 0 if group_end_offsets is None else group_end_offsets.shape[0]
-    return launch_1x32_2d(target, x, x.shape, group_end_offsets, num_groups, mode, blocked)
-
-
 @torch.library.custom_op("cute_kernels::quantize_mxfp8_2d_1x32", mutates_args=())
 def _quantize_op(
     x: torch.Tensor, group_end_offsets: torch.Tensor | None, scaling_mode: str, blocked_scales: bool
@@ -144,11 +130,9 @@ def _fast(target: targets.DeviceTarget, x, block, group_end_offsets, scaling_mod
     shape = checks.fast_quant_shape(x, scaling_mode, blocked_scales)
     if shape is None or len(shape) != 2 or type(block) is not str:
         return None
-    num_groups = 0
-    if group_end_offsets is not None:
-        num_groups = checks.fast_group_count(group_end_offsets, target.device)
-        if not num_groups or not blocked_scales:
-            return None
+    num_groups = checks.fast_optional_groups(group_end_offsets, blocked_scales, target.device)
+    if num_groups < 0:
+        return None
     if block == "1x32":
         return launch_1x32_2d(target, x, shape, group_end_offsets, num_groups, scaling_mode, blocked_scales)
     if block == "32x1" and not shape[0] & 31:
@@ -157,8 +141,13 @@ def _fast(target: targets.DeviceTarget, x, block, group_end_offsets, scaling_mod
 
 
 def _run(target: targets.DeviceTarget, x, block, group_end_offsets, scaling_mode, blocked_scales):
-    run = run_1x32_2d if block == "1x32" else run_32x1_2d
-    return run(x, group_end_offsets, scaling_mode, blocked_scales, target)
+    """The kernel path after the contract checks: the kernel-path checks (alignment, group count),
+    then the block's launcher."""
+    if block != "1x32":
+        return run_32x1_2d(x, group_end_offsets, scaling_mode, blocked_scales, target)
+    checks.check_kernel_inputs(_OP, group_end_offsets, x)
+    num_groups = 0 if group_end_offsets is None else group_end_offsets.shape[0]
+    return launch_1x32_2d(target, x, x.shape, group_end_offsets, num_groups, scaling_mode, blocked_scales)
 
 
 def _reference(x, block, group_end_offsets, scaling_mode, blocked_scales):

@@ -1,11 +1,11 @@
 """PyTorch runners of the 32x1 quantization kernel (``cute_kernels.quantize_32x1``), 2D and 3D.
 
-``run_32x1_2d`` / ``launch_32x1_2d`` serve ``quantize_mxfp8_2d(block="32x1")``, ``launch_32x1_3d``
-serves ``quantize_mxfp8_3d(block="32x1")``. They allocate the outputs with the SPEC's shapes and strides
-(q^T storage), check what the kernel needs beyond the contract (alignment, group count) and launch
-on the current stream with no host sync. ``cute_kernels::quantize_mxfp8_2d_32x1`` is the 2D custom
-op (fake implementation for ``torch.compile``); the 3D path runs inside
-``cute_kernels::quantize_mxfp8_3d``.
+``launch_32x1_2d`` serves ``quantize_mxfp8_2d(block="32x1")`` (``run_32x1_2d``: the kernel-path
+checks, alignment and group count, first; the eager fast path makes them itself) and
+``launch_32x1_3d`` serves ``quantize_mxfp8_3d(block="32x1")``. They allocate the outputs with the
+SPEC's shapes and strides (q^T storage) and launch on the current stream with no host sync.
+``cute_kernels::quantize_mxfp8_2d_32x1`` is the 2D custom op (fake implementation for
+``torch.compile``); the 3D path runs inside ``cute_kernels::quantize_mxfp8_3d``.
 """
 
 from __future__ import annotations

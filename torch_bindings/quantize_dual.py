@@ -82,11 +82,9 @@ def _fast_dual(target: targets.DeviceTarget, x, group_end_offsets, scaling_mode,
     shape = checks.fast_quant_shape(x, scaling_mode, blocked_scales)
     if shape is None or len(shape) != 2 or shape[0] & 31:
         return None
-    num_groups = 0
-    if group_end_offsets is not None:
-        num_groups = checks.fast_group_count(group_end_offsets, target.device)
-        if not num_groups or not blocked_scales:
-            return None
+    num_groups = checks.fast_optional_groups(group_end_offsets, blocked_scales, target.device)
+    if num_groups < 0:
+        return None
     return _launch_dual(target, x, shape, group_end_offsets, num_groups, scaling_mode, blocked_scales)
 
 
