@@ -38,7 +38,8 @@ class KernelOp:
     - ``custom_op(*args)``: the ``torch.library`` op that calls ``run`` (``torch.compile`` path);
     - ``fast(target, *args)``: the eager fast path, called with ``args[0]`` a tensor on ``target``'s
       device: the outputs of ``run(target, *args)``, or ``None`` (nothing launched) unless ``check``
-      and ``run``'s kernel-path checks surely pass, judged from metadata reads only.
+      and ``run``'s kernel-path checks surely pass, judged from metadata reads only (a kernel-path
+      limit that ``run`` would raise, such as the expert count, may raise the same error here).
     """
 
     name: str
