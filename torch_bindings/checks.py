@@ -34,6 +34,7 @@ __all__ = [
     "check_alignment",
     "check_backend",
     "check_bool",
+    "byte_copyable",
     "check_byte_copy_tensor",
     "check_choice",
     "check_divisible",
@@ -56,8 +57,8 @@ __all__ = [
     "unpad_row_count",
     "describe",
     "fast_alignment_ok",
-    "fast_byte_copy_shape",
     "fast_group_count",
+    "fast_launch_groups",
     "fast_optional_groups",
     "fast_quant_shape",
 ]
@@ -302,10 +303,15 @@ def _check_swizzle_full(scales: Any, group_end_offsets: Any, groups: Any, op: st
         check_offsets("group_end_offsets", group_end_offsets, scales.device, op=op)
 
 
+def byte_copyable(t: torch.Tensor) -> bool:
+    """Whether the padding ops copy tensors of t's dtype bit for bit: any dtype of
+    ``PAD_ELEMENT_SIZES`` bytes that is not quantized."""
+    return not t.is_quantized and t.element_size() in PAD_ELEMENT_SIZES
+
+
 def check_byte_copy_tensor(name: str, t: Any, *, op: str) -> None:
-    """A 2-D contiguous tensor of any dtype of ``PAD_ELEMENT_SIZES`` bytes (not quantized): what the
-    padding ops copy bit for bit."""
-    if not isinstance(t, torch.Tensor) or t.is_quantized or t.element_size() not in PAD_ELEMENT_SIZES:
+    """A 2-D contiguous tensor of a dtype the padding ops copy (:func:`byte_copyable`)."""
+    if not isinstance(t, torch.Tensor) or not byte_copyable(t):
         raise TypeError(
             f"{_prefix(op)}{name} must be a 2-D tensor of a dtype of 1, 2, 4 or 8 bytes, got {describe(t)}"
         )
@@ -417,21 +423,21 @@ def check_kernel_inputs(op: str, group_end_offsets: torch.Tensor | None, *tensor
 # ----------------------------------------------------------------------------------------------
 
 _BF16, _F32 = torch.bfloat16, torch.float32
+_Tensor = torch.Tensor
 _ALIGNMENT_SET = frozenset(ALIGNMENTS)
-_PAD_SIZE_SET = frozenset(PAD_ELEMENT_SIZES)
 
 
 def fast_quant_shape(x: torch.Tensor, scaling_mode: Any, blocked_scales: Any) -> torch.Size | None:
-    """x's shape when x is a contiguous bf16/fp32 tensor with its last dim a multiple of 32 and a
-    16-byte aligned data pointer (``check_kernel_inputs``), and the scaling mode and
-    ``blocked_scales`` flag are valid; else None. The caller checks the rank."""
+    """x's shape when x is a bf16/fp32 tensor with its last dim a multiple of 32 and a 16-byte
+    aligned data pointer (``check_kernel_inputs``), and the scaling mode and ``blocked_scales`` flag
+    are valid; else None. The caller checks the rank. Contiguity is left to the MXFP8 kernels'
+    wrappers (compact x): they launch unless x is empty, and an empty tensor is contiguous."""
     dtype = x.dtype
     if (
         (dtype is _BF16 or dtype is _F32)
         and type(scaling_mode) is str
         and (scaling_mode == "rceil" or scaling_mode == "floor")
         and (blocked_scales is True or blocked_scales is False)
-        and x.is_contiguous()
         and not x.data_ptr() & 15
     ):
         shape = x.shape
@@ -442,7 +448,8 @@ def fast_quant_shape(x: torch.Tensor, scaling_mode: Any, blocked_scales: Any) ->
 
 def fast_group_count(offsets: Any, device: torch.device, limit: int = MAX_KERNEL_GROUPS) -> int:
     """G when ``offsets`` are group end offsets :func:`check_offsets` accepts for data on ``device``
-    and G is at most ``limit`` (the kernels' group limit); else 0."""
+    and G is at most ``limit`` (the kernels' group limit); else 0. For paths that may skip the
+    launch; a path that surely launches uses :func:`fast_launch_groups`."""
     if (
         isinstance(offsets, torch.Tensor)
         and offsets.dtype is OFFSETS_DTYPE
@@ -455,22 +462,28 @@ def fast_group_count(offsets: Any, device: torch.device, limit: int = MAX_KERNEL
     return 0
 
 
-def fast_optional_groups(offsets: Any, blocked_scales: bool, device: torch.device) -> int:
-    """The MXFP8 ops' optional row groups: 0 without offsets, G for offsets :func:`fast_group_count`
-    accepts with ``blocked_scales`` True (groups need the blocked layouts); -1 otherwise."""
+def fast_launch_groups(offsets: Any, limit: int = MAX_KERNEL_GROUPS) -> int:
+    """G (1 <= G <= ``limit``) when ``offsets`` is a 1-D ``torch.int32`` tensor, else 0: the part of
+    :func:`check_offsets` the kernels' TVM-FFI wrappers do not make. The wrapper of a kernel taking
+    ``offsets`` checks, before it launches, their device (that of every tensor argument), compact
+    strides, rank and alignment, and raises ``ValueError`` (``RuntimeError`` for a tensor it cannot
+    take, e.g. on ``meta``); ``KernelOp.dispatch`` then runs the full checks, which raise the
+    contract's error. So only a fast path that surely launches a kernel with ``offsets`` may use
+    this (notes/host-overhead.md). int32 stays a check here: the wrappers take int32 and uint32."""
+    if type(offsets) is _Tensor and offsets.dtype is OFFSETS_DTYPE:
+        shape = offsets.shape
+        if len(shape) == 1 and shape[0] <= limit:
+            return shape[0]
+    return 0
+
+
+def fast_optional_groups(offsets: Any, blocked_scales: bool, shape: torch.Size) -> int:
+    """The MXFP8 ops' optional row groups: 0 without offsets, G for offsets :func:`fast_launch_groups`
+    accepts with ``blocked_scales`` True (groups need the blocked layouts) and x's ``shape`` free of
+    zeros (the kernels launch, so their wrappers check the offsets); -1 otherwise."""
     if offsets is None:
         return 0
-    return (blocked_scales and fast_group_count(offsets, device)) or -1
-
-
-def fast_byte_copy_shape(t: torch.Tensor) -> torch.Size | None:
-    """The shape of a 2-D contiguous tensor :func:`check_byte_copy_tensor` accepts (quantized
-    tensors take the full check); else None."""
-    if t.element_size() in _PAD_SIZE_SET and t.is_contiguous() and not t.is_quantized:
-        shape = t.shape
-        if len(shape) == 2:
-            return shape
-    return None
+    return (blocked_scales and 0 not in shape and fast_launch_groups(offsets)) or -1
 
 
 def fast_alignment_ok(alignment: Any) -> bool:

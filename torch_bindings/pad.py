@@ -11,6 +11,8 @@ type of its size; both compile to the same instructions.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from cute_utils.constants import PAD_KERNEL_DTYPES
@@ -23,6 +25,7 @@ _UNPAD = "unpad_token_groups"
 #: dtypes with kernels of their own (cute_utils.constants.PAD_KERNEL_DTYPES); others run as their
 #: integer carrier.
 _KERNEL_DTYPES = frozenset(getattr(torch, name) for name in PAD_KERNEL_DTYPES)
+_Tensor, _I32 = torch.Tensor, checks.OFFSETS_DTYPE
 
 
 def _variant(key: tuple, target: targets.DeviceTarget):
@@ -32,26 +35,52 @@ def _variant(key: tuple, target: targets.DeviceTarget):
     return RowGatherVariant(str(key[1]).removeprefix("torch."), key[2])
 
 
-def vector_bytes(t: torch.Tensor, cols: int) -> int:
-    """Widest access (16, 4 or the element size in bytes) that divides the row size of the 2-D
-    contiguous ``t`` of ``cols`` columns, its data pointer and its row stride in bytes (TVM-FFI
-    checks the stride divisibility a kernel declares; a row-major (M, 0) tensor has row stride 1)."""
-    size = t.element_size()
-    # A contiguous t with elements has row stride cols (a single row's stride is neither read nor
-    # checked by TVM-FFI); t.stride(0) costs 0.2-0.3 us more than numel(). Empty t: its own stride.
+class _Operand(NamedTuple):
+    """How a dtype the padding ops copy goes to the kernel: its element ``size`` in bytes and the
+    ``kernel_dtype`` compiled for it (itself, or the integer carrier of its size: a byte copy), with
+    ``view`` True for a carrier."""
+
+    size: int
+    kernel_dtype: torch.dtype
+    view: bool
+
+
+#: dtype -> its :class:`_Operand`: the dtypes with kernels from the start, any other the first
+#: time :func:`operand_of` sees it (the fast paths read this dict instead of ``element_size`` and
+#: ``is_quantized``, and leave a dtype not in it to the full path once).
+_OPERANDS: dict[torch.dtype, _Operand] = {d: _Operand(d.itemsize, d, False) for d in _KERNEL_DTYPES}
+
+
+def operand_of(t: torch.Tensor) -> _Operand | None:
+    """t's dtype as the padding kernels copy it, or None for a dtype
+    :func:`checks.check_byte_copy_tensor` refuses (quantized, or not of 1, 2, 4 or 8 bytes)."""
+    if not checks.byte_copyable(t):
+        return None
+    size, dtype = t.element_size(), t.dtype
+    kernel_dtype = dtype if dtype in _KERNEL_DTYPES else reference.BITS_DTYPES[size]
+    operand = _OPERANDS[dtype] = _Operand(size, kernel_dtype, kernel_dtype is not dtype)
+    return operand
+
+
+def _gather(
+    name: str, t: torch.Tensor, rows: int, cols: int, operand: _Operand
+) -> tuple[torch.Tensor, tuple[str, torch.dtype, int]]:
+    """``(data, key)``: the 2-D contiguous ``t`` (rows, cols) as kernel ``name`` takes it (itself or
+    its carrier view) and that kernel's table key ``(name, kernel dtype, vector bytes)``. The vector
+    is the widest access (16, 4 or the element size) that divides the row size in bytes, t's data
+    pointer and its row stride in bytes (TVM-FFI checks the stride divisibility a kernel declares);
+    a contiguous t with elements has row stride ``cols`` (one row's stride is neither read nor
+    checked), an empty one its own (PyTorch gives (M, 0) the row stride 1)."""
+    size, kernel_dtype, view = operand
     row_bytes, pointer = cols * size, t.data_ptr()
-    stride_bytes = row_bytes if t.numel() else t.stride(0) * size
+    stride_bytes = row_bytes if rows and cols else t.stride(0) * size
     if size < 16 and not (row_bytes % 16 or pointer % 16 or stride_bytes % 16):
-        return 16
-    if size < 4 and not (row_bytes % 4 or pointer % 4 or stride_bytes % 4):
-        return 4
-    return size
-
-
-def _kernel_data(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself when a kernel is compiled for its dtype, else its integer carrier view (a byte
-    copy: any dtype of 1, 2, 4 or 8 bytes)."""
-    return t if t.dtype in _KERNEL_DTYPES else t.view(reference.BITS_DTYPES[t.element_size()])
+        vector = 16
+    elif size < 4 and not (row_bytes % 4 or pointer % 4 or stride_bytes % 4):
+        vector = 4
+    else:
+        vector = size
+    return (t.view(kernel_dtype) if view else t), (name, kernel_dtype, vector)
 
 
 def padded_shape(x_shape, num_groups, alignment: int) -> tuple:
@@ -68,41 +97,43 @@ def _launch_pad(
     target: targets.DeviceTarget,
     x: torch.Tensor,
     shape: torch.Size,
+    operand: _Operand,
     group_end_offsets: torch.Tensor,
     num_groups: int,
     alignment: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Allocate pad's outputs for x of ``shape`` (checked; ``num_groups`` <= ``MAX_KERNEL_GROUPS``)
-    and launch."""
-    data = _kernel_data(x)
+    """Allocate pad's outputs for x of ``shape`` and ``operand`` (checked; ``num_groups`` <=
+    ``MAX_KERNEL_GROUPS``) and launch."""
     rows, cols = shape
+    data, key = _gather("pad", x, rows, cols, operand)
     out = data.new_empty(reference.padded_rows(rows, num_groups, alignment), cols)
     padded_start = group_end_offsets.new_empty(num_groups)
     padded_end = group_end_offsets.new_empty(num_groups)
     # out: fresh from the caching allocator, 512-byte aligned
-    key = ("pad", data.dtype, vector_bytes(data, cols))
     kernel = target.kernels.get(key) or target.kernel(key, _variant)
     # Always launched: CTA 0 writes padded_start / padded_end even when there is no data.
     kernel(data, out, group_end_offsets, padded_start, padded_end, alignment)
-    return (out if data is x else out.view(x.dtype)), padded_start, padded_end
+    return (out.view(x.dtype) if operand.view else out), padded_start, padded_end
 
 
 def _run_pad(
     target: targets.DeviceTarget, x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     checks.check_kernel_group_count(_PAD, group_end_offsets)
-    return _launch_pad(target, x, x.shape, group_end_offsets, group_end_offsets.shape[0], alignment)
+    operand = operand_of(x)
+    return _launch_pad(target, x, x.shape, operand, group_end_offsets, group_end_offsets.shape[0], alignment)
 
 
-def _fast_pad(target: targets.DeviceTarget, x: torch.Tensor, group_end_offsets, alignment):
+def _fast_pad(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_pad` and the group limit from metadata reads."""
-    shape = checks.fast_byte_copy_shape(x)
-    if shape is None or not checks.fast_alignment_ok(alignment):
+    x, group_end_offsets, alignment = args
+    operand, shape = _OPERANDS.get(x.dtype), x.shape  # a dtype copied before, in _OPERANDS
+    if operand is None or len(shape) != 2 or not checks.fast_alignment_ok(alignment):
         return None
-    num_groups = checks.fast_group_count(group_end_offsets, target.device)
+    num_groups = checks.fast_launch_groups(group_end_offsets)  # always launched: the wrapper checks
     if not num_groups:
         return None
-    return _launch_pad(target, x, shape, group_end_offsets, num_groups, alignment)
+    return _launch_pad(target, x, shape, operand, group_end_offsets, num_groups, alignment)
 
 
 @torch.library.custom_op("cute_kernels::pad_token_groups", mutates_args=())
@@ -154,19 +185,20 @@ def _launch_unpad(
     target: targets.DeviceTarget,
     padded: torch.Tensor,
     shape: torch.Size,
+    operand: _Operand,
     group_end_offsets: torch.Tensor,
     padded_start: torch.Tensor,
     num_tokens: int,
 ) -> torch.Tensor:
-    """Allocate unpad's (num_tokens, D) output for ``padded`` of ``shape`` (checked) and launch."""
-    data = _kernel_data(padded)
-    cols = shape[1]
+    """Allocate unpad's (num_tokens, D) output for ``padded`` of ``shape`` and ``operand`` (checked)
+    and launch."""
+    rows, cols = shape
+    data, key = _gather("unpad", padded, rows, cols, operand)
     out = data.new_empty(num_tokens, cols)
     if num_tokens and cols:
-        key = ("unpad", data.dtype, vector_bytes(data, cols))
         kernel = target.kernels.get(key) or target.kernel(key, _variant)
         kernel(data, out, group_end_offsets, padded_start)  # out: fresh, 512-byte aligned
-    return out if data is padded else out.view(padded.dtype)
+    return out.view(padded.dtype) if operand.view else out
 
 
 def _run_unpad(
@@ -179,21 +211,29 @@ def _run_unpad(
     checks.check_kernel_group_count(_UNPAD, group_end_offsets)
     if num_tokens is None:  # the one syncing path: the row count lives on the device
         num_tokens = checks.unpad_row_count(int(group_end_offsets[-1]), padded.shape[0])
-    return _launch_unpad(target, padded, padded.shape, group_end_offsets, padded_start, num_tokens)
+    operand = operand_of(padded)
+    return _launch_unpad(target, padded, padded.shape, operand, group_end_offsets, padded_start, num_tokens)
 
 
-def _fast_unpad(target: targets.DeviceTarget, padded, group_end_offsets, padded_start, num_tokens):
+def _fast_unpad(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_unpad` with an int ``num_tokens`` (the no-sync form)
-    and the group limit, from metadata reads."""
-    if type(num_tokens) is not int or num_tokens < 0:
+    and the group limit, from metadata reads, for calls that launch (rows and columns to copy): the
+    kernel's wrapper checks padded's strides and both offsets' device, strides and rank, and that
+    padded_start has the offsets' length (one symbolic G)."""
+    padded, group_end_offsets, padded_start, num_tokens = args
+    if type(num_tokens) is not int or num_tokens <= 0:
         return None
-    shape = checks.fast_byte_copy_shape(padded)
-    if shape is None:
+    operand, shape = _OPERANDS.get(padded.dtype), padded.shape  # a dtype copied before
+    if (
+        operand is None
+        or len(shape) != 2
+        or not shape[1]
+        or not checks.fast_launch_groups(group_end_offsets)
+        or type(padded_start) is not _Tensor
+        or padded_start.dtype is not _I32
+    ):
         return None
-    num_groups = checks.fast_group_count(group_end_offsets, target.device)
-    if not num_groups or checks.fast_group_count(padded_start, target.device) != num_groups:
-        return None
-    return _launch_unpad(target, padded, shape, group_end_offsets, padded_start, num_tokens)
+    return _launch_unpad(target, padded, shape, operand, group_end_offsets, padded_start, num_tokens)
 
 
 @torch.library.custom_op("cute_kernels::unpad_token_groups", mutates_args=())

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from cute_utils.constants import SMALL_GROUPS
+
 from . import checks, reference, targets
 from .op import KernelOp
-from .quantize import launch_1x32, scales_shape_1x32
+from .quantize import KERNEL, MAX_GROUPS, scales_shape_1x32, variant_of
 
 _OP = "pad_and_quantize_mxfp8_2d"
 
@@ -31,14 +33,30 @@ def _outputs(
 
 
 def _launch(
-    target: targets.DeviceTarget, x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, mode: str
+    target: targets.DeviceTarget,
+    x: torch.Tensor,
+    shape: torch.Size,
+    group_end_offsets: torch.Tensor,
+    num_groups: int,
+    alignment: int,
+    mode: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Allocate the outputs and launch (all checks done)."""
-    q, scales, padded_start, padded_end = _outputs(x, group_end_offsets, alignment, target.e4m3, target.e8m0)
-    if scales.numel() == 0:  # K == 0: no data to quantize, only the padded offsets
+    """Allocate the outputs for x of ``shape`` (M, K) with ``num_groups`` (1 .. ``MAX_GROUPS``)
+    groups and launch (all checks done). :func:`_outputs`' shapes in integer arithmetic (hot path;
+    the tests compare both with the reference)."""
+    rows, cols = shape
+    padded_rows = (rows + alignment - 1) // alignment * alignment + num_groups * alignment
+    q = target.e4m3.new_empty(padded_rows, cols)
+    scales = target.e8m0.new_empty(padded_rows + 128 * num_groups, ((cols >> 5) + 3) & -4)
+    if not cols:  # K == 0: no data to quantize, only the padded offsets
         padded_start, padded_end = reference.padded_group_offsets(group_end_offsets, alignment)
         return q, scales, padded_start, padded_end
-    launch_1x32(target, "padded", x, q, scales, mode, group_end_offsets, padded_start, padded_end, alignment)
+    padded_start = group_end_offsets.new_empty(num_groups)
+    padded_end = group_end_offsets.new_empty(num_groups)
+    # the key of launch_1x32_2d's kernels: the small-scan variant up to SMALL_GROUPS groups
+    key = (KERNEL, x.dtype, mode, "padded", SMALL_GROUPS if num_groups <= SMALL_GROUPS else MAX_GROUPS)
+    kernel = target.kernels.get(key) or target.kernel(key, variant_of)
+    kernel(x, q, scales, group_end_offsets, padded_start, padded_end, alignment)
     return q, scales, padded_start, padded_end
 
 
@@ -46,7 +64,7 @@ def _run_kernel(
     x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, mode: str, target: targets.DeviceTarget
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     checks.check_kernel_inputs(_OP, group_end_offsets, x)
-    return _launch(target, x, group_end_offsets, alignment, mode)
+    return _launch(target, x, x.shape, group_end_offsets, group_end_offsets.shape[0], alignment, mode)
 
 
 @torch.library.custom_op("cute_kernels::pad_and_quantize_mxfp8_2d", mutates_args=())
@@ -67,18 +85,17 @@ def _pad_quantize_fake(
 # The op's parts for ``KernelOp``, all on ``(x, group_end_offsets, alignment, scaling_mode)``.
 
 
-def _fast(target: targets.DeviceTarget, x: torch.Tensor, group_end_offsets, alignment, scaling_mode):
+def _fast(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_pad_and_quantize` and the kernel-path checks from
     metadata reads."""
+    x, group_end_offsets, alignment, scaling_mode = args
     shape = checks.fast_quant_shape(x, scaling_mode, True)
-    if (
-        shape is None
-        or len(shape) != 2
-        or not checks.fast_alignment_ok(alignment)
-        or not checks.fast_group_count(group_end_offsets, target.device)
-    ):
+    if shape is None or len(shape) != 2 or not shape[1] or not checks.fast_alignment_ok(alignment):
+        return None  # (K == 0 launches nothing)
+    num_groups = checks.fast_launch_groups(group_end_offsets)  # the kernel's wrapper checks the rest
+    if not num_groups:
         return None
-    return _launch(target, x, group_end_offsets, alignment, scaling_mode)
+    return _launch(target, x, shape, group_end_offsets, num_groups, alignment, scaling_mode)
 
 
 def _run(target: targets.DeviceTarget, x, group_end_offsets, alignment, scaling_mode):

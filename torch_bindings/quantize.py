@@ -2,8 +2,9 @@
 
 The 32x1 block runs ``cute_kernels.quantize_32x1`` through ``torch_bindings.quantize_32x1``.
 The 1x32 kernel's key in a device's table is ``("quantize_1x32", dtype, mode, layout, max groups)``
-(``launch_1x32``, also used by ``pad_quantize``), with a trailing 3 for the entry that takes
-``quantize_3d``'s (E, N, K) operands; the variant (and the kernel module) is built only on a miss.
+(max groups: ``SMALL_GROUPS`` for G <= 64, else ``MAX_GROUPS``; also built by ``pad_quantize``),
+with a trailing 3 for the entry that takes ``quantize_3d``'s (E, N, K) operands; the variant (and
+the kernel module) is built only on a miss.
 """
 
 from __future__ import annotations
@@ -45,33 +46,6 @@ def scales_shape_1x32(x_shape: tuple, num_groups: int | None, blocked: bool) -> 
     if not blocked:
         return (rows, cols // _BLOCK)
     return blocked_output_shape((rows, cols // _BLOCK), num_groups, "M")
-
-
-def _max_groups(group_end_offsets: torch.Tensor | None) -> int:
-    """Group capacity of the kernel variant for these offsets (small scan arrays when G <= 64;
-    ``cute_utils.constants.SMALL_GROUPS``)."""
-    if group_end_offsets is not None and group_end_offsets.shape[0] <= _SMALL_GROUPS:
-        return _SMALL_GROUPS
-    return MAX_GROUPS
-
-
-def launch_1x32(
-    target: targets.DeviceTarget,
-    layout: str,
-    x: torch.Tensor,
-    q: torch.Tensor,
-    scales: torch.Tensor,
-    mode: str,
-    group_end_offsets: torch.Tensor | None = None,
-    padded_start: torch.Tensor | None = None,
-    padded_end: torch.Tensor | None = None,
-    group_param: int = 0,
-) -> None:
-    """Launch the 1x32 kernel variant ``layout`` (``cute_kernels.quantize.ScaleLayout`` value) on
-    pre-allocated outputs; argument contract in ``cute_kernels.quantize.Quantize1x32Kernel.__call__``."""
-    key = (KERNEL, x.dtype, mode, layout, _max_groups(group_end_offsets))
-    kernel = target.kernels.get(key) or target.kernel(key, variant_of)
-    kernel(x, q, scales, group_end_offsets, padded_start, padded_end, group_param)
 
 
 def launch_1x32_2d(
@@ -124,13 +98,14 @@ def _quantize_fake(
 # the block picks the 1x32 kernel (above) or the 32x1 one (``torch_bindings.quantize_32x1``).
 
 
-def _fast(target: targets.DeviceTarget, x, block, group_end_offsets, scaling_mode, blocked_scales):
+def _fast(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_quantize_2d` and the kernel-path checks from metadata
     reads."""
+    x, block, group_end_offsets, scaling_mode, blocked_scales = args
     shape = checks.fast_quant_shape(x, scaling_mode, blocked_scales)
     if shape is None or len(shape) != 2 or type(block) is not str:
         return None
-    num_groups = checks.fast_optional_groups(group_end_offsets, blocked_scales, target.device)
+    num_groups = checks.fast_optional_groups(group_end_offsets, blocked_scales, shape)
     if num_groups < 0:
         return None
     if block == "1x32":

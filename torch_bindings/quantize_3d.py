@@ -94,8 +94,9 @@ def _quantize_3d_fake(
 # The op's parts for ``KernelOp``, all on ``(w, block, scaling_mode, blocked_scales)``.
 
 
-def _fast(target: targets.DeviceTarget, w: torch.Tensor, block, scaling_mode, blocked_scales):
+def _fast(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_quantize_3d` and the alignment from metadata reads."""
+    w, block, scaling_mode, blocked_scales = args
     shape = checks.fast_quant_shape(w, scaling_mode, blocked_scales)
     if shape is None or len(shape) != 3 or type(block) is not str:
         return None

@@ -76,13 +76,14 @@ def _run_dual(
     return _launch_dual(target, x, x.shape, group_end_offsets, num_groups, scaling_mode, blocked_scales)
 
 
-def _fast_dual(target: targets.DeviceTarget, x, group_end_offsets, scaling_mode, blocked_scales):
+def _fast_dual(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_quantize_2d_dual` and the kernel-path checks from
     metadata reads."""
+    x, group_end_offsets, scaling_mode, blocked_scales = args
     shape = checks.fast_quant_shape(x, scaling_mode, blocked_scales)
     if shape is None or len(shape) != 2 or shape[0] & 31:
         return None
-    num_groups = checks.fast_optional_groups(group_end_offsets, blocked_scales, target.device)
+    num_groups = checks.fast_optional_groups(group_end_offsets, blocked_scales, shape)
     if num_groups < 0:
         return None
     return _launch_dual(target, x, shape, group_end_offsets, num_groups, scaling_mode, blocked_scales)

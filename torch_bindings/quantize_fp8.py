@@ -27,8 +27,8 @@ _ANY_GROUPS = 1 << 62  # the column kernels take any number of row groups
 
 
 def _variant(key: tuple, target: targets.DeviceTarget):
-    """``key = ("quantize_fp8_row", torch dtype, round_pow2, vector, rank, K class)`` -> the
-    kernel's variant."""
+    """``key = ("quantize_fp8_row", torch dtype, round_pow2, vector, rank, K)`` -> the kernel's
+    variant (K raw in the key, one lookup per call: the kernels of one K class are one compile)."""
     from cute_kernels.quantize_fp8 import Fp8RowVariant
 
     _, dtype, round_pow2, vector, rank, _ = key
@@ -36,10 +36,10 @@ def _variant(key: tuple, target: targets.DeviceTarget):
 
 
 def _row_config(key: tuple, variant, target: targets.DeviceTarget):
-    """The row kernel's config for the key's K class (``cute_kernels.configs.pick_for_shape``)."""
+    """The row kernel's config for the K class of the key's K (``cute_kernels.configs.pick_for_shape``)."""
     from cute_kernels import configs
 
-    shape_class = f"{variant.dtype}/k{key[-1]}"
+    shape_class = f"{variant.dtype}/k{k_class(key[-1])}"
     return configs.pick_for_shape(_KERNEL, variant, target.arch, target.name, shape_class)
 
 
@@ -167,7 +167,7 @@ def _launch_rows(
         return q, scales.fill_(1.0)
     if scales.numel():
         vector = not (cols & 7 or x.data_ptr() & 15)  # q: fresh, 512-byte aligned
-        key = (_KERNEL, x.dtype, round_pow2, vector, len(shape), k_class(cols))
+        key = (_KERNEL, x.dtype, round_pow2, vector, len(shape), cols)
         kernel = target.kernels.get(key) or target.kernel(key, _variant, _row_config)
         kernel(x, q, scales)
     return q, scales
@@ -183,12 +183,13 @@ def _run_rows(
 
 
 def _fast_shape(x: torch.Tensor, round_pow2) -> torch.Size | None:
-    """x's shape when x is a contiguous bf16/fp32 tensor and ``round_pow2`` a bool (the tests of
-    ``checks.check_quantize_fp8_*`` other than rank and axis); else None."""
+    """x's shape when x is a bf16/fp32 tensor and ``round_pow2`` a bool (the tests of
+    ``checks.check_quantize_fp8_*`` other than rank, axis and contiguity); else None. Contiguity is
+    left to the kernels' wrappers (compact x): the FP8 paths launch unless x is empty, and an empty
+    tensor is contiguous."""
     dtype = x.dtype
     if (dtype is _BF16 or dtype is _F32) and (round_pow2 is True or round_pow2 is False):
-        if x.is_contiguous():
-            return x.shape
+        return x.shape
     return None
 
 
@@ -224,8 +225,9 @@ def _cols_2d_fake(
     return q, x.new_empty(groups * cols, dtype=torch.float32)
 
 
-def _fast_2d(target: targets.DeviceTarget, x: torch.Tensor, axis, group_end_offsets, round_pow2):
+def _fast_2d(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_quantize_fp8_2d` from metadata reads."""
+    x, axis, group_end_offsets, round_pow2 = args
     shape = _fast_shape(x, round_pow2)
     if shape is None or len(shape) != 2 or type(axis) is not str:
         return None
@@ -302,8 +304,9 @@ def _dual_fake(
     return (*_rows_2d_fake(x, round_pow2), *_cols_2d_fake(x, group_end_offsets, round_pow2))
 
 
-def _fast_dual(target: targets.DeviceTarget, x: torch.Tensor, group_end_offsets, round_pow2):
+def _fast_dual(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_quantize_fp8_2d_dual` from metadata reads."""
+    x, group_end_offsets, round_pow2 = args
     shape = _fast_shape(x, round_pow2)
     if shape is None or len(shape) != 2:
         return None
@@ -378,8 +381,9 @@ def _cols_3d_fake(w: torch.Tensor, round_pow2: bool) -> tuple[torch.Tensor, torc
     return q, w.new_empty((experts, k), dtype=torch.float32)
 
 
-def _fast_3d(target: targets.DeviceTarget, w: torch.Tensor, axis, round_pow2):
+def _fast_3d(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_quantize_fp8_3d` from metadata reads."""
+    w, axis, round_pow2 = args
     shape = _fast_shape(w, round_pow2)
     if shape is None or len(shape) != 3 or type(axis) is not str:
         return None

@@ -73,17 +73,20 @@ def _launch(
     """Allocate the blocked output of E8M0 ``scales`` (``shape``: 2-D or 3-D; ``num_groups`` 0 when
     there are no offsets, else at most ``MAX_GROUPS``) and launch the kernel variant for it."""
     rows, cols = shape[-2], shape[-1]
-    padded_cols = (cols + 3) & -4
     if not num_groups:
+        out_rows, out_cols = (rows + 127) & -128, (cols + 3) & -4
         if len(shape) == 2:
-            code, out = 0, scales.new_empty((rows + 127) & -128, padded_cols)
+            code, out = 0, scales.new_empty(out_rows, out_cols)
         else:  # (E, Rp, Cp)
-            code, out = 2, scales.new_empty(shape[0], (rows + 127) & -128, padded_cols)
+            code, out = 2, scales.new_empty(shape[0], out_rows, out_cols)
+            out_rows *= shape[0]
     elif groups == "M":
-        code, out = 4, scales.new_empty(rows + 128 * num_groups, padded_cols)
+        out_rows, out_cols = rows + 128 * num_groups, (cols + 3) & -4
+        code, out = 4, scales.new_empty(out_rows, out_cols)
     else:
-        code, out = 6, scales.new_empty((rows + 127) & -128, cols + 4 * num_groups)
-    if out.numel():
+        out_rows, out_cols = (rows + 127) & -128, cols + 4 * num_groups
+        code, out = 6, scales.new_empty(out_rows, out_cols)
+    if out_rows and out_cols:  # out.numel(), without a call
         if code >= 4 and wide_window(rows, cols):  # grouped layouts
             code += _WIDE
         # Rows of whole, aligned 4-byte words (one word per tile column) stage with fewer instructions.
@@ -112,15 +115,14 @@ def _run_kernel(
     return _launch(target, scales, scales.shape, group_end_offsets, num_groups, groups)
 
 
-def _fast(target: targets.DeviceTarget, scales: torch.Tensor, group_end_offsets, groups):
-    """``KernelOp.fast``: :func:`checks.check_swizzle` and the group limit from metadata reads."""
+def _fast(target: targets.DeviceTarget, args: tuple):
+    """``KernelOp.fast``: :func:`checks.check_swizzle` and the group limit from metadata reads. The
+    kernel's wrapper checks the strides of scales (launched unless scales are empty, and so
+    contiguous) and the offsets' device and strides (only non-empty scales take this path with
+    offsets)."""
+    scales, group_end_offsets, groups = args
     dtype = scales.dtype
-    if not (
-        (dtype is _E8M0 or dtype is _U8)
-        and type(groups) is str
-        and (groups == "M" or groups == "K")
-        and scales.is_contiguous()
-    ):
+    if not ((dtype is _E8M0 or dtype is _U8) and type(groups) is str and (groups == "M" or groups == "K")):
         return None
     shape = scales.shape
     if group_end_offsets is None:
@@ -128,8 +130,8 @@ def _fast(target: targets.DeviceTarget, scales: torch.Tensor, group_end_offsets,
             return None
         num_groups = 0
     else:
-        num_groups = checks.fast_group_count(group_end_offsets, target.device)
-        if not num_groups or len(shape) != 2:
+        num_groups = checks.fast_launch_groups(group_end_offsets)
+        if not num_groups or len(shape) != 2 or 0 in shape:
             return None
     if dtype is _U8:
         scales = scales.view(_E8M0)

@@ -1,0 +1,161 @@
+"""The eager fast paths leave some checks to the kernels' TVM-FFI wrappers (KernelOp.fast): on the
+GPU, each such bad argument must be refused by the real wrapper before a launch, and the public call
+must still raise the contract's error, word for word what the full checks raise.
+
+tests/test_fast_path.py checks the fast paths on a CPU target whose mock kernels refuse what these
+wrappers refuse; this file checks that the wrappers do.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import torch_bindings as tb
+from torch_bindings import (
+    pad,
+    pad_quantize,
+    quantize,
+    quantize_3d,
+    quantize_dual,
+    quantize_fp8,
+    swizzle,
+    targets,
+)
+
+pytestmark = pytest.mark.gpu
+
+I32, BF16 = torch.int32, torch.bfloat16
+
+
+def _ends(device: str = "cuda") -> torch.Tensor:
+    return torch.tensor([128, 256], dtype=I32, device=device)
+
+
+#: Makers of offsets whose dtype and rank the fast paths accept, refused on device or strides.
+BAD_OFFSETS: dict[str, Callable[[], torch.Tensor]] = {
+    "on the CPU": lambda: _ends("cpu"),
+    "on meta": lambda: _ends("meta"),
+    "strided": lambda: torch.tensor([128, 0, 256, 0], dtype=I32, device="cuda")[::2],
+}
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(256, 256, dtype=BF16, device="cuda")
+
+
+def _w() -> torch.Tensor:
+    """(E, N, K) = (2, 128, 256) expert weights, K-major strides: not contiguous."""
+    return torch.randn(2, 256, 128, dtype=BF16, device="cuda").transpose(1, 2)
+
+
+def _scales() -> torch.Tensor:
+    return torch.zeros(256, 8, dtype=torch.float8_e8m0fnu, device="cuda")
+
+
+def _padded() -> tuple[torch.Tensor, torch.Tensor]:
+    padded, start, _ = tb.pad_token_groups(_x(), _ends())
+    return padded, start
+
+
+def cases() -> list[tuple[str, Any, Callable[[], tuple]]]:
+    """(case id, KernelOp, zero-argument maker of the positional arguments)."""
+    out: list[tuple[str, Any, Callable[[], tuple]]] = []
+    for what, offs in BAD_OFFSETS.items():
+        out += [
+            (f"swizzle M, offsets {what}", swizzle._SWIZZLE_OP, lambda o=offs: (_scales(), o(), "M")),
+            (f"swizzle K, offsets {what}", swizzle._SWIZZLE_OP, lambda o=offs: (_scales(), o(), "K")),
+            (f"pad, offsets {what}", pad._PAD_OP, lambda o=offs: (_x(), o(), 32)),
+            (f"unpad, offsets {what}", pad._UNPAD_OP, lambda o=offs: (_padded()[0], o(), _padded()[1], 256)),
+            (f"unpad, padded_start {what}", pad._UNPAD_OP, lambda o=offs: (_padded()[0], _ends(), o(), 256)),
+            (
+                f"1x32 M-groups, offsets {what}",
+                quantize._QUANTIZE_2D,
+                lambda o=offs: (_x(), "1x32", o(), "rceil", True),
+            ),
+            (
+                f"32x1 K-groups, offsets {what}",
+                quantize._QUANTIZE_2D,
+                lambda o=offs: (_x(), "32x1", o(), "rceil", True),
+            ),
+            (f"dual, offsets {what}", quantize_dual._DUAL_OP, lambda o=offs: (_x(), o(), "rceil", True)),
+            (
+                f"pad+quantize, offsets {what}",
+                pad_quantize._PAD_QUANTIZE,
+                lambda o=offs: (_x(), o(), 32, "rceil"),
+            ),
+        ]
+    three = [0, 128, 256]
+    out += [
+        (
+            "unpad, padded_start of 3 groups",
+            pad._UNPAD_OP,
+            lambda: (_padded()[0], _ends(), torch.tensor(three, dtype=I32, device="cuda"), 256),
+        ),
+        ("swizzle plain, strided scales", swizzle._SWIZZLE_OP, lambda: (_scales().t(), None, "M")),
+        ("swizzle M, strided scales", swizzle._SWIZZLE_OP, lambda: (_scales().t(), _ends(), "M")),
+        ("pad, strided x", pad._PAD_OP, lambda: (_x().t(), _ends(), 32)),
+        ("1x32, strided x", quantize._QUANTIZE_2D, lambda: (_x().t(), "1x32", None, "rceil", True)),
+        (
+            "1x32 M-groups, strided x",
+            quantize._QUANTIZE_2D,
+            lambda: (_x().t(), "1x32", _ends(), "rceil", True),
+        ),
+        ("32x1, strided x", quantize._QUANTIZE_2D, lambda: (_x().t(), "32x1", None, "rceil", True)),
+        ("dual, strided x", quantize_dual._DUAL_OP, lambda: (_x().t(), None, "rceil", True)),
+        ("3D 1x32, strided w", quantize_3d._QUANTIZE_3D, lambda: (_w(), "1x32", "rceil", True)),
+        ("3D 32x1, strided w", quantize_3d._QUANTIZE_3D, lambda: (_w(), "32x1", "rceil", True)),
+        ("pad+quantize, strided x", pad_quantize._PAD_QUANTIZE, lambda: (_x().t(), _ends(), 32, "rceil")),
+        ("FP8 row, strided x", quantize_fp8._QUANTIZE_2D, lambda: (_x().t(), "row", None, True)),
+        ("FP8 col, strided x", quantize_fp8._QUANTIZE_2D, lambda: (_x().t(), "col", None, True)),
+        ("FP8 dual, strided x", quantize_fp8._QUANTIZE_DUAL, lambda: (_x().t(), None, True)),
+        ("FP8 3D K, strided w", quantize_fp8._QUANTIZE_3D, lambda: (_w(), "K", True)),
+        ("FP8 3D N, strided w", quantize_fp8._QUANTIZE_3D, lambda: (_w(), "N", True)),
+        ("unpad, strided padded", pad._UNPAD_OP, lambda: (_padded()[0].t(), _ends(), _padded()[1], 256)),
+    ]
+    return out
+
+
+CASES = cases()
+
+
+def _expected_error(op: Any, args: tuple) -> Exception:
+    try:
+        op.check(*args)
+    except (TypeError, ValueError) as exc:
+        return exc
+    raise AssertionError(f"{op.name}: the full checks accept {args!r}")
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[c[0] for c in CASES])
+def test_wrapper_refuses_and_the_call_raises_the_contract_error(case: int) -> None:
+    name, op, make_args = CASES[case]
+    op.dispatch("cute", *_valid_args(op))  # the device's kernel table is filled: the fast path runs
+    args = make_args()
+    target = targets.known(args[0])
+    assert target is not None
+    with pytest.raises((TypeError, ValueError, RuntimeError)):  # the wrapper's own refusal
+        assert op.fast(target, args) is None  # a decline is no refusal: this case would be wrong
+    expected = _expected_error(op, args)
+    with pytest.raises(type(expected), match=re.escape(str(expected))):
+        op.dispatch("auto", *args)
+
+
+def _valid_args(op: Any) -> tuple:
+    ends = _ends()
+    return {
+        swizzle._SWIZZLE_OP.name: (_scales(), ends, "M"),
+        pad._PAD_OP.name: (_x(), ends, 32),
+        pad._UNPAD_OP.name: (_padded()[0], ends, _padded()[1], 256),
+        quantize._QUANTIZE_2D.name: (_x(), "1x32", ends, "rceil", True),
+        quantize_dual._DUAL_OP.name: (_x(), ends, "rceil", True),
+        pad_quantize._PAD_QUANTIZE.name: (_x(), ends, 32, "rceil"),
+        quantize_3d._QUANTIZE_3D.name: (_w().contiguous(), "1x32", "rceil", True),
+        quantize_fp8._QUANTIZE_2D.name: (_x(), "row", None, True),
+        quantize_fp8._QUANTIZE_DUAL.name: (_x(), None, True),
+        quantize_fp8._QUANTIZE_3D.name: (_w().contiguous(), "K", True),
+    }[op.name]
