@@ -82,10 +82,25 @@ def test_format_value() -> None:
 
 def _fake_rows() -> list[dict]:
     return [
-        common.make_row(layout="2d", shape=(131072, 224), G="-", nbytes=58_720_256, us=22.0, copy_us=20.0,
-                        baseline_us=40.0),
-        common.make_row(layout="M-groups", shape=(131072, 160), G=8, nbytes=42_000_000, us=None, copy_us=15.0,
-                        baseline_us=None, status="FAIL: 3 of 10 bytes differ from reference"),
+        common.make_row(
+            layout="2d",
+            shape=(131072, 224),
+            G="-",
+            nbytes=58_720_256,
+            us=22.0,
+            copy_us=20.0,
+            baseline_us=40.0,
+        ),
+        common.make_row(
+            layout="M-groups",
+            shape=(131072, 160),
+            G=8,
+            nbytes=42_000_000,
+            us=None,
+            copy_us=15.0,
+            baseline_us=None,
+            status="FAIL: 3 of 10 bytes differ from reference",
+        ),
         common.make_row(layout="3d", shape=(32, 8192, 160), G="-", nbytes=83_886_080, us=30.0, copy_us=28.0),
     ]
 
@@ -98,8 +113,17 @@ def test_report_writes_table_json_png(tmp_path: Path, capsys: pytest.CaptureFixt
 
     printed = capsys.readouterr().out
     assert "fake swizzle" in printed and table in printed
-    for header in ("layout", "shape", "MB moved", "our us", "our GB/s", "copy GB/s", "ratio to copy",
-                   "torchao us", "speedup vs torchao"):
+    for header in (
+        "layout",
+        "shape",
+        "MB moved",
+        "our us",
+        "our GB/s",
+        "copy GB/s",
+        "ratio to copy",
+        "torchao us",
+        "speedup vs torchao",
+    ):
         assert header in table
     assert "(131072, 224)" in table
     assert "n/a" in table
@@ -211,8 +235,10 @@ def test_make_rotating_inputs_counts_sets() -> None:
     assert len(sets) == 11 == len(calls)
     assert len({s[0].data_ptr() for s in sets}) == 11
     # bytes_per_set counts outputs too
-    assert len(common.make_rotating_inputs(make, min_bytes=10_000, bytes_per_set=2000,
-                                           memory_cap_bytes=1 << 30)) == 5
+    assert (
+        len(common.make_rotating_inputs(make, min_bytes=10_000, bytes_per_set=2000, memory_cap_bytes=1 << 30))
+        == 5
+    )
     # a set larger than min_bytes: one set
     assert len(common.make_rotating_inputs(make, min_bytes=10, memory_cap_bytes=1 << 30)) == 1
     # memory cap and max_sets bound the count
