@@ -418,8 +418,10 @@ def check_kernel_inputs(op: str, group_end_offsets: torch.Tensor | None, *tensor
 
 # ----------------------------------------------------------------------------------------------
 # Eager fast paths (host overhead, ``KernelOp.fast``): each test says yes only when the full checks
-# above (and the kernel path's limits) surely pass, from a few metadata reads, and hands back what
-# it read; any doubt says no and the caller runs the full checks, which raise the error.
+# above (and the kernel path's limits) surely pass, from a few metadata reads, or, for
+# :func:`fast_launch_groups`, when what it leaves out is checked by the wrapper of a kernel the
+# caller surely launches; it hands back what it read. Any doubt says no and the caller runs the full
+# checks, which raise the error.
 # ----------------------------------------------------------------------------------------------
 
 _BF16, _F32 = torch.bfloat16, torch.float32
@@ -428,16 +430,16 @@ _ALIGNMENT_SET = frozenset(ALIGNMENTS)
 
 
 def fast_quant_shape(x: torch.Tensor, scaling_mode: Any, blocked_scales: Any) -> torch.Size | None:
-    """x's shape when x is a bf16/fp32 tensor with its last dim a multiple of 32 and a 16-byte
-    aligned data pointer (``check_kernel_inputs``), and the scaling mode and ``blocked_scales`` flag
-    are valid; else None. The caller checks the rank. Contiguity is left to the MXFP8 kernels'
-    wrappers (compact x): they launch unless x is empty, and an empty tensor is contiguous."""
+    """x's shape when x is a contiguous bf16/fp32 tensor with its last dim a multiple of 32 and a
+    16-byte aligned data pointer (``check_kernel_inputs``), and the scaling mode and
+    ``blocked_scales`` flag are valid; else None. The caller checks the rank."""
     dtype = x.dtype
     if (
         (dtype is _BF16 or dtype is _F32)
         and type(scaling_mode) is str
         and (scaling_mode == "rceil" or scaling_mode == "floor")
         and (blocked_scales is True or blocked_scales is False)
+        and x.is_contiguous()
         and not x.data_ptr() & 15
     ):
         shape = x.shape
@@ -465,11 +467,12 @@ def fast_group_count(offsets: Any, device: torch.device, limit: int = MAX_KERNEL
 def fast_launch_groups(offsets: Any, limit: int = MAX_KERNEL_GROUPS) -> int:
     """G (1 <= G <= ``limit``) when ``offsets`` is a 1-D ``torch.int32`` tensor, else 0: the part of
     :func:`check_offsets` the kernels' TVM-FFI wrappers do not make. The wrapper of a kernel taking
-    ``offsets`` checks, before it launches, their device (that of every tensor argument), compact
-    strides, rank and alignment, and raises ``ValueError`` (``RuntimeError`` for a tensor it cannot
-    take, e.g. on ``meta``); ``KernelOp.dispatch`` then runs the full checks, which raise the
-    contract's error. So only a fast path that surely launches a kernel with ``offsets`` may use
-    this (notes/host-overhead.md). int32 stays a check here: the wrappers take int32 and uint32."""
+    ``offsets`` (declared (G,) with stride 1) checks, before it launches, their device (that of
+    every tensor argument), rank, unit stride and alignment, and raises ``ValueError``
+    (``RuntimeError`` for a tensor it cannot take, e.g. on ``meta``); ``KernelOp.dispatch`` then runs
+    the full checks, which raise the contract's error. So only a fast path that surely launches a
+    kernel with ``offsets`` may use this (notes/host-overhead.md). int32 stays a check here: the
+    wrappers take int32 and uint32."""
     if type(offsets) is _Tensor and offsets.dtype is OFFSETS_DTYPE:
         shape = offsets.shape
         if len(shape) == 1 and shape[0] <= limit:

@@ -41,8 +41,9 @@ class KernelOp:
       call: ~0.1 us less) and ``args[0]`` a tensor on ``target``'s device: the outputs of
       ``run(target, *args)``, or ``None`` (nothing launched) unless ``check``
       and ``run``'s kernel-path checks surely pass, judged from metadata reads only, or left to the
-      TVM-FFI wrapper of a kernel it surely launches (device, strides, rank, alignment and shared
-      sizes of the tensors it passes, checked before the launch). It may raise ``TypeError``,
+      TVM-FFI wrapper of a kernel it surely launches (each tensor's device, rank, alignment and
+      constant strides, and sizes shared between arguments, checked before the launch; not the
+      outer strides of a tensor: those are free symbols there). It may raise ``TypeError``,
       ``ValueError`` or ``RuntimeError`` (a wrapper's refusal, or a kernel-path limit such as the
       expert count): :meth:`dispatch` then runs the full path, which raises the contract's error.
     """

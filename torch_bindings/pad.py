@@ -128,7 +128,7 @@ def _fast_pad(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_pad` and the group limit from metadata reads."""
     x, group_end_offsets, alignment = args
     operand, shape = _OPERANDS.get(x.dtype), x.shape  # a dtype copied before, in _OPERANDS
-    if operand is None or len(shape) != 2 or not checks.fast_alignment_ok(alignment):
+    if operand is None or len(shape) != 2 or not x.is_contiguous() or not checks.fast_alignment_ok(alignment):
         return None
     num_groups = checks.fast_launch_groups(group_end_offsets)  # always launched: the wrapper checks
     if not num_groups:
@@ -218,8 +218,8 @@ def _run_unpad(
 def _fast_unpad(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_unpad` with an int ``num_tokens`` (the no-sync form)
     and the group limit, from metadata reads, for calls that launch (rows and columns to copy): the
-    kernel's wrapper checks padded's strides and both offsets' device, strides and rank, and that
-    padded_start has the offsets' length (one symbolic G)."""
+    kernel's wrapper checks both offsets' device, rank and stride, and that padded_start has the
+    offsets' length (one symbolic G)."""
     padded, group_end_offsets, padded_start, num_tokens = args
     if type(num_tokens) is not int or num_tokens <= 0:
         return None
@@ -228,6 +228,7 @@ def _fast_unpad(target: targets.DeviceTarget, args: tuple):
         operand is None
         or len(shape) != 2
         or not shape[1]
+        or not padded.is_contiguous()
         or not checks.fast_launch_groups(group_end_offsets)
         or type(padded_start) is not _Tensor
         or padded_start.dtype is not _I32

@@ -183,13 +183,12 @@ def _run_rows(
 
 
 def _fast_shape(x: torch.Tensor, round_pow2) -> torch.Size | None:
-    """x's shape when x is a bf16/fp32 tensor and ``round_pow2`` a bool (the tests of
-    ``checks.check_quantize_fp8_*`` other than rank, axis and contiguity); else None. Contiguity is
-    left to the kernels' wrappers (compact x): the FP8 paths launch unless x is empty, and an empty
-    tensor is contiguous."""
+    """x's shape when x is a contiguous bf16/fp32 tensor and ``round_pow2`` a bool (the tests of
+    ``checks.check_quantize_fp8_*`` other than rank and axis); else None."""
     dtype = x.dtype
     if (dtype is _BF16 or dtype is _F32) and (round_pow2 is True or round_pow2 is False):
-        return x.shape
+        if x.is_contiguous():
+            return x.shape
     return None
 
 

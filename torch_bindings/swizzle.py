@@ -87,7 +87,9 @@ def _launch(
         out_rows, out_cols = (rows + 127) & -128, cols + 4 * num_groups
         code, out = 6, scales.new_empty(out_rows, out_cols)
     if out_rows and out_cols:  # out.numel(), without a call
-        if code >= 4 and wide_window(rows, cols):  # grouped layouts
+        # grouped layouts: wide_window(rows, cols) inlined (hot path; test_bindings_cpu checks the
+        # variant this picks against it)
+        if code >= 4 and cols > 64 and rows * cols <= SWIZZLE_WIDE_MAX_BYTES:
             code += _WIDE
         # Rows of whole, aligned 4-byte words (one word per tile column) stage with fewer instructions.
         if code & 7 < 6 and not cols & 3 and not scales.data_ptr() & 3:
@@ -116,13 +118,17 @@ def _run_kernel(
 
 
 def _fast(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``: :func:`checks.check_swizzle` and the group limit from metadata reads. The
-    kernel's wrapper checks the strides of scales (launched unless scales are empty, and so
-    contiguous) and the offsets' device and strides (only non-empty scales take this path with
-    offsets)."""
+    """``KernelOp.fast``: :func:`checks.check_swizzle` and the group limit from metadata reads; the
+    offsets' device and stride are left to the kernel's wrapper (only non-empty scales, which launch
+    it, take this path with offsets)."""
     scales, group_end_offsets, groups = args
     dtype = scales.dtype
-    if not ((dtype is _E8M0 or dtype is _U8) and type(groups) is str and (groups == "M" or groups == "K")):
+    if not (
+        (dtype is _E8M0 or dtype is _U8)
+        and type(groups) is str
+        and (groups == "M" or groups == "K")
+        and scales.is_contiguous()
+    ):
         return None
     shape = scales.shape
     if group_end_offsets is None:
