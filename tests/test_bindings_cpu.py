@@ -109,6 +109,27 @@ def test_swizzle_wide_window_rule_matches_kernel_module(rows, cols):
     assert not wide_window(SwizzleLayout.PLAIN, rows, cols)
 
 
+@pytest.mark.parametrize("rows,wide", [(262144, True), (262148, False)])
+def test_swizzle_launcher_window_at_the_size_cap(rows, wide):
+    """The launcher's inlined window rule flips where ``wide_window`` does: at 64 MiB of grouped
+    scales (256 columns)."""
+    from torch_bindings import swizzle as binding
+
+    chosen = []
+
+    class Target:
+        arch, num_sms, kernels = "sm_90a", 132, {}
+
+        def kernel(self, key, variant_of):
+            chosen.append(variant_of(key, self))
+            return lambda *args: None
+
+    scales = torch.empty(rows, 256, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    binding._run_kernel(Target(), scales, torch.tensor([rows], dtype=torch.int32), "M")
+    assert binding.wide_window(rows, 256) is wide
+    assert chosen[0].wide is wide
+
+
 def test_swizzle_kernel_choice():
     """The binding's variant, over shapes x base offsets x layouts: always a built variant the kernel
     can implement there (``SwizzleKernel.can_implement``), launched with the device's SM count; word

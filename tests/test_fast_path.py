@@ -12,6 +12,7 @@ combination it declines must be one the full path rejects, except the few listed
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +45,8 @@ class _WrapperChecks(_Noop):
     launches and the fast paths leave to it (tests/test_wrapper_checks_gpu.py checks the real
     wrappers): a tensor argument off the first one's device (``RuntimeError`` on ``meta``, which
     the wrappers cannot take), a 1-D one (group offsets, declared with stride 1) of stride other
-    than 1, and under ``SHARED_GROUPS`` 1-D int32 ones of different lengths. Like the wrappers it
+    than 1, and under ``SHARED_GROUPS`` int32 ones of another rank than 1 or of different lengths
+    (they are declared (G,) with one G). Like the wrappers it
     does not check the outer strides of other tensors (free symbols there): the fast paths test the
     contiguity of their data themselves."""
 
@@ -58,9 +60,10 @@ class _WrapperChecks(_Noop):
                 raise RuntimeError("Cannot pack tensors on meta")
             if t.device != tensors[0].device or (t.dim() == 1 and t.shape[0] > 1 and t.stride(0) != 1):
                 raise ValueError("Mismatched Tensor")
-        lengths = {t.shape[0] for t in tensors if t.dim() == 1 and t.dtype == I32}
-        if self.shared_groups and len(lengths) > 1:
-            raise ValueError("Mismatched Tensor shape")
+        if self.shared_groups:
+            groups = [t for t in tensors if t.dtype == I32]
+            if any(t.dim() != 1 for t in groups) or len({t.shape[0] for t in groups}) > 1:
+                raise ValueError("Mismatched Tensor shape")
 
 
 class _WrapperCheckedKernels(_NoopKernels):
@@ -103,6 +106,8 @@ def offsets() -> list[Any]:
         torch.zeros(0, dtype=I32),
         torch.tensor([10, 64], dtype=I32, device="meta"),
         torch.arange(8, dtype=I32)[::2],
+        torch.arange(16, dtype=I32)[::8][1:],  # one group, stride 8: contiguous (size 1)
+        torch.tensor([10, 64], dtype=torch.uint32),  # the one wrong dtype the wrappers take
         torch.zeros(3000, dtype=I32),
         [10, 64],
     ]
@@ -164,6 +169,12 @@ def scales() -> list[Any]:
     ]
 
 
+def _quantized() -> torch.Tensor:
+    with warnings.catch_warnings():  # quantized tensors are deprecated; still refused, so tested
+        warnings.simplefilter("ignore")
+        return torch.quantize_per_tensor(torch.zeros(64, 8), 0.1, 0, torch.quint8)
+
+
 def byte_rows() -> list[Any]:
     return [
         torch.zeros(64, 64, dtype=BF16),
@@ -176,6 +187,8 @@ def byte_rows() -> list[Any]:
         torch.zeros(64, 64, dtype=BF16).t(),
         torch.zeros(64, 80, dtype=BF16)[:, :64],  # rows padded
         torch.zeros(2, 8, 8, dtype=BF16),
+        _quantized(),
+        _quantized().view(torch.uint8),  # uint8, and still a quantized tensor
     ]
 
 
@@ -183,6 +196,8 @@ ALIGNMENTS = [16, 32, 128, 48, "32", True]
 STARTS = [
     torch.tensor([0, 32], dtype=I32),
     torch.tensor([0], dtype=I32),
+    torch.tensor([[0, 32]], dtype=I32),
+    torch.tensor(0, dtype=I32),
     torch.tensor([0, 32], dtype=torch.int64),
     torch.tensor([0, 32], dtype=I32, device="meta"),
 ]

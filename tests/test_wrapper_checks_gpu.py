@@ -96,6 +96,9 @@ def cases() -> list[tuple[str, Any, Callable[[], tuple]]]:
 
 
 CASES = cases()
+#: What the wrappers say: "Mismatched ..." (device type or index, rank, strides, shared sizes),
+#: "Misaligned ...", or the DLPack conversion's refusal of a meta tensor.
+WRAPPER_REFUSAL = "Mismatched|Misaligned|Cannot pack tensors on meta"
 
 #: Data views the wrappers take (a tensor's outer strides are free symbols in the compiled
 #: signature; only constant strides, here the innermost 1, are checked) but the contract refuses:
@@ -151,8 +154,9 @@ def test_wrapper_refuses_and_the_call_raises_the_contract_error(case: int) -> No
     args = make_args()
     target = targets.known(args[0])
     assert target is not None
-    with pytest.raises((TypeError, ValueError, RuntimeError)):  # the wrapper's own refusal
-        assert op.fast(target, args) is None  # a decline is no refusal: this case would be wrong
+    # the wrapper's own refusal (a decline, or a compile error, would be no refusal: a wrong case)
+    with pytest.raises((ValueError, RuntimeError), match=WRAPPER_REFUSAL):
+        op.fast(target, args)
     expected = _expected_error(op, args)
     with pytest.raises(type(expected), match=re.escape(str(expected))):
         op.dispatch("auto", *args)
@@ -175,10 +179,22 @@ def test_a_wrapper_takes_a_row_padded_tensor() -> None:
     x, ends = _rows_padded(_x()), _ends()
     tb.pad_token_groups(x.contiguous(), ends)
     target = targets.known(x)
-    kernel = next(k for key, k in target.kernels.items() if key[0] == "pad")
+    kernel = target.kernels[("pad", torch.bfloat16, 16)]  # bf16 rows of 16-byte vectors
     out = x.new_empty(512, 256)
     kernel(x, out, ends, ends.new_empty(2), ends.new_empty(2), 32)  # no refusal
     torch.cuda.synchronize()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_offsets_on_another_gpu_are_refused_by_the_wrapper() -> None:
+    """The wrappers hold every tensor argument to one device index."""
+    x, ends = _x(), _ends("cuda:1")
+    tb.pad_token_groups(x, _ends())
+    with pytest.raises(ValueError, match=WRAPPER_REFUSAL):
+        pad._PAD_OP.fast(targets.known(x), (x, ends, 32))
+    expected = _expected_error(pad._PAD_OP, (x, ends, 32))
+    with pytest.raises(type(expected), match=re.escape(str(expected))):
+        tb.pad_token_groups(x, ends)
 
 
 def _valid_args(op: Any) -> tuple:

@@ -450,18 +450,10 @@ def fast_quant_shape(x: torch.Tensor, scaling_mode: Any, blocked_scales: Any) ->
 
 def fast_group_count(offsets: Any, device: torch.device, limit: int = MAX_KERNEL_GROUPS) -> int:
     """G when ``offsets`` are group end offsets :func:`check_offsets` accepts for data on ``device``
-    and G is at most ``limit`` (the kernels' group limit); else 0. For paths that may skip the
-    launch; a path that surely launches uses :func:`fast_launch_groups`."""
-    if (
-        isinstance(offsets, torch.Tensor)
-        and offsets.dtype is OFFSETS_DTYPE
-        and offsets.is_contiguous()
-        and offsets.device == device
-    ):
-        shape = offsets.shape
-        if len(shape) == 1 and shape[0] <= limit:
-            return shape[0]
-    return 0
+    and G is at most ``limit`` (the kernels' group limit); else 0: :func:`fast_launch_groups` and
+    the device and contiguity the wrappers would check, for paths that may skip the launch."""
+    groups = fast_launch_groups(offsets, limit)
+    return groups if groups and offsets.is_contiguous() and offsets.device == device else 0
 
 
 def fast_launch_groups(offsets: Any, limit: int = MAX_KERNEL_GROUPS) -> int:

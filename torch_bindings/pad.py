@@ -46,8 +46,9 @@ class _Operand(NamedTuple):
 
 
 #: dtype -> its :class:`_Operand`: the dtypes with kernels from the start, any other the first
-#: time :func:`operand_of` sees it (the fast paths read this dict instead of ``element_size`` and
-#: ``is_quantized``, and leave a dtype not in it to the full path once).
+#: time :func:`operand_of` sees it (the fast paths read this dict instead of ``element_size``, and
+#: leave a dtype not in it to the full path once; ``is_quantized`` belongs to the tensor, not the
+#: dtype, and stays a test of its own).
 _OPERANDS: dict[torch.dtype, _Operand] = {d: _Operand(d.itemsize, d, False) for d in _KERNEL_DTYPES}
 
 
@@ -125,10 +126,17 @@ def _run_pad(
 
 
 def _fast_pad(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``: :func:`checks.check_pad` and the group limit from metadata reads."""
+    """``KernelOp.fast``: :func:`checks.check_pad` and the group limit from metadata reads; the
+    offsets' device and stride are left to the kernel's wrapper (pad always launches)."""
     x, group_end_offsets, alignment = args
     operand, shape = _OPERANDS.get(x.dtype), x.shape  # a dtype copied before, in _OPERANDS
-    if operand is None or len(shape) != 2 or not x.is_contiguous() or not checks.fast_alignment_ok(alignment):
+    if (
+        operand is None
+        or len(shape) != 2
+        or not x.is_contiguous()
+        or x.is_quantized
+        or not checks.fast_alignment_ok(alignment)
+    ):
         return None
     num_groups = checks.fast_launch_groups(group_end_offsets)  # always launched: the wrapper checks
     if not num_groups:
@@ -229,6 +237,7 @@ def _fast_unpad(target: targets.DeviceTarget, args: tuple):
         or len(shape) != 2
         or not shape[1]
         or not padded.is_contiguous()
+        or padded.is_quantized
         or not checks.fast_launch_groups(group_end_offsets)
         or type(padded_start) is not _Tensor
         or padded_start.dtype is not _I32

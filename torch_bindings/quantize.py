@@ -100,7 +100,8 @@ def _quantize_fake(
 
 def _fast(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_quantize_2d` and the kernel-path checks from metadata
-    reads."""
+    reads; the offsets' device and stride are left to the kernel's wrapper
+    (:func:`checks.fast_optional_groups`)."""
     x, block, group_end_offsets, scaling_mode, blocked_scales = args
     shape = checks.fast_quant_shape(x, scaling_mode, blocked_scales)
     if shape is None or len(shape) != 2 or type(block) is not str:
