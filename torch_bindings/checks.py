@@ -395,25 +395,30 @@ def check_kernel_experts(op: str, experts: int) -> None:
         )
 
 
-def check_kernel_group_count(op: str, group_end_offsets: torch.Tensor | None) -> None:
-    """Kernel-path limit: at most ``MAX_KERNEL_GROUPS`` groups (the reference has none)."""
-    if group_end_offsets is not None and group_end_offsets.shape[0] > MAX_KERNEL_GROUPS:
+def check_kernel_group_count(op: str, group_end_offsets: torch.Tensor | None) -> int:
+    """Kernel-path limit: at most ``MAX_KERNEL_GROUPS`` groups (the reference has none). Returns G
+    (0 without offsets)."""
+    groups = 0 if group_end_offsets is None else group_end_offsets.shape[0]
+    if groups > MAX_KERNEL_GROUPS:
         raise ValueError(
             f"{op}: the CuTeDSL kernels take at most {MAX_KERNEL_GROUPS} groups, got "
-            f"{group_end_offsets.shape[0]} (backend='reference' has no limit)"
+            f"{groups} (backend='reference' has no limit)"
         )
+    return groups
 
 
-def check_kernel_inputs(op: str, group_end_offsets: torch.Tensor | None, *tensors: torch.Tensor) -> None:
+def check_kernel_inputs(op: str, group_end_offsets: torch.Tensor | None, *tensors: torch.Tensor) -> int:
     """Kernel-path limits beyond the contract's checks: at most ``MAX_KERNEL_GROUPS`` groups, and
-    16-byte aligned data pointers (the kernels use 16-byte vector accesses)."""
-    check_kernel_group_count(op, group_end_offsets)
+    16-byte aligned data pointers (the kernels use 16-byte vector accesses). Returns G (0 without
+    offsets)."""
+    groups = check_kernel_group_count(op, group_end_offsets)
     for t in tensors:
         if t.data_ptr() % 16:
             raise ValueError(
                 f"{op}: the CuTeDSL kernels need 16-byte aligned tensors, got a data pointer at "
                 f"{t.data_ptr() % 16} bytes past a 16-byte boundary (pass a .clone() of it)"
             )
+    return groups
 
 
 # ----------------------------------------------------------------------------------------------

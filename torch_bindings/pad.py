@@ -120,9 +120,8 @@ def _launch_pad(
 def _run_pad(
     target: targets.DeviceTarget, x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    checks.check_kernel_group_count(_PAD, group_end_offsets)
-    operand = operand_of(x)
-    return _launch_pad(target, x, x.shape, operand, group_end_offsets, group_end_offsets.shape[0], alignment)
+    num_groups = checks.check_kernel_group_count(_PAD, group_end_offsets)
+    return _launch_pad(target, x, x.shape, operand_of(x), group_end_offsets, num_groups, alignment)
 
 
 def _fast_pad(target: targets.DeviceTarget, args: tuple):

@@ -63,8 +63,8 @@ def _launch(
 def _run_kernel(
     x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, mode: str, target: targets.DeviceTarget
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    checks.check_kernel_inputs(_OP, group_end_offsets, x)
-    return _launch(target, x, x.shape, group_end_offsets, group_end_offsets.shape[0], alignment, mode)
+    num_groups = checks.check_kernel_inputs(_OP, group_end_offsets, x)
+    return _launch(target, x, x.shape, group_end_offsets, num_groups, alignment, mode)
 
 
 @torch.library.custom_op("cute_kernels::pad_and_quantize_mxfp8_2d", mutates_args=())

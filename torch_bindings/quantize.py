@@ -121,8 +121,7 @@ def _run(target: targets.DeviceTarget, x, block, group_end_offsets, scaling_mode
     then the block's launcher."""
     if block != "1x32":
         return run_32x1_2d(x, group_end_offsets, scaling_mode, blocked_scales, target)
-    checks.check_kernel_inputs(_OP, group_end_offsets, x)
-    num_groups = 0 if group_end_offsets is None else group_end_offsets.shape[0]
+    num_groups = checks.check_kernel_inputs(_OP, group_end_offsets, x)
     return launch_1x32_2d(target, x, x.shape, group_end_offsets, num_groups, scaling_mode, blocked_scales)
 
 

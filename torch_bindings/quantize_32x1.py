@@ -86,10 +86,9 @@ def run_32x1_2d(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """32x1 path of ``quantize_mxfp8_2d`` after the contract checks: the kernel-path checks
     (alignment, group count, K % 32), then :func:`launch_32x1_2d`."""
-    checks.check_kernel_inputs(_OP_2D, group_end_offsets, x)
+    num_groups = checks.check_kernel_inputs(_OP_2D, group_end_offsets, x)
     if x.shape[1] % _BLOCK:
         checks.check_divisible("x.shape[1] (K)", x.shape[1], _BLOCK, why="for the 32x1 kernel", op=_OP_2D)
-    num_groups = 0 if group_end_offsets is None else group_end_offsets.shape[0]
     return launch_32x1_2d(target, x, x.shape, group_end_offsets, num_groups, mode, blocked)
 
 

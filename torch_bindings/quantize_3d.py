@@ -20,7 +20,6 @@ from .swizzle import blocked_output_shape
 
 _OP = "quantize_mxfp8_3d"
 _BLOCK = BLOCK_SIZE
-_E4M3, _E8M0 = torch.float8_e4m3fn, torch.float8_e8m0fnu
 
 
 def scales_shape_3d(w_shape: tuple, block: str, blocked: bool) -> tuple:

@@ -71,8 +71,7 @@ def _run_dual(
     blocked_scales: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The kernel path after the contract checks: alignment and group count, then the launch."""
-    checks.check_kernel_inputs(_OP, group_end_offsets, x)
-    num_groups = 0 if group_end_offsets is None else group_end_offsets.shape[0]
+    num_groups = checks.check_kernel_inputs(_OP, group_end_offsets, x)
     return _launch_dual(target, x, x.shape, group_end_offsets, num_groups, scaling_mode, blocked_scales)
 
 

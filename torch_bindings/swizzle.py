@@ -110,10 +110,7 @@ def _run_kernel(
     """The kernel path after the contract checks (and ``SwizzleKernel.can_implement``'s group limit)."""
     if scales.dtype is not _E8M0:
         scales = scales.view(_E8M0)
-    num_groups = 0
-    if group_end_offsets is not None:
-        checks.check_kernel_group_count(_OP, group_end_offsets)
-        num_groups = group_end_offsets.shape[0]
+    num_groups = checks.check_kernel_group_count(_OP, group_end_offsets)
     return _launch(target, scales, scales.shape, group_end_offsets, num_groups, groups)
 
 
