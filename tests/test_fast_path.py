@@ -44,9 +44,10 @@ class _WrapperChecks(_Noop):
     """A no-op kernel that refuses what a compiled kernel's TVM-FFI wrapper refuses before it
     launches and the fast paths leave to it (tests/test_wrapper_checks_gpu.py checks the real
     wrappers): a tensor argument off the first one's device (``RuntimeError`` on ``meta``, which
-    the wrappers cannot take), a 1-D one (group offsets, declared with stride 1) of stride other
-    than 1, and under ``SHARED_GROUPS`` int32 ones of another rank than 1 or of different lengths
-    (they are declared (G,) with one G). Like the wrappers it
+    the wrappers cannot take), a 32-bit integer one (group offsets and starts, declared (G,) with
+    stride 1; the only integer tensors these tests get to a kernel, and the wrappers take int32 and
+    uint32 alike) of another rank than 1 or, of length over 1, a stride other than 1, and under
+    ``SHARED_GROUPS`` such arguments of different lengths (one symbolic G). Like the wrappers it
     does not check the outer strides of other tensors (free symbols there): the fast paths test the
     contiguity of their data themselves."""
 
@@ -58,12 +59,13 @@ class _WrapperChecks(_Noop):
         for t in tensors:
             if t.is_meta:
                 raise RuntimeError("Cannot pack tensors on meta")
-            if t.device != tensors[0].device or (t.dim() == 1 and t.shape[0] > 1 and t.stride(0) != 1):
-                raise ValueError("Mismatched Tensor")
-        if self.shared_groups:
-            groups = [t for t in tensors if t.dtype == I32]
-            if any(t.dim() != 1 for t in groups) or len({t.shape[0] for t in groups}) > 1:
-                raise ValueError("Mismatched Tensor shape")
+            if t.device != tensors[0].device:
+                raise ValueError("Mismatched Tensor device")
+        groups = [t for t in tensors if t.dtype in (I32, torch.uint32)]
+        if any(t.dim() != 1 or (t.shape[0] > 1 and t.stride(0) != 1) for t in groups):
+            raise ValueError("Mismatched Tensor rank or stride")
+        if self.shared_groups and len({t.shape[0] for t in groups}) > 1:
+            raise ValueError("Mismatched Tensor shape")
 
 
 class _WrapperCheckedKernels(_NoopKernels):

@@ -36,8 +36,11 @@ def _ends(device: str = "cuda") -> torch.Tensor:
     return torch.tensor([128, 256], dtype=I32, device=device)
 
 
-#: Makers of offsets whose dtype and rank the fast paths accept, refused on device or strides.
+#: Makers of int32 offsets the fast paths pass on (they test the dtype and the element count G),
+#: refused by the wrappers on device, rank or strides.
 BAD_OFFSETS: dict[str, Callable[[], torch.Tensor]] = {
+    "of rank 2": lambda: _ends().view(1, 2),
+    "of rank 0": lambda: torch.tensor(256, dtype=I32, device="cuda"),
     "on the CPU": lambda: _ends("cpu"),
     "on meta": lambda: _ends("meta"),
     "strided": lambda: torch.tensor([128, 0, 256, 0], dtype=I32, device="cuda")[::2],

@@ -456,24 +456,27 @@ def fast_quant_shape(x: torch.Tensor, scaling_mode: Any, blocked_scales: Any) ->
 def fast_group_count(offsets: Any, device: torch.device, limit: int = MAX_KERNEL_GROUPS) -> int:
     """G when ``offsets`` are group end offsets :func:`check_offsets` accepts for data on ``device``
     and G is at most ``limit`` (the kernels' group limit); else 0: :func:`fast_launch_groups` and
-    the device and contiguity the wrappers would check, for paths that may skip the launch."""
+    the rank, device and contiguity the wrappers would check, for paths that may skip the launch."""
     groups = fast_launch_groups(offsets, limit)
-    return groups if groups and offsets.is_contiguous() and offsets.device == device else 0
+    if groups and offsets.dim() == 1 and offsets.is_contiguous() and offsets.device == device:
+        return groups
+    return 0
 
 
 def fast_launch_groups(offsets: Any, limit: int = MAX_KERNEL_GROUPS) -> int:
-    """G (1 <= G <= ``limit``) when ``offsets`` is a 1-D ``torch.int32`` tensor, else 0: the part of
-    :func:`check_offsets` the kernels' TVM-FFI wrappers do not make. The wrapper of a kernel taking
-    ``offsets`` (declared (G,) with stride 1) checks, before it launches, their device (that of
-    every tensor argument), rank, unit stride and alignment, and raises ``ValueError``
-    (``RuntimeError`` for a tensor it cannot take, e.g. on ``meta``); ``KernelOp.dispatch`` then runs
-    the full checks, which raise the contract's error. So only a fast path that surely launches a
-    kernel with ``offsets`` may use this (notes/host-overhead.md). int32 stays a check here: the
-    wrappers take int32 and uint32."""
+    """G = ``offsets.numel()`` (1 <= G <= ``limit``) when ``offsets`` is a ``torch.int32`` tensor,
+    else 0: the part of :func:`check_offsets` the kernels' TVM-FFI wrappers do not make. The wrapper
+    of a kernel taking ``offsets`` (declared (G,) with stride 1) checks, before it launches, their
+    rank, device (that of every tensor argument), unit stride and alignment, and raises
+    ``ValueError`` (``RuntimeError`` for a tensor it cannot take, e.g. on ``meta``);
+    ``KernelOp.dispatch`` then runs the full checks, which raise the contract's error. So only a
+    fast path that surely launches a kernel with ``offsets`` may use this, and an output it sizes
+    with G before the launch is dropped when the wrapper refuses (notes/host-overhead.md). int32
+    stays a check here: the wrappers take int32 and uint32."""
     if type(offsets) is _Tensor and offsets.dtype is OFFSETS_DTYPE:
-        shape = offsets.shape
-        if len(shape) == 1 and shape[0] <= limit:
-            return shape[0]
+        groups = offsets.numel()  # one call; the rank (shape, len, index: 2x) is the wrapper's
+        if groups <= limit:
+            return groups
     return 0
 
 

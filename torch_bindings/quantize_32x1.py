@@ -19,6 +19,7 @@ from .swizzle import blocked_output_shape
 
 _OP_2D = "quantize_mxfp8_2d"
 _OP_3D = "quantize_mxfp8_3d"
+_KERNEL = "quantize_32x1"  # cute_kernels.registry name
 _BLOCK = BLOCK_SIZE
 _E4M3 = torch.float8_e4m3fn
 _E8M0 = torch.float8_e8m0fnu
@@ -39,14 +40,6 @@ def scales_shape_32x1(rows: int, cols: int, num_groups: int | None, blocked: boo
     if not blocked:
         return (cols, rows // _BLOCK)
     return blocked_output_shape((cols, rows // _BLOCK), num_groups, "K")
-
-
-def _launch(target: targets.DeviceTarget, x, q, scales, offsets, mode: str, layout: str) -> None:
-    """Run the kernel on the public tensors: rank 3, (E, M, K) x and q (strides (M K, 1, M)) and
-    (E, R, C) scales; rank 2, (M, K) x and q (strides (1, M)) and 2-D scales."""
-    key = ("quantize_32x1", x.dtype, mode, layout, x.dim())
-    kernel = target.kernels.get(key) or target.kernel(key, _variant)
-    kernel(x, q, scales, offsets)
 
 
 def launch_32x1_2d(
@@ -73,7 +66,10 @@ def launch_32x1_2d(
     if rows == 0 or cols == 0:  # nothing to quantize: only padding bytes (zeros)
         return q, x.new_zeros(scale_shape, dtype=_E8M0)
     scales = target.e8m0.new_empty(*scale_shape)
-    _launch(target, x, q, scales, group_end_offsets, mode, layout)  # the rank-2 entry: no views
+    # the rank-2 entry on the public tensors: (M, K) x and q (strides (1, M)), 2-D scales
+    key = (_KERNEL, x.dtype, mode, layout, 2)
+    kernel = target.kernels.get(key) or target.kernel(key, _variant)
+    kernel(x, q, scales, group_end_offsets)
     return q, scales
 
 
@@ -108,7 +104,10 @@ def launch_32x1_3d(
         return q, w.new_zeros(scale_shape, dtype=_E8M0)
     checks.check_kernel_experts(_OP_3D, experts)
     scales = target.e8m0.new_empty(*scale_shape)
-    _launch(target, w, q, scales, None, mode, "blocked" if blocked else "plain")  # no views
+    # the rank-3 entry on the public tensors: (E, N, K) w and q (strides (N K, 1, N)), (E, R, C) scales
+    key = (_KERNEL, w.dtype, mode, "blocked" if blocked else "plain", 3)
+    kernel = target.kernels.get(key) or target.kernel(key, _variant)
+    kernel(w, q, scales, None)
     return q, scales
 
 
