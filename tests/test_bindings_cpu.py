@@ -177,6 +177,32 @@ def test_swizzle_kernel_choice():
                 assert variant.ragged_end  # whatever M is
 
 
+@pytest.mark.parametrize("groups", [1, 64, 65, 2048])
+def test_grouped_1x32_keys_hold_their_groups(groups):
+    """The M-groups quantization and pad+quantize key the same group capacity: the variant with
+    small scan arrays while G fits it, else the full one; never fewer than G."""
+    from cute_utils.constants import MAX_GROUPS, SMALL_GROUPS
+    from torch_bindings import pad_quantize, quantize
+
+    keys = []
+
+    class Target:
+        arch, num_sms, kernels = "sm_90a", 132, {}
+        e4m3 = torch.empty(0, dtype=torch.float8_e4m3fn)
+        e8m0 = torch.empty(0, dtype=torch.float8_e8m0fnu)
+
+        def kernel(self, key, variant_of):
+            keys.append(key)
+            return lambda *args: None
+
+    x = torch.zeros(64, 64, dtype=torch.bfloat16)
+    ends = torch.full((groups,), 64, dtype=torch.int32)
+    quantize.launch_1x32_2d(Target(), x, x.shape, ends, groups, "rceil", True)
+    pad_quantize._launch(Target(), x, x.shape, ends, groups, 32, "rceil")
+    capacity = SMALL_GROUPS if groups <= SMALL_GROUPS else MAX_GROUPS
+    assert [key[4] for key in keys] == [capacity, capacity] and capacity >= groups
+
+
 def test_swizzle_can_implement_limits():
     """``SwizzleKernel.can_implement``: the group count (1 to ``cute_utils.constants.MAX_GROUPS``,
     none for plain), the rank, word loads on whole aligned words, a raw source ending on a word."""

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from cute_utils.constants import SMALL_GROUPS
-
 from . import checks, reference, targets
 from .op import KernelOp
-from .quantize import KERNEL, MAX_GROUPS, scales_shape_1x32, variant_of
+from .quantize import GROUP_CAPACITY, KERNEL, scales_shape_1x32, variant_of
 
 _OP = "pad_and_quantize_mxfp8_2d"
 
@@ -53,8 +51,7 @@ def _launch(
         return q, scales, padded_start, padded_end
     padded_start = group_end_offsets.new_empty(num_groups)
     padded_end = group_end_offsets.new_empty(num_groups)
-    # the key of launch_1x32_2d's kernels: the small-scan variant up to SMALL_GROUPS groups
-    key = (KERNEL, x.dtype, mode, "padded", SMALL_GROUPS if num_groups <= SMALL_GROUPS else MAX_GROUPS)
+    key = (KERNEL, x.dtype, mode, "padded", GROUP_CAPACITY[num_groups])  # launch_1x32_2d's key form
     kernel = target.kernels.get(key) or target.kernel(key, variant_of)
     kernel(x, q, scales, group_end_offsets, padded_start, padded_end, alignment)
     return q, scales, padded_start, padded_end

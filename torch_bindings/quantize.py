@@ -22,6 +22,10 @@ _OP = "quantize_mxfp8_2d"
 KERNEL = "quantize_1x32"  # cute_kernels.registry name
 MAX_GROUPS = checks.MAX_KERNEL_GROUPS
 _SMALL_GROUPS = SMALL_GROUPS  # the M-groups variant with small scan arrays
+#: G (0 .. MAX_GROUPS) -> the group capacity in the key of the M-groups and padded kernels: the
+#: variant with small scan arrays up to SMALL_GROUPS groups, else MAX_GROUPS (a table: one index
+#: per call on the hot path, the rule written once).
+GROUP_CAPACITY = tuple(_SMALL_GROUPS if g <= _SMALL_GROUPS else MAX_GROUPS for g in range(MAX_GROUPS + 1))
 _BLOCK = BLOCK_SIZE
 _E4M3 = torch.float8_e4m3fn
 _E8M0 = torch.float8_e8m0fnu
@@ -62,7 +66,7 @@ def launch_1x32_2d(
     rows, cols = shape
     padded_cols = ((cols >> 5) + 3) & -4  # integer form of scales_shape_1x32 (hot path)
     if num_groups:
-        layout, key_groups = "m_groups", _SMALL_GROUPS if num_groups <= _SMALL_GROUPS else MAX_GROUPS
+        layout, key_groups = "m_groups", GROUP_CAPACITY[num_groups]
         scales = target.e8m0.new_empty(rows + 128 * num_groups, padded_cols)
     elif blocked:
         layout, key_groups = "blocked", MAX_GROUPS
