@@ -126,7 +126,7 @@ def _run_pad(
 
 def _fast_pad(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_pad` and the group limit from metadata reads; the
-    offsets' device and stride are left to the kernel's wrapper (pad always launches)."""
+    offsets' rank, device and stride are left to the kernel's wrapper (pad always launches)."""
     x, group_end_offsets, alignment = args
     operand, shape = _OPERANDS.get(x.dtype), x.shape  # a dtype copied before, in _OPERANDS
     if (

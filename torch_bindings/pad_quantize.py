@@ -84,7 +84,7 @@ def _pad_quantize_fake(
 
 def _fast(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_pad_and_quantize` and the kernel-path checks from
-    metadata reads; the offsets' device and stride are left to the kernel's wrapper (launched
+    metadata reads; the offsets' rank, device and stride are left to the kernel's wrapper (launched
     unless K == 0, which this path declines)."""
     x, group_end_offsets, alignment, scaling_mode = args
     shape = checks.fast_quant_shape(x, scaling_mode, True)

@@ -104,7 +104,7 @@ def _quantize_fake(
 
 def _fast(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_quantize_2d` and the kernel-path checks from metadata
-    reads; the offsets' device and stride are left to the kernel's wrapper
+    reads; the offsets' rank, device and stride are left to the kernel's wrapper
     (:func:`checks.fast_optional_groups`)."""
     x, block, group_end_offsets, scaling_mode, blocked_scales = args
     shape = checks.fast_quant_shape(x, scaling_mode, blocked_scales)

@@ -77,7 +77,7 @@ def _run_dual(
 
 def _fast_dual(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_quantize_2d_dual` and the kernel-path checks from
-    metadata reads; the offsets' device and stride are left to the kernel's wrapper
+    metadata reads; the offsets' rank, device and stride are left to the kernel's wrapper
     (:func:`checks.fast_optional_groups`)."""
     x, group_end_offsets, scaling_mode, blocked_scales = args
     shape = checks.fast_quant_shape(x, scaling_mode, blocked_scales)

@@ -116,7 +116,7 @@ def _run_kernel(
 
 def _fast(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_swizzle` and the group limit from metadata reads; the
-    offsets' device and stride are left to the kernel's wrapper (only non-empty scales, which launch
+    offsets' rank, device and stride are left to the kernel's wrapper (only non-empty scales, which launch
     it, take this path with offsets)."""
     scales, group_end_offsets, groups = args
     dtype = scales.dtype
