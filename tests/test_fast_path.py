@@ -38,34 +38,46 @@ E8M0 = torch.float8_e8m0fnu
 #: Registry names whose kernels declare all their 1-D int32 arguments with one symbolic length G
 #: (the pad family's offsets, padded_start and padded_end; cute_kernels.pad, cute_kernels.quantize).
 SHARED_GROUPS = frozenset({"pad", "unpad", quantize.KERNEL})
+#: Registry name -> the positions of its kernel's (G,) int32 arguments (group offsets, padded starts
+#: and ends), as the launchers pass them.
+GROUP_ARGS: dict[str, tuple[int, ...]] = {
+    "swizzle": (2,),
+    "pad": (2, 3, 4),
+    "unpad": (2, 3),
+    quantize.KERNEL: (3, 4, 5),
+    "quantize_32x1": (3,),
+    "quantize_dual": (5,),
+}
+#: How the mock kernels below refuse an argument (the real wrappers' words: "Mismatched ...").
+MOCK_REFUSAL = "Mismatched"
 
 
 class _WrapperChecks(_Noop):
     """A no-op kernel that refuses what a compiled kernel's TVM-FFI wrapper refuses before it
     launches and the fast paths leave to it (tests/test_wrapper_checks_gpu.py checks the real
     wrappers): a tensor argument off the first one's device (``RuntimeError`` on ``meta``, which
-    the wrappers cannot take), a 32-bit integer one (group offsets and starts, declared (G,) with
-    stride 1; the only integer tensors these tests get to a kernel, and the wrappers take int32 and
-    uint32 alike) of another rank than 1 or, of length over 1, a stride other than 1, and under
-    ``SHARED_GROUPS`` such arguments of different lengths (one symbolic G). Like the wrappers it
+    the wrappers cannot take), a 1-D one (declared with stride 1) of length over 1 and a stride
+    other than 1, a (G,) argument (``GROUP_ARGS``) of another rank than 1, and under
+    ``SHARED_GROUPS`` (G,) arguments of different lengths (one symbolic G). Like the wrappers it
     does not check the outer strides of other tensors (free symbols there): the fast paths test the
     contiguity of their data themselves."""
 
     def __init__(self, name: object) -> None:
         self.shared_groups = name in SHARED_GROUPS
+        self.group_args = GROUP_ARGS.get(name, ()) if isinstance(name, str) else ()
 
     def __call__(self, *args: Any) -> None:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         for t in tensors:
             if t.is_meta:
                 raise RuntimeError("Cannot pack tensors on meta")
-            if t.device != tensors[0].device:
-                raise ValueError("Mismatched Tensor device")
-        groups = [t for t in tensors if t.dtype in (I32, torch.uint32)]
-        if any(t.dim() != 1 or (t.shape[0] > 1 and t.stride(0) != 1) for t in groups):
-            raise ValueError("Mismatched Tensor rank or stride")
+            if t.device != tensors[0].device or (t.dim() == 1 and t.shape[0] > 1 and t.stride(0) != 1):
+                raise ValueError(f"{MOCK_REFUSAL} Tensor device or stride")
+        groups = [args[i] for i in self.group_args if isinstance(args[i], torch.Tensor)]
+        if any(t.dim() != 1 for t in groups):
+            raise ValueError(f"{MOCK_REFUSAL} Tensor rank")
         if self.shared_groups and len({t.shape[0] for t in groups}) > 1:
-            raise ValueError("Mismatched Tensor shape")
+            raise ValueError(f"{MOCK_REFUSAL} Tensor shape")
 
 
 class _WrapperCheckedKernels(_NoopKernels):
@@ -105,6 +117,8 @@ def offsets() -> list[Any]:
         torch.tensor([64], dtype=I32),
         torch.tensor([10, 64], dtype=torch.int64),
         torch.tensor([[10, 64]], dtype=I32),
+        torch.tensor([[10], [64]], dtype=I32),
+        torch.tensor(64, dtype=I32),  # rank 0: one element, like G = 1
         torch.zeros(0, dtype=I32),
         torch.tensor([10, 64], dtype=I32, device="meta"),
         torch.arange(8, dtype=I32)[::2],
@@ -257,10 +271,18 @@ OPS: dict[str, tuple[Any, Callable[[], list[list[Any]]], Callable[[tuple], bool]
 }
 
 
-def _raises(fn: Callable[[], Any]) -> bool:
+def _full_path_refuses(op: Any, target: Any, args: tuple) -> bool:
+    """Whether the full path (``check``, then ``run``) raises ``TypeError`` / ``ValueError``; a mock
+    kernel refusing what ``check`` accepted fails the test (the mock would be stricter than the
+    wrappers, and a fast path's decline of a valid call would go unseen)."""
     try:
-        fn()
+        op.check(*args)
     except (TypeError, ValueError):
+        return True
+    try:
+        op.run(target, *args)
+    except (TypeError, ValueError) as exc:
+        assert MOCK_REFUSAL not in str(exc), f"{op.name}: the mock refused checked arguments {args!r}"
         return True
     return False
 
@@ -294,7 +316,7 @@ def test_fast_path_is_as_strict_as_the_full_checks(name: str, target) -> None:
             taken_nonempty += args[0].numel() > 0
             op.check(*args)  # raises if the fast path let a bad argument through
             assert _meta(out) == _meta(op.run(target, *args)), args
-        elif not _raises(lambda args=args: (op.check(*args), op.run(target, *args))):
+        elif not _full_path_refuses(op, target, args):
             declined_valid += 1
             assert slow_ok is not None and slow_ok(args), f"{name}: valid {args!r} declined by the fast path"
     assert taken_nonempty > 0, f"{name}: the fast path launched nothing"

@@ -20,6 +20,7 @@ import torch
 from . import targets
 
 _TARGETS = targets._targets  # device index -> DeviceTarget (the dict object never changes)
+_Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling  # the function dynamo folds to True while tracing
 
 
@@ -58,11 +59,8 @@ class KernelOp:
         """Run the op on ``args`` with ``backend`` (a method with positional arguments: the fastest
         call Python has, ~0.3 us less than ``__call__`` with a keyword)."""
         compiling = _is_compiling()  # first: dynamo must not guard on the tables
-        if not compiling and (backend == "auto" or backend == "cute"):
-            try:  # targets.known, inlined (hot path); a try costs nothing where nothing raises
-                target = _TARGETS.get(args[0].get_device())
-            except AttributeError:  # args[0] is no tensor: the checks say so
-                target = None
+        if not compiling and (backend == "auto" or backend == "cute") and isinstance(args[0], _Tensor):
+            target = _TARGETS.get(args[0].get_device())  # targets.known, inlined (hot path)
             if target is not None:  # eager fast path
                 try:
                     out = self.fast(target, args)

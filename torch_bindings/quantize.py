@@ -2,9 +2,9 @@
 
 The 32x1 block runs ``cute_kernels.quantize_32x1`` through ``torch_bindings.quantize_32x1``.
 The 1x32 kernel's key in a device's table is ``("quantize_1x32", dtype, mode, layout, max groups)``
-(max groups: ``SMALL_GROUPS`` for G <= 64, else ``MAX_GROUPS``; also built by ``pad_quantize``),
-with a trailing 3 for the entry that takes ``quantize_3d``'s (E, N, K) operands; the variant (and
-the kernel module) is built only on a miss.
+(max groups: ``GROUP_CAPACITY[G]`` for the M-groups layout and ``pad_quantize``'s padded one, else
+``MAX_GROUPS``), with a trailing 3 for the entry that takes ``quantize_3d``'s (E, N, K) operands;
+the variant (and the kernel module) is built only on a miss.
 """
 
 from __future__ import annotations
