@@ -18,15 +18,15 @@ _OP = "pad_and_quantize_mxfp8_2d"
 
 
 def _outputs(
-    x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, e4m3: torch.Tensor, e8m0: torch.Tensor
-):
-    """Empty (q, scales, padded_start, padded_end) for x (M, K), allocated like ``e4m3`` / ``e8m0``
-    (tensors of those dtypes on x's device); works on fake tensors."""
+    x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Empty (q, scales, padded_start, padded_end) for x (M, K) on x's device; works on fake tensors
+    (the fake implementation; :func:`_launch` allocates the same shapes from integers)."""
     num_groups = group_end_offsets.shape[0]
     rows = reference.padded_rows(x.shape[0], num_groups, alignment)
     cols = x.shape[1]
-    q = e4m3.new_empty(rows, cols)
-    scales = e8m0.new_empty(*scales_shape_1x32((rows, cols), num_groups, True))
+    q = x.new_empty((rows, cols), dtype=torch.float8_e4m3fn)
+    scales = x.new_empty(scales_shape_1x32((rows, cols), num_groups, True), dtype=torch.float8_e8m0fnu)
     return q, scales, group_end_offsets.new_empty(num_groups), group_end_offsets.new_empty(num_groups)
 
 
@@ -40,10 +40,10 @@ def _launch(
     mode: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Allocate the outputs for x of ``shape`` (M, K) with ``num_groups`` (1 .. ``MAX_GROUPS``)
-    groups and launch (all checks done). :func:`_outputs`' shapes in integer arithmetic (hot path;
-    the tests compare both with the reference)."""
+    groups and launch (all checks done): :func:`_outputs`' shapes from integers (hot path; the
+    tests compare both with the reference)."""
     rows, cols = shape
-    padded_rows = (rows + alignment - 1) // alignment * alignment + num_groups * alignment
+    padded_rows = reference.padded_rows(rows, num_groups, alignment)
     q = target.e4m3.new_empty(padded_rows, cols)
     scales = target.e8m0.new_empty(padded_rows + 128 * num_groups, ((cols >> 5) + 3) & -4)
     if not cols:  # K == 0: no data to quantize, only the padded offsets
@@ -75,8 +75,7 @@ def _pad_quantize_op(
 def _pad_quantize_fake(
     x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, scaling_mode: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    like = (x.new_empty(0, dtype=torch.float8_e4m3fn), x.new_empty(0, dtype=torch.float8_e8m0fnu))
-    return _outputs(x, group_end_offsets, alignment, *like)
+    return _outputs(x, group_end_offsets, alignment)
 
 
 # The op's parts for ``KernelOp``, all on ``(x, group_end_offsets, alignment, scaling_mode)``.
