@@ -203,6 +203,77 @@ def test_grouped_1x32_keys_hold_their_groups(groups):
     assert [key[4] for key in keys] == [capacity, capacity] and capacity >= groups
 
 
+@pytest.mark.parametrize(
+    "dtype,rows,cols,offset,row_stride",
+    [
+        (torch.bfloat16, 4, 7168, 0, None),
+        (torch.bfloat16, 4, 8, 1, None),  # pointer 2 bytes past a boundary
+        (torch.bfloat16, 4, 6, 0, None),
+        (torch.bfloat16, 4, 7, 0, None),
+        (torch.float32, 4, 3, 0, None),
+        (torch.float32, 4, 4, 0, None),
+        (torch.float8_e4m3fn, 4, 5, 0, None),
+        (torch.float8_e4m3fn, 4, 4, 0, None),
+        (torch.int64, 4, 3, 0, None),
+        (torch.float64, 4, 2, 0, None),
+        (torch.uint16, 4, 8, 0, None),  # a carrier dtype (viewed as int16)
+        (torch.bfloat16, 0, 8, 0, 3),  # no rows: the row stride is free (contiguous all the same)
+        (torch.bfloat16, 0, 8, 0, 8),
+    ],
+)
+def test_unpad_launcher_keeps_the_vector_rule(dtype, rows, cols, offset, row_stride):
+    """Unpad's launcher (its fast path, with the vector rule written inline) launches the kernel
+    ``_gather`` picks, with padded as that kernel takes it and a (num_tokens, D) output."""
+    from torch_bindings import pad as pad_bindings
+
+    launched = []
+
+    class Target:
+        arch, num_sms, kernels = "sm_90a", 132, {}
+
+        def kernel(self, key, variant_of):
+            return lambda *args: launched.append((key, args))
+
+    base = torch.zeros(1 << 17, dtype=torch.uint8).view(dtype)
+    if row_stride is None:
+        padded = base[offset : offset + rows * cols].view(rows, cols)
+    else:
+        padded = base.as_strided((rows, cols), (row_stride, 1), offset)
+    assert padded.is_contiguous()
+    operand = pad_bindings.operand_of(padded)
+    ends = start = torch.zeros(2, dtype=torch.int32)
+    out = pad_bindings._fast_unpad(Target(), (padded, ends, start, 5))
+    data, key = pad_bindings._gather("unpad", padded, rows, cols, operand)
+    ((launched_key, args),) = launched
+    assert launched_key == key and args[0].dtype == data.dtype and args[2:] == (ends, start)
+    assert out.shape == (5, cols) and out.dtype == dtype
+
+
+def test_unpad_full_path_launches_through_its_launcher():
+    """The full path sends what the checks accept to the launcher in a form it takes (row count
+    read from the offsets, an int count, offsets that subclass Tensor as plain tensors), and
+    allocates an empty output without a launch."""
+    from torch_bindings import pad as pad_bindings
+
+    launched = []
+
+    class Target:
+        arch, num_sms, kernels = "sm_90a", 132, {}
+
+        def kernel(self, key, variant_of):
+            return lambda *args: launched.append(args)
+
+    padded = torch.zeros(64, 16, dtype=torch.int8)
+    ends = torch.nn.Parameter(torch.tensor([3, 40], dtype=torch.int32), requires_grad=False)
+    start = torch.nn.Parameter(torch.tensor([0, 32], dtype=torch.int32), requires_grad=False)
+    for num_tokens, rows in ((None, 40), (50, 50), (0, 0)):
+        out = pad_bindings._run_unpad(Target(), padded, ends, start, num_tokens)
+        assert out.shape == (rows, 16) and out.dtype == torch.int8
+    assert len(launched) == 2 and all(type(t) is torch.Tensor for args in launched for t in args[2:])
+    assert pad_bindings._run_unpad(Target(), padded[:, :0], ends, start, 7).shape == (7, 0)
+    assert len(launched) == 2
+
+
 def test_swizzle_can_implement_limits():
     """``SwizzleKernel.can_implement``: the group count (1 to ``cute_utils.constants.MAX_GROUPS``,
     none for plain), the rank, word loads on whole aligned words, a raw source ending on a word."""

@@ -188,26 +188,6 @@ def pad_token_groups(
 # ----------------------------------------------------------------------------------------------
 
 
-def _launch_unpad(
-    target: targets.DeviceTarget,
-    padded: torch.Tensor,
-    shape: torch.Size,
-    operand: _Operand,
-    group_end_offsets: torch.Tensor,
-    padded_start: torch.Tensor,
-    num_tokens: int,
-) -> torch.Tensor:
-    """Allocate unpad's (num_tokens, D) output for ``padded`` of ``shape`` and ``operand`` (checked)
-    and launch."""
-    rows, cols = shape
-    data, key = _gather("unpad", padded, rows, cols, operand)
-    out = data.new_empty(num_tokens, cols)
-    if num_tokens and cols:
-        kernel = target.kernels.get(key) or target.kernel(key, _variant)
-        kernel(data, out, group_end_offsets, padded_start)  # out: fresh, 512-byte aligned
-    return out.view(padded.dtype) if operand.view else out
-
-
 def _run_unpad(
     target: targets.DeviceTarget,
     padded: torch.Tensor,
@@ -215,18 +195,36 @@ def _run_unpad(
     padded_start: torch.Tensor,
     num_tokens: int | None,
 ) -> torch.Tensor:
+    """The kernel path after :func:`checks.check_unpad`: the group limit, the row count, then the
+    launch through :func:`_fast_unpad` (the one launcher), with every argument in the form it accepts;
+    outputs with no rows or no columns launch nothing."""
     checks.check_kernel_group_count(_UNPAD, group_end_offsets)
     if num_tokens is None:  # the one syncing path: the row count lives on the device
         num_tokens = checks.unpad_row_count(int(group_end_offsets[-1]), padded.shape[0])
-    operand = operand_of(padded)
-    return _launch_unpad(target, padded, padded.shape, operand, group_end_offsets, padded_start, num_tokens)
+    num_tokens, cols = int(num_tokens), padded.shape[1]
+    if not (num_tokens and cols):
+        return padded.new_empty(num_tokens, cols)
+    operand_of(padded)  # puts padded's dtype in _OPERANDS
+    args = (padded, _plain(group_end_offsets), _plain(padded_start), num_tokens)
+    out = _fast_unpad(target, args)
+    if out is None:
+        raise RuntimeError(f"{_UNPAD}: internal error: checked arguments did not reach the kernel")
+    return out
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """t as a plain ``torch.Tensor`` (a subclass such as ``nn.Parameter``: the same data)."""
+    return t if type(t) is _Tensor else t.as_subclass(_Tensor)
 
 
 def _fast_unpad(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``: :func:`checks.check_unpad` with an int ``num_tokens`` (the no-sync form)
-    and the group limit, from metadata reads, for calls that launch (rows and columns to copy): the
-    kernel's wrapper checks both offsets' device, rank and stride, and that padded_start has the
-    offsets' length (one symbolic G)."""
+    """``KernelOp.fast``, and the launcher of the full path: :func:`checks.check_unpad` with an int
+    ``num_tokens`` (the no-sync form) and the group limit, from metadata reads, for calls that launch
+    (rows and columns to copy); then the (num_tokens, D) output and the launch. The kernel's wrapper
+    checks both offsets' device, rank and stride, and that padded_start has the offsets' length (one
+    symbolic G). Written as one function (:func:`_gather`'s vector rule and the launch inlined; the
+    CPU tests hold its kernel choice to ``_gather``'s): unpad has the smallest floor of the ops, and
+    each Python frame is a visible part of its overhead (notes/host-overhead.md)."""
     padded, group_end_offsets, padded_start, num_tokens = args
     if type(num_tokens) is not int or num_tokens <= 0:
         return None
@@ -242,7 +240,22 @@ def _fast_unpad(target: targets.DeviceTarget, args: tuple):
         or padded_start.dtype is not _I32
     ):
         return None
-    return _launch_unpad(target, padded, shape, operand, group_end_offsets, padded_start, num_tokens)
+    rows, cols = shape
+    size, kernel_dtype, view = operand
+    row_bytes, pointer = cols * size, padded.data_ptr()
+    stride_bytes = row_bytes if rows else padded.stride(0) * size
+    if size < 16 and not (row_bytes % 16 or pointer % 16 or stride_bytes % 16):
+        vector = 16
+    elif size < 4 and not (row_bytes % 4 or pointer % 4 or stride_bytes % 4):
+        vector = 4
+    else:
+        vector = size
+    data = padded.view(kernel_dtype) if view else padded
+    out = data.new_empty(num_tokens, cols)
+    key = ("unpad", kernel_dtype, vector)
+    kernel = target.kernels.get(key) or target.kernel(key, _variant)
+    kernel(data, out, group_end_offsets, padded_start)  # out: fresh, 512-byte aligned
+    return out.view(padded.dtype) if view else out
 
 
 @torch.library.custom_op("cute_kernels::unpad_token_groups", mutates_args=())
