@@ -272,6 +272,14 @@ def test_unpad_full_path_launches_through_its_launcher():
     assert len(launched) == 2 and all(type(t) is torch.Tensor for args in launched for t in args[2:])
     assert pad_bindings._run_unpad(Target(), padded[:, :0], ends, start, 7).shape == (7, 0)
     assert len(launched) == 2
+    # a dtype the fast path has not seen (a carrier view) and a Parameter padded
+    pad_bindings._OPERANDS.pop(torch.uint32, None)
+    for data in (torch.zeros(64, 16, dtype=torch.uint32), torch.nn.Parameter(torch.zeros(64, 16), False)):
+        out = pad_bindings._run_unpad(Target(), data, ends, start, 50)
+        assert out.shape == (50, 16) and out.dtype == data.dtype
+    assert launched[2][0].dtype == torch.int32 and len(launched) == 4
+    with pytest.raises(ValueError, match="num_tokens must be >= 0"):
+        pad_bindings._run_unpad(Target(), padded, ends, start, -3)  # e.g. a negative SymInt
 
 
 def test_swizzle_can_implement_limits():

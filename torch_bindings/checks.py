@@ -47,6 +47,7 @@ __all__ = [
     "check_same_length",
     "check_swizzle",
     "check_tensor",
+    "check_num_tokens",
     "check_unpad",
     "check_quantize_fp8_2d",
     "check_quantize_fp8_2d_dual",
@@ -341,12 +342,16 @@ def check_unpad(
     check_offsets("padded_start", padded_start, padded.device, op=op)
     check_same_length("padded_start", padded_start, "group_end_offsets", group_end_offsets, op=op)
     if num_tokens is not None:
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, torch.SymInt)):
-            raise TypeError(
-                f"{_prefix(op)}num_tokens must be None or an int >= 0, got {describe(num_tokens)}"
-            )
-        if isinstance(num_tokens, int) and num_tokens < 0:
-            raise ValueError(f"{_prefix(op)}num_tokens must be >= 0, got {num_tokens}")
+        check_num_tokens(num_tokens, op=op)
+
+
+def check_num_tokens(num_tokens: Any, *, op: str = "unpad_token_groups") -> None:
+    """``unpad_token_groups``' row count: an int (``TypeError`` otherwise) >= 0 (``ValueError``);
+    a ``torch.SymInt`` passes untested (its sign is known only when it runs)."""
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, torch.SymInt)):
+        raise TypeError(f"{_prefix(op)}num_tokens must be None or an int >= 0, got {describe(num_tokens)}")
+    if isinstance(num_tokens, int) and num_tokens < 0:
+        raise ValueError(f"{_prefix(op)}num_tokens must be >= 0, got {num_tokens}")
 
 
 def unpad_row_count(last_end: int, padded_rows: int, *, op: str = "unpad_token_groups") -> int:

@@ -202,6 +202,7 @@ def _run_unpad(
     if num_tokens is None:  # the one syncing path: the row count lives on the device
         num_tokens = checks.unpad_row_count(int(group_end_offsets[-1]), padded.shape[0])
     num_tokens, cols = int(num_tokens), padded.shape[1]
+    checks.check_num_tokens(num_tokens)  # a SymInt's sign, now that it is an int
     if not (num_tokens and cols):
         return padded.new_empty(num_tokens, cols)
     operand_of(padded)  # puts padded's dtype in _OPERANDS
