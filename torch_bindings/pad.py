@@ -63,6 +63,22 @@ def operand_of(t: torch.Tensor) -> _Operand | None:
     return operand
 
 
+def _vector_bytes(size: int, bits: int) -> int:
+    """The widest access (16 bytes, 4 bytes or one element of ``size`` bytes) that divides a row's
+    bytes, the data pointer and the row stride in bytes, from ``bits``: the low 4 bits of the three
+    or-ed together."""
+    if size < 16 and not bits & 15:
+        return 16
+    if size < 4 and not bits & 3:
+        return 4
+    return size
+
+
+#: ``_VECTORS[size << 4 | bits]``: :func:`_vector_bytes` as a flat table (element sizes 1 to 8,
+#: ``bits`` the low 4 bits of row bytes | data pointer | row stride bytes), one index per launch.
+_VECTORS = tuple(_vector_bytes(i >> 4, i & 15) for i in range(9 << 4))
+
+
 def _gather(
     name: str, t: torch.Tensor, rows: int, cols: int, operand: _Operand
 ) -> tuple[torch.Tensor, tuple[str, torch.dtype, int]]:
@@ -73,14 +89,9 @@ def _gather(
     a contiguous t with elements has row stride ``cols`` (one row's stride is neither read nor
     checked), an empty one its own (PyTorch gives (M, 0) the row stride 1)."""
     size, kernel_dtype, view = operand
-    row_bytes, pointer = cols * size, t.data_ptr()
+    row_bytes = cols * size
     stride_bytes = row_bytes if rows and cols else t.stride(0) * size
-    if size < 16 and not (row_bytes % 16 or pointer % 16 or stride_bytes % 16):
-        vector = 16
-    elif size < 4 and not (row_bytes % 4 or pointer % 4 or stride_bytes % 4):
-        vector = 4
-    else:
-        vector = size
+    vector = _VECTORS[size << 4 | (row_bytes | t.data_ptr() | stride_bytes) & 15]
     return (t.view(kernel_dtype) if view else t), (name, kernel_dtype, vector)
 
 
@@ -223,9 +234,10 @@ def _fast_unpad(target: targets.DeviceTarget, args: tuple):
     ``num_tokens`` (the no-sync form) and the group limit, from metadata reads, for calls that launch
     (rows and columns to copy); then the (num_tokens, D) output and the launch. The kernel's wrapper
     checks both offsets' device, rank and stride, and that padded_start has the offsets' length (one
-    symbolic G). Written as one function (:func:`_gather`'s vector rule and the launch inlined; the
-    CPU tests hold its kernel choice to ``_gather``'s): unpad has the smallest floor of the ops, and
-    each Python frame is a visible part of its overhead (notes/host-overhead.md)."""
+    symbolic G). Written as one function (``_gather``'s three lines and the launch inlined, the vector
+    rule read from ``_VECTORS``; the CPU tests hold its kernel choice to ``_gather``'s): unpad has the
+    smallest floor of the ops, and each Python frame is a visible part of its overhead
+    (notes/host-overhead.md)."""
     padded, group_end_offsets, padded_start, num_tokens = args
     if type(num_tokens) is not int or num_tokens <= 0:
         return None
@@ -243,14 +255,9 @@ def _fast_unpad(target: targets.DeviceTarget, args: tuple):
         return None
     rows, cols = shape
     size, kernel_dtype, view = operand
-    row_bytes, pointer = cols * size, padded.data_ptr()
-    stride_bytes = row_bytes if rows else padded.stride(0) * size
-    if size < 16 and not (row_bytes % 16 or pointer % 16 or stride_bytes % 16):
-        vector = 16
-    elif size < 4 and not (row_bytes % 4 or pointer % 4 or stride_bytes % 4):
-        vector = 4
-    else:
-        vector = size
+    row_bytes = cols * size
+    stride_bytes = row_bytes if rows else padded.stride(0) * size  # as _gather (cols > 0 here)
+    vector = _VECTORS[size << 4 | (row_bytes | padded.data_ptr() | stride_bytes) & 15]
     data = padded.view(kernel_dtype) if view else padded
     out = data.new_empty(num_tokens, cols)
     key = ("unpad", kernel_dtype, vector)
