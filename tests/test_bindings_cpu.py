@@ -130,6 +130,40 @@ def test_swizzle_launcher_window_at_the_size_cap(rows, wide):
     assert chosen[0].wide is wide
 
 
+def test_swizzle_full_path_launches_through_its_launcher():
+    """The full path sends what the checks accept to the launcher (uint8 scales, offsets that
+    subclass Tensor as plain tensors, M groups of no rows) and allocates the outputs that launch
+    nothing (M groups with no columns, K groups with no rows, empty plain scales) itself."""
+    from torch_bindings import swizzle as binding
+
+    launched = []
+
+    class Target:
+        arch, num_sms, kernels = "sm_90a", 132, {}
+
+        def kernel(self, key, variant_of):
+            return lambda *args: launched.append(args)
+
+    ends = torch.nn.Parameter(torch.tensor([0, 5], dtype=torch.int32), requires_grad=False)
+    cases = [  # (scales shape, groups, offsets, output shape, launches)
+        ((5, 7), "M", ends, (261, 8), True),
+        ((0, 7), "M", ends, (256, 8), True),
+        ((5, 0), "M", ends, (261, 0), False),
+        ((5, 7), "K", ends, (128, 15), True),
+        ((0, 7), "K", ends, (0, 15), False),
+        ((5, 7), "M", None, (128, 8), True),
+        ((2, 0, 7), "M", None, (2, 0, 8), False),
+    ]
+    for shape, groups, offsets, out_shape, launches in cases:
+        launched.clear()
+        scales = torch.zeros(shape, dtype=torch.uint8)
+        out = binding._run_kernel(Target(), scales, offsets, groups)
+        assert out.shape == out_shape and out.dtype == torch.float8_e8m0fnu, shape
+        assert len(launched) == launches, shape
+        if launches and offsets is not None:
+            assert type(launched[0][2]) is torch.Tensor
+
+
 def test_swizzle_kernel_choice():
     """The binding's variant, over shapes x base offsets x layouts: always a built variant the kernel
     can implement there (``SwizzleKernel.can_implement``), launched with the device's SM count; word

@@ -468,6 +468,12 @@ def fast_group_count(offsets: Any, device: torch.device, limit: int = MAX_KERNEL
     return 0
 
 
+def plain_tensor(t: torch.Tensor) -> torch.Tensor:
+    """t as a plain ``torch.Tensor`` (a subclass such as ``nn.Parameter``: the same data), the form
+    :func:`fast_launch_groups` accepts: full paths hand checked offsets to their launchers this way."""
+    return t if type(t) is _Tensor else t.as_subclass(_Tensor)
+
+
 def fast_launch_groups(offsets: Any, limit: int = MAX_KERNEL_GROUPS) -> int:
     """G = ``offsets.numel()`` (1 <= G <= ``limit``) when ``offsets`` is a ``torch.int32`` tensor,
     else 0: the part of :func:`check_offsets` the kernels' TVM-FFI wrappers do not make. The wrapper

@@ -217,16 +217,11 @@ def _run_unpad(
     if not (num_tokens and cols):
         return padded.new_empty(num_tokens, cols)
     operand_of(padded)  # puts padded's dtype in _OPERANDS
-    args = (padded, _plain(group_end_offsets), _plain(padded_start), num_tokens)
+    args = (padded, checks.plain_tensor(group_end_offsets), checks.plain_tensor(padded_start), num_tokens)
     out = _fast_unpad(target, args)
     if out is None:
         raise RuntimeError(f"{_UNPAD}: internal error: checked arguments did not reach the kernel")
     return out
-
-
-def _plain(t: torch.Tensor) -> torch.Tensor:
-    """t as a plain ``torch.Tensor`` (a subclass such as ``nn.Parameter``: the same data)."""
-    return t if type(t) is _Tensor else t.as_subclass(_Tensor)
 
 
 def _fast_unpad(target: targets.DeviceTarget, args: tuple):

@@ -62,62 +62,29 @@ def _variant(key: tuple, target: targets.DeviceTarget):
     )
 
 
-def _launch(
-    target: targets.DeviceTarget,
-    scales: torch.Tensor,
-    shape: torch.Size,
-    group_end_offsets: torch.Tensor | None,
-    num_groups: int,
-    groups: str,
-) -> torch.Tensor:
-    """Allocate the blocked output of E8M0 ``scales`` (``shape``: 2-D or 3-D; ``num_groups`` 0 when
-    there are no offsets, else at most ``MAX_GROUPS``) and launch the kernel variant for it."""
-    rows, cols = shape[-2], shape[-1]
-    if not num_groups:
-        out_rows, out_cols = (rows + 127) & -128, (cols + 3) & -4
-        if len(shape) == 2:
-            code, out = 0, scales.new_empty(out_rows, out_cols)
-        else:  # (E, Rp, Cp)
-            code, out = 2, scales.new_empty(shape[0], out_rows, out_cols)
-            out_rows *= shape[0]
-    elif groups == "M":
-        out_rows, out_cols = rows + 128 * num_groups, (cols + 3) & -4
-        code, out = 4, scales.new_empty(out_rows, out_cols)
-    else:
-        out_rows, out_cols = (rows + 127) & -128, cols + 4 * num_groups
-        code, out = 6, scales.new_empty(out_rows, out_cols)
-    if out_rows and out_cols:  # out.numel(), without a call
-        # grouped layouts: wide_window(rows, cols) inlined (hot path; test_bindings_cpu checks the
-        # variant this picks against it)
-        if code >= 4 and cols > 64 and rows * cols <= SWIZZLE_WIDE_MAX_BYTES:
-            code += _WIDE
-        # Rows of whole, aligned 4-byte words (one word per tile column) stage with fewer instructions.
-        if code & 7 < 6 and not cols & 3 and not scales.data_ptr() & 3:
-            code += 1
-        elif code & 7 < 6 or rows & 3 or scales.data_ptr() & 3:
-            # Raw words where the source may end inside a word, decided from the static dim (C for
-            # plain and M-groups, R = K for K-groups) and the base, so M never switches kernels.
-            code += _RAGGED
-        key = _KEYS[code]
-        kernel = target.kernels.get(key) or target.kernel(key, _variant)
-        kernel(scales, out, group_end_offsets, target.num_sms)
-    return out
-
-
 def _run_kernel(
     target: targets.DeviceTarget, scales: torch.Tensor, group_end_offsets: torch.Tensor | None, groups: str
 ) -> torch.Tensor:
-    """The kernel path after the contract checks (and ``SwizzleKernel.can_implement``'s group limit)."""
-    if scales.dtype is not _E8M0:
-        scales = scales.view(_E8M0)
+    """The kernel path after :func:`checks.check_swizzle`: the group limit, then the launch through
+    :func:`_fast` (the one launcher) with the offsets as a plain tensor; grouped outputs with no
+    columns (M groups) or no rows (K groups) launch nothing."""
     num_groups = checks.check_kernel_group_count(_OP, group_end_offsets)
-    return _launch(target, scales, scales.shape, group_end_offsets, num_groups, groups)
+    if num_groups and not scales.shape[1 if groups == "M" else 0]:
+        return scales.new_empty(blocked_output_shape(scales.shape, num_groups, groups), dtype=_E8M0)
+    offsets = None if group_end_offsets is None else checks.plain_tensor(group_end_offsets)
+    out = _fast(target, (scales, offsets, groups))
+    if out is None:
+        raise RuntimeError(f"{_OP}: internal error: checked arguments did not reach the kernel")
+    return out
 
 
 def _fast(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``: :func:`checks.check_swizzle` and the group limit from metadata reads; the
-    offsets' rank, device and stride are left to the kernel's wrapper (only non-empty scales, which launch
-    it, take this path with offsets)."""
+    """``KernelOp.fast``, and the launcher of the full path: :func:`checks.check_swizzle` and the
+    group limit from metadata reads, then the blocked E8M0 output (``blocked_output_shape``) and the
+    launch of the variant for it. With offsets it takes only calls that launch (M groups with
+    columns, K groups with rows): the kernel's wrapper checks the offsets' rank, device and stride.
+    Written as one function (no launcher frame: each frame is a visible part of the overhead,
+    notes/host-overhead.md); the CPU tests hold its variant to ``SwizzleKernel.can_implement``."""
     scales, group_end_offsets, groups = args
     dtype = scales.dtype
     if not (
@@ -128,17 +95,49 @@ def _fast(target: targets.DeviceTarget, args: tuple):
     ):
         return None
     shape = scales.shape
-    if group_end_offsets is None:
-        if len(shape) != 2 and len(shape) != 3:
-            return None
-        num_groups = 0
-    else:
-        num_groups = checks.fast_launch_groups(group_end_offsets)
-        if not num_groups or len(shape) != 2 or 0 in shape:
-            return None
     if dtype is _U8:
         scales = scales.view(_E8M0)
-    return _launch(target, scales, shape, group_end_offsets, num_groups, groups)
+    if group_end_offsets is None:
+        if len(shape) == 2:
+            rows, cols = shape
+            out_rows, out_cols = (rows + 127) & -128, (cols + 3) & -4
+            code, out = 0, scales.new_empty(out_rows, out_cols)
+        elif len(shape) == 3:  # (E, Rp, Cp)
+            experts, rows, cols = shape
+            out_rows, out_cols = (rows + 127) & -128, (cols + 3) & -4
+            code, out = 2, scales.new_empty(experts, out_rows, out_cols)
+            out_rows *= experts
+        else:
+            return None
+        if not (out_rows and out_cols):  # out.numel(), without a call
+            return out
+    else:
+        num_groups = checks.fast_launch_groups(group_end_offsets)
+        if not num_groups or len(shape) != 2:
+            return None
+        rows, cols = shape
+        if groups == "M":
+            if not cols:
+                return None
+            code, out = 4, scales.new_empty(rows + 128 * num_groups, (cols + 3) & -4)
+        else:
+            if not rows:
+                return None
+            code, out = 6, scales.new_empty((rows + 127) & -128, cols + 4 * num_groups)
+        # wide_window(rows, cols) inlined (test_bindings_cpu checks the variant this picks against it)
+        if cols > 64 and rows * cols <= SWIZZLE_WIDE_MAX_BYTES:
+            code += _WIDE
+    # Rows of whole, aligned 4-byte words (one word per tile column) stage with fewer instructions.
+    if code & 7 < 6 and not cols & 3 and not scales.data_ptr() & 3:
+        code += 1
+    elif code & 7 < 6 or rows & 3 or scales.data_ptr() & 3:
+        # Raw words where the source may end inside a word, decided from the static dim (C for
+        # plain and M-groups, R = K for K-groups) and the base, so M never switches kernels.
+        code += _RAGGED
+    key = _KEYS[code]
+    kernel = target.kernels.get(key) or target.kernel(key, _variant)
+    kernel(scales, out, group_end_offsets, target.num_sms)
+    return out
 
 
 @torch.library.custom_op("cute_kernels::swizzle_scales", mutates_args=())
