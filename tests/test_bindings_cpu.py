@@ -150,18 +150,22 @@ def test_swizzle_full_path_launches_through_its_launcher():
         ((0, 7), "M", ends, (256, 8), True),
         ((5, 0), "M", ends, (261, 0), False),
         ((5, 7), "K", ends, (128, 15), True),
+        ((5, 0), "K", ends, (128, 8), True),
         ((0, 7), "K", ends, (0, 15), False),
         ((5, 7), "M", None, (128, 8), True),
         ((2, 0, 7), "M", None, (2, 0, 8), False),
     ]
-    for shape, groups, offsets, out_shape, launches in cases:
-        launched.clear()
-        scales = torch.zeros(shape, dtype=torch.uint8)
-        out = binding._run_kernel(Target(), scales, offsets, groups)
-        assert out.shape == out_shape and out.dtype == torch.float8_e8m0fnu, shape
-        assert len(launched) == launches, shape
-        if launches and offsets is not None:
-            assert type(launched[0][2]) is torch.Tensor
+    for dtype in (torch.uint8, torch.float8_e8m0fnu):
+        for shape, groups, offsets, out_shape, launches in cases:
+            launched.clear()
+            scales = torch.zeros(shape, dtype=torch.uint8).view(dtype)
+            out = binding._run_kernel(Target(), scales, offsets, groups)
+            assert out.shape == out_shape and out.dtype == torch.float8_e8m0fnu, shape
+            assert len(launched) == launches, shape
+            if launches:  # the kernel reads E8M0 and writes the output it returns
+                assert launched[0][0].dtype == torch.float8_e8m0fnu and launched[0][1] is out, shape
+            if launches and offsets is not None:
+                assert type(launched[0][2]) is torch.Tensor
 
 
 def test_swizzle_kernel_choice():

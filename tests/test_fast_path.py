@@ -225,12 +225,25 @@ def _empty(data: Any) -> bool:
     return isinstance(data, torch.Tensor) and data.numel() == 0
 
 
+def _swizzle_launches_nothing(args: tuple) -> bool:
+    """Grouped swizzle calls with nothing to launch (M groups of 2-D scales with no columns, K groups
+    with no rows): no wrapper would check the offsets, so its fast path leaves them to the full
+    path; it launches the other empty grouped calls."""
+    data, groups = args[0], args[2]
+    return (
+        isinstance(data, torch.Tensor)
+        and data.dim() == 2
+        and groups in ("M", "K")
+        and data.shape[1 if groups == "M" else 0] == 0
+    )
+
+
 # op -> (KernelOp, candidates of each positional argument, valid argument tuples fast may decline)
 OPS: dict[str, tuple[Any, Callable[[], list[list[Any]]], Callable[[tuple], bool]]] = {
     "swizzle_scales": (
         swizzle._SWIZZLE_OP,
         lambda: [scales(), offsets(), ["M", "K", "N", None]],
-        lambda args: args[1] is not None and _empty(args[0]),
+        lambda args: args[1] is not None and _swizzle_launches_nothing(args),
     ),
     "quantize_mxfp8_2d": (
         quantize._QUANTIZE_2D,

@@ -62,6 +62,7 @@ __all__ = [
     "fast_launch_groups",
     "fast_optional_groups",
     "fast_quant_shape",
+    "plain_tensor",
 ]
 
 QUANT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
