@@ -99,16 +99,17 @@ def _fast(target: targets.DeviceTarget, args: tuple):
         scales = scales.view(_E8M0)
     if group_end_offsets is None:
         if len(shape) == 2:
-            rows, cols = shape
-            out_rows, out_cols = (rows + 127) & -128, (cols + 3) & -4
-            code, out = 0, scales.new_empty(out_rows, out_cols)
-        elif len(shape) == 3:  # (E, Rp, Cp)
-            experts, rows, cols = shape
-            out_rows, out_cols = (rows + 127) & -128, (cols + 3) & -4
-            code, out = 2, scales.new_empty(experts, out_rows, out_cols)
-            out_rows *= experts
+            code, (rows, cols) = 0, shape
+        elif len(shape) == 3:
+            code, (experts, rows, cols) = 2, shape
         else:
             return None
+        out_rows, out_cols = (rows + 127) & -128, (cols + 3) & -4
+        if code:  # (E, Rp, Cp)
+            out = scales.new_empty(experts, out_rows, out_cols)
+            out_rows *= experts
+        else:
+            out = scales.new_empty(out_rows, out_cols)
         if not (out_rows and out_cols):  # out.numel(), without a call
             return out
     else:
