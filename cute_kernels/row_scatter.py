@@ -24,6 +24,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from cute_utils.blocked import ceil_div
+from cute_utils.constants import SCATTER_VARIANTS
 
 from .pad import (
     _WARP,
@@ -35,17 +36,6 @@ from .pad import (
     _store_row_chunk,
     _vector_view,
     _word_and_count,
-)
-
-#: (dtype, vector bytes) pairs the EP bindings launch: E4M3 rows, E8M0 scale rows (16 B when
-#: D % 512 == 0, else 4 B), bf16 rows, and the int32 row tags.
-SCATTER_VARIANTS = (
-    ("float8_e4m3fn", 16),
-    ("float8_e8m0fnu", 16),
-    ("float8_e8m0fnu", 4),
-    ("bfloat16", 16),
-    ("bfloat16", 4),
-    ("int32", 4),
 )
 
 

@@ -35,3 +35,14 @@ PAD_KERNEL_DTYPES = (
 #: The swizzle's 128-column window is taken for grouped scales of more than 64 columns and at most
 #: this many bytes (notes/swizzle-grouped-window-and-prefetch.md).
 SWIZZLE_WIDE_MAX_BYTES = 64 << 20
+#: (dtype, vector bytes) pairs the row-scatter kernel is compiled for (the EP bindings launch
+#: these): E4M3 rows, E8M0 scale rows (16 B when D % 512 == 0, else 4 B), bf16 rows, and 4-byte
+#: words (the int32 row tags, fp32 scales moved as their bits).
+SCATTER_VARIANTS = (
+    ("float8_e4m3fn", 16),
+    ("float8_e8m0fnu", 16),
+    ("float8_e8m0fnu", 4),
+    ("bfloat16", 16),
+    ("bfloat16", 4),
+    ("int32", 4),
+)

@@ -20,7 +20,14 @@ for _name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_D
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from ep_cases import assert_dispatch_matches, assert_same, routing  # noqa: E402 (this script's folder)
+from ep_cases import (  # noqa: E402 (this script's folder)
+    Layer,
+    assert_dispatch_matches,
+    assert_grads_equal,
+    assert_same,
+    layer_grads,
+    routing,
+)
 
 from torch_bindings import ep  # noqa: E402
 from torch_bindings import reference as ref  # noqa: E402
@@ -73,12 +80,37 @@ def _check_autograd(tokens: int, hidden: int, topk: int, experts: int) -> None:
     assert torch.equal(w.grad, gw), (rank, "grad w")
 
 
+def _check_layers(recipes: tuple, checkpointed: tuple = ()) -> None:
+    """Several MoE layers alive at once (buffer lifetime, SPEC section 6): the gradients equal the
+    same model's with every dispatched q cloned, bit for bit, on every rank; then two dispatch
+    results held and both read."""
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    tokens, dim, topk, experts = 96, 256, 4, 4 * ranks
+    gen = torch.Generator().manual_seed(len(recipes) * 31 + len(checkpointed))
+    layers = [Layer(gen, dev, r, tokens, dim, topk, experts, ranks, rank) for r in recipes]
+    xs = [torch.randn(tokens, dim, generator=gen).bfloat16() for _ in range(ranks)]
+    gs = [torch.randn(tokens, dim, generator=gen).bfloat16() for _ in range(ranks)]
+    x, g = xs[rank].to(dev), gs[rank].to(dev)
+    plain = layer_grads(layers, x, g, clone=True)
+    got = layer_grads(layers, x, g, clone=False, checkpointed=checkpointed)
+    assert_grads_equal(got, plain, f"rank {rank} layers {recipes} checkpointed {checkpointed}")
+    ids = [layer.ids for layer in layers[:2]]
+    held = [ep.dispatch(x, i, num_experts=experts, recipe="fp8_rowwise") for i in ids]
+    xs_dev = [t.to(dev) for t in xs]
+    for n, result in enumerate(held):
+        gathered = [torch.empty_like(ids[n]) for _ in range(ranks)]
+        dist.all_gather(gathered, ids[n])
+        want = ref.ep_dispatch(xs_dev, gathered, experts, recipe="fp8_rowwise")[rank]
+        assert_dispatch_matches(result, want, f"rank {rank} held result {n}")
+
+
 def main() -> None:
     dist.init_process_group("nccl")
     rank, ranks = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank % torch.cuda.device_count())
     cases = 0
-    for recipe in ("mxfp8", "bf16"):
+    for recipe in ("mxfp8", "fp8_rowwise", "bf16"):
         for case in ("random", "one_expert", "one_rank", "empty_runs", "same_rank", "dropped", "random"):
             for tokens, hidden, topk, experts, align in (
                 (256, 512, 4, 8 * ranks, 32),
@@ -88,6 +120,13 @@ def main() -> None:
                 cases += 1
     _check_autograd(96, 256, 4, 4 * ranks)
     cases += 1
+    for recipes, checkpointed in (
+        (("bf16", "bf16"), ()),
+        (("bf16", "fp8_rowwise", "bf16"), ()),
+        (("fp8_rowwise", "mxfp8", "bf16", "fp8_rowwise"), (1,)),
+    ):
+        _check_layers(recipes, checkpointed)
+        cases += 1
     # Steady state: buffers exist, so nothing may sync the host.
     dev = torch.device("cuda", torch.cuda.current_device())
     x = torch.randn(256, 512, device=dev).bfloat16()

@@ -48,7 +48,7 @@ def _run_case(device, ranks, tokens, hidden, topk, experts, recipe, alignment, k
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("recipe", ["mxfp8", "bf16"])
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise", "bf16"])
 @pytest.mark.parametrize(
     "ranks,tokens,hidden,topk,experts,alignment,kind",
     [
@@ -80,7 +80,7 @@ def fuzz_cases(seed: int, count: int):
             hidden=rng.choice([128, 256, 640]),
             topk=rng.choice([1, 2, 4, 8]),
             experts=ranks * local,
-            recipe=rng.choice(["mxfp8", "bf16"]),
+            recipe=rng.choice(["mxfp8", "fp8_rowwise", "bf16"]),
             alignment=rng.choice([16, 32, 64, 128]),
             kind=rng.choice(KINDS),
         )
@@ -173,7 +173,7 @@ def test_no_host_sync_after_first_call():
     x = torch.randn(256, 512, device="cuda").bfloat16()
     ids = torch.randint(0, 8, (256, 4), device="cuda")
     w = torch.rand(256, 4, device="cuda")
-    for recipe in ("mxfp8", "bf16"):
+    for recipe in ("mxfp8", "fp8_rowwise", "bf16"):
         res = ep.dispatch(x, ids, num_experts=8, recipe=recipe)
         ep.combine(torch.zeros(res.q.shape[0], 128, device="cuda", dtype=torch.bfloat16), res, w)
         with no_sync():

@@ -1,8 +1,10 @@
 """Which implementation runs a call: the CuTeDSL kernels or the PyTorch reference.
 
 ``backend="auto"`` runs the kernel on a CUDA tensor of a supported GPU (sm_90 Hopper, sm_100
-Blackwell) and the reference elsewhere; ``"cute"`` insists on the kernel and raises a clear
-error where it cannot run; ``"reference"`` always runs the reference.
+Blackwell) and the reference on CPU tensors. On a CUDA tensor where the kernel cannot run (the DSL
+package missing or broken, another GPU architecture) ``"auto"`` raises, naming what is missing: the
+reference is a slow path that may synchronize the host, so it runs on a GPU only when asked for
+(``backend="reference"``). ``"cute"`` insists on the kernel everywhere (CPU tensors included).
 """
 
 from __future__ import annotations
@@ -56,9 +58,18 @@ def select(op: str, backend: str, device: torch.device) -> str | None:
     if backend not in BACKENDS:
         raise ValueError(f"{op}: backend must be one of {BACKENDS}, got {backend!r}")
     arch, reason = kernel_arch(device)
-    if arch is None and backend == "cute":
-        raise RuntimeError(f"{op}: backend='cute' cannot run here: {reason}")
+    if arch is None and (backend == "cute" or device.type == "cuda"):
+        raise RuntimeError(unavailable_message(op, backend, reason))
     return arch
+
+
+def unavailable_message(op: str, backend: str, reason: str) -> str:
+    """The error of a kernel path that cannot run: what is missing and how to ask for the reference."""
+    return (
+        f"{op}: backend={backend!r} cannot run here: {reason}, and the CuTeDSL kernel is needed. "
+        "Pass backend='reference' to run the PyTorch reference explicitly (slow; it may synchronize "
+        "the host), or see torch_bindings.capabilities(device)."
+    )
 
 
 _sms_by_index: dict[int, int] = {}

@@ -41,10 +41,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from cute_kernels.row_scatter import SCATTER_VARIANTS
+from cute_utils.constants import SCATTER_VARIANTS
 
 from . import checks, reference, targets
 from .quantize import quantize_mxfp8_2d
+from .quantize_fp8 import quantize_fp8_2d
 from .swizzle import swizzle_scales
 
 RECIPES = checks.EP_RECIPES
@@ -80,11 +81,11 @@ class EpShape:
 # --- Buffers: R destination buffers of one kind, seen from one rank ----------------------------------
 
 
-@dataclass
+@dataclass(eq=False)
 class SharedRows:
-    """One kind of destination buffer as a rank sees it: ``own`` (this rank's (P, W) tensor),
-    ``ptrs`` (Int64 (R,) device: every rank's buffer address, this rank's included) and ``self_ptr``
-    (Int64 (1,): ``own`` alone, for writes that stay local)."""
+    """One kind of destination buffer as a rank sees it: ``own`` (this rank's (P, W) tensor: never
+    handed out itself, only views of it), ``ptrs`` (Int64 (R,) device: every rank's buffer address,
+    this rank's included) and ``self_ptr`` (Int64 (1,): ``own`` alone, for writes that stay local)."""
 
     own: torch.Tensor
     ptrs: torch.Tensor
@@ -93,30 +94,60 @@ class SharedRows:
     tensors: list | None = None
 
 
+@dataclass(eq=False)
+class Slot:
+    """The buffers one call writes, by kind name: ``views[rank]`` (every rank of a ``LocalPool``,
+    this rank of a ``SymmetricPool``), and ``filled`` (1,) int32 device: the end of the rows the
+    previous call on these buffers filled (the rows it must zero again), ``None`` for fresh buffers
+    (every row no pair fills is zeroed)."""
+
+    views: dict[int, dict[str, SharedRows]]
+    filled: torch.Tensor | None = None
+    index: int = 0
+    #: Storage use counts of the kinds' tensors when only the slot held them (``SymmetricPool``).
+    baseline: tuple = ()
+    #: Written by a CUDA graph capture: its replays write it again, so no eager call may take it.
+    captured: bool = False
+
+
+def _use_count(t: torch.Tensor) -> int:
+    """References to ``t``'s storage (views, autograd's saved tensors, ...), measured the same way
+    every time (the temporary storage object counts once)."""
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+def _ptr_table(tensors: list, device: torch.device) -> torch.Tensor:
+    """Int64 (R,) device table of the tensors' addresses, written by fills (no host-to-device copy:
+    nothing waits, and a CUDA graph replays the same constants)."""
+    table = torch.empty(len(tensors), dtype=torch.int64, device=device)
+    for i, t in enumerate(tensors):
+        table[i : i + 1].fill_(t.data_ptr())
+    return table
+
+
 class LocalPool:
     """Buffers of R ranks in one process (R = 1: the local path, ``rank`` 0; R > 1: the simulated
-    multi-rank tests, whose driver runs the ranks' steps in turn and stacks their counts): every
-    buffer kind is R zeroed local tensors, and rank r's view names them all."""
+    multi-rank tests, whose driver runs the ranks' steps in turn and stacks their counts). Every
+    call gets fresh buffers from the caching allocator: a result owns its rows, and they go back to
+    the allocator when the last tensor viewing them dies (no pool to outlive)."""
 
     rank = 0
 
     def __init__(self, ranks: int, device: torch.device) -> None:
         self.ranks = ranks
         self.device = device
-        self._kinds: dict[tuple, list[SharedRows]] = {}
 
-    def get(self, rank: int, name: str, shape: tuple, dtype: torch.dtype) -> SharedRows:
-        key = (name, shape, dtype)
-        views = self._kinds.get(key)
-        if views is None:
-            tensors = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.ranks)]
-            ptrs = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=self.device)
-            views = self._kinds[key] = [
-                SharedRows(t, ptrs, ptrs[r : r + 1], tensors) for r, t in enumerate(tensors)
-            ]
-        return views[rank]
+    def acquire(self, family: str, kinds: dict[str, tuple]) -> Slot:
+        """Fresh buffers of every kind (``kinds``: name -> (shape, dtype)) for all R ranks."""
+        views: dict[int, dict[str, SharedRows]] = {r: {} for r in range(self.ranks)}
+        for name, (shape, dtype) in kinds.items():
+            tensors = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(self.ranks)]
+            ptrs = _ptr_table(tensors, self.device)
+            for r, t in enumerate(tensors):
+                views[r][name] = SharedRows(t, ptrs, ptrs[r : r + 1], tensors)
+        return Slot(views)
 
-    def exchange_counts(self, counts: torch.Tensor) -> torch.Tensor:
+    def exchange_counts(self, counts: torch.Tensor, slot: Slot) -> torch.Tensor:
         if self.ranks != 1:
             raise RuntimeError("a simulated group's driver exchanges the counts itself")
         return counts[None]
@@ -129,58 +160,144 @@ class LocalPool:
 
 
 def _same_on_every_rank(group, key: tuple) -> None:
-    """Raise unless every rank allocates the same buffer (T, D, k, E the same everywhere): a rank
-    with more rows would write past a peer's buffer. Runs once per buffer, with its allocation."""
+    """Raise unless every rank allocates the same buffer (T, D, k, E the same everywhere, the same
+    slot): a rank with more rows would write past a peer's buffer. Runs with each allocation."""
     import torch.distributed as dist
 
     keys: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(keys, key, group=group)
     if any(k != key for k in keys):
-        raise ValueError(f"dispatch: ranks disagree on the buffer shapes (T, D, k, E must match): {keys}")
+        raise ValueError(
+            "dispatch: ranks disagree on the buffers to allocate (T, D, k, E must match, and every "
+            f"rank must hold the same dispatch results alive): {keys}"
+        )
 
 
-class SymmetricPool:
-    """Buffers in PyTorch symmetric memory over ``group`` (one allocation and rendezvous per kind,
-    on first use: collective, syncs once). Multicast is never used."""
+#: Most buffer slots a family may grow to: more results alive at once than this is a leak.
+MAX_SLOTS = 256
+
+
+class SlotRing:
+    """Reused buffers, never while in use: a family of buffers (dispatch or combine's backward, per
+    shape) is a list of slots; a call takes the first slot whose tensors nothing outside the ring
+    references (views, autograd's saved tensors: their storage use counts are back at the slot's
+    baseline), and allocates a new slot (:meth:`_allocate`) when every slot is in use. A slot a CUDA
+    graph capture wrote is never taken again (its replays write it). ``rank``: whose views a slot
+    holds."""
+
+    rank = 0
+
+    def __init__(self) -> None:
+        self._families: dict[object, list[Slot]] = {}
+
+    def acquire(self, family, kinds: dict[str, tuple]) -> Slot:
+        """A free slot of ``family`` with buffers of ``kinds`` (name -> (shape, dtype))."""
+        slots = self._families.setdefault(family, [])
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        for slot in slots:
+            if not slot.captured and _slot_free(slot, self.rank):
+                slot.captured = capturing
+                return slot
+        if len(slots) >= MAX_SLOTS:
+            raise RuntimeError(
+                f"torch_bindings.ep: {MAX_SLOTS} results of one buffer family are alive at once; drop "
+                "the results (and autograd graphs) of earlier steps, or raise torch_bindings.ep.MAX_SLOTS"
+            )
+        slot = self._allocate(family, kinds, len(slots))
+        slot.baseline = tuple(_use_count(v.own) for v in slot.views[self.rank].values())
+        slot.captured = capturing
+        slots.append(slot)
+        return slot
+
+    def slots(self, family) -> list[Slot]:
+        """The slots of ``family`` so far (tests, memory reports)."""
+        return self._families.get(family, [])
+
+    def _allocate(self, family, kinds: dict[str, tuple], index: int) -> Slot:
+        raise NotImplementedError
+
+
+class SymmetricPool(SlotRing):
+    """Buffers in PyTorch symmetric memory over ``group`` (multicast is never used), reused as a
+    :class:`SlotRing`: a new slot is a collective allocation (syncs once). Every rank makes the same
+    choice as long as every rank holds the same results alive (SPMD); the count exchange carries the
+    slot number and a device assert stops a mismatch rather than mix the ranks' rows."""
 
     def __init__(self, group) -> None:
         import torch.distributed as dist
 
+        super().__init__()
         self.group = group
         self.ranks = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self._kinds: dict[tuple, SharedRows] = {}
         self._handle = None
+        self._slot_table: Slot | None = None
 
-    def get(self, rank: int, name: str, shape: tuple, dtype: torch.dtype) -> SharedRows:
-        key = (name, shape, dtype)
-        found = self._kinds.get(key)
-        if found is None:
-            import torch.distributed._symmetric_memory as symm_mem
+    def _allocate(self, family: str, kinds: dict[str, tuple], index: int) -> Slot:
+        import torch.distributed._symmetric_memory as symm_mem
 
-            if self._handle is None and hasattr(symm_mem, "enable_symm_mem_for_group"):
-                symm_mem.enable_symm_mem_for_group(self.group.group_name)  # a no-op on newer torch
-            _same_on_every_rank(self.group, (name, shape, str(dtype)))
-            own = symm_mem.empty(shape, dtype=dtype, device=torch.device("cuda", torch.cuda.current_device()))
+        if self._handle is None and hasattr(symm_mem, "enable_symm_mem_for_group"):
+            symm_mem.enable_symm_mem_for_group(self.group.group_name)  # a no-op on newer torch
+        spec = tuple((n, tuple(shape), str(dtype)) for n, (shape, dtype) in kinds.items())
+        _same_on_every_rank(self.group, (family, index, spec))
+        device = torch.device("cuda", torch.cuda.current_device())
+        views: dict[str, SharedRows] = {}
+        for name, (shape, dtype) in kinds.items():
+            own = symm_mem.empty(shape, dtype=dtype, device=device)
             own.zero_()
             handle = symm_mem.rendezvous(own, self.group)
-            ptrs = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=own.device)
-            found = self._kinds[key] = SharedRows(own, ptrs, ptrs[self.rank : self.rank + 1].clone())
+            ptrs = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
+            views[name] = SharedRows(own, ptrs, ptrs[self.rank : self.rank + 1].clone())
             self._handle = handle
-        return found
+        return Slot({self.rank: views}, torch.zeros(1, dtype=torch.int32, device=device), index)
 
     def barrier(self) -> None:
         """Every rank's stream reaches this point before any passes it (system-scope signals), so the
         rows peers wrote before it are visible after it."""
         self._handle.barrier(channel=0)
 
-    def exchange_counts(self, counts: torch.Tensor) -> torch.Tensor:
-        """(E,) int32 counts of every rank, (R, E), over NCCL (no host sync)."""
+    def announce(self, slot: Slot) -> None:
+        """Write this rank's slot number into every rank's (R, 1) table of slot numbers (row
+        ``rank``); after the next barrier :meth:`verify` checks that every rank chose the same. For
+        the sends that have no count exchange (combine's backward)."""
+        if self._slot_table is None:
+            self._slot_table = self._allocate("slot table", {"ids": ((self.ranks, 1), torch.int32)}, 0)
+        table = self._slot_table.views[self.rank]["ids"]
+        src = torch.full((1, 1), slot.index, dtype=torch.int32, device=table.own.device)
+        zero = _zeros_int(self.ranks, src.device)
+        scatter_rows(src, table, zero, _arange(self.ranks, src.device) * self.ranks + self.rank)
+
+    def verify(self, slot: Slot) -> None:
+        """After the barrier that follows :meth:`announce`: a device assert unless every rank chose
+        ``slot``."""
+        table = self._slot_table.views[self.rank]["ids"].own
+        torch._assert_async((table == slot.index).all(), _SLOT_MISMATCH)
+
+    def exchange_counts(self, counts: torch.Tensor, slot: Slot) -> torch.Tensor:
+        """(E,) int32 counts of every rank, (R, E), over NCCL (no host sync). The slot number rides
+        along; every rank must have chosen the same (a device assert otherwise)."""
         import torch.distributed as dist
 
-        out = counts.new_empty((self.ranks, counts.shape[0]))
-        dist.all_gather_into_tensor(out, counts, group=self.group)
-        return out
+        experts = counts.shape[0]
+        mine = counts.new_empty(experts + 1)
+        mine[:experts].copy_(counts)
+        mine[experts:].fill_(slot.index)
+        out = counts.new_empty((self.ranks, experts + 1))
+        dist.all_gather_into_tensor(out, mine, group=self.group)
+        torch._assert_async((out[:, experts] == slot.index).all(), _SLOT_MISMATCH)
+        return out[:, :experts]
+
+
+_SLOT_MISMATCH = (
+    "torch_bindings.ep: ranks wrote into different buffer slots (they hold different dispatch results "
+    "alive); every rank must run the same calls and keep the same results alive"
+)
+
+
+def _slot_free(slot: Slot, rank: int) -> bool:
+    """No tensor outside the pool references the slot's buffers on this rank."""
+    views = slot.views[rank]
+    return all(_use_count(v.own) == base for v, base in zip(views.values(), slot.baseline, strict=True))
 
 
 # --- Moving rows -------------------------------------------------------------------------------------
@@ -285,10 +402,11 @@ class Layout:
 
 
 def layout(
-    routing: Routing, all_counts: torch.Tensor, rank: int, shape: EpShape, high_water: torch.Tensor
+    routing: Routing, all_counts: torch.Tensor, rank: int, shape: EpShape, filled: torch.Tensor | None
 ) -> Layout:
-    """:class:`Layout` of ``rank`` from its routing and the (R, E) counts of all ranks;
-    ``high_water`` (1,) int32: the end of the rows the previous call on these buffers filled."""
+    """:class:`Layout` of ``rank`` from its routing and the (R, E) counts of all ranks; ``filled``
+    (1,) int32: the end of the rows the previous call on these buffers filled (``None``: fresh
+    buffers, every row no pair fills is zeroed)."""
     ranks, local, align, rows = shape.ranks, shape.local_experts, shape.alignment, shape.rows
     counts = all_counts.to(torch.int64)
     received = counts.sum(0).view(ranks, local)
@@ -300,7 +418,7 @@ def layout(
     row = padded_start.view(-1)[e] + before[e] + routing.position
     dst = torch.where(routing.expert < shape.experts, (e // local) * rows + row, -1)
     own_start, own_end, own_sizes = padded_start[rank], padded_end[rank], received[rank]
-    zero = _zero_rows(own_start, own_end, own_sizes, high_water, rows)
+    zero = _zero_rows(own_start, own_end, own_sizes, filled, rows)
     return Layout(
         dst.to(torch.int32),
         own_start.to(torch.int32),
@@ -310,12 +428,15 @@ def layout(
     )
 
 
-def _zero_rows(start, end, sizes, high_water, rows: int) -> torch.Tensor:
-    """(rows,) int32: row r where r is no pair's row and below ``max(high_water, end[-1])``, else -1."""
+def _zero_rows(start, end, sizes, filled: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """(rows,) int32: row r where r is no pair's row and below ``max(filled, end[-1])`` (every row
+    when ``filled`` is ``None``), else -1."""
     r = _arange(rows, start.device)
     group = torch.searchsorted(end, r, right=True).clamp(max=end.numel() - 1)
     data = (r >= start[group]) & (r < start[group] + sizes[group])
-    limit = torch.maximum(high_water.reshape(-1).to(torch.int64), end[-1:])
+    if filled is None:
+        return torch.where(data, -1, r).to(torch.int32)
+    limit = torch.maximum(filled.to(torch.int64), end[-1:])
     return torch.where(~data & (r < limit), r, -1).to(torch.int32)
 
 
@@ -324,13 +445,14 @@ def _zero_rows(start, end, sizes, high_water, rows: int) -> torch.Tensor:
 
 @dataclass
 class DispatchResult:
-    """What ``dispatch`` returns on a rank: ``q`` (rows, D) bf16 or e4m3 (a view of the group's
-    buffer: valid until the next dispatch with the same shapes), ``scales`` (None, or
-    ``float8_e8m0fnu`` (rows + 128 E_local, Cp): the M-groups blocked layout of the padded groups),
+    """What ``dispatch`` returns on a rank: ``q`` (rows, D) bf16 or e4m3 (a view of buffers this
+    result owns: no later call writes them while any tensor still views them), ``scales`` (None;
+    mxfp8: ``float8_e8m0fnu`` (rows + 128 E_local, Cp), the M-groups blocked layout of the padded
+    groups; fp8_rowwise: (rows,) fp32, one dequantization scale per row, 1.0 on padding rows),
     ``padded_group_start_offsets`` / ``padded_group_end_offsets`` (E_local,) int32 and
     ``group_sizes`` (E_local,) int32 rows received per local expert; the rest is for ``combine``."""
 
-    q: torch.Tensor
+    q: torch.Tensor | None
     scales: torch.Tensor | None
     padded_group_start_offsets: torch.Tensor
     padded_group_end_offsets: torch.Tensor
@@ -340,92 +462,166 @@ class DispatchResult:
     tags: torch.Tensor  # (rows,) int32: 1 + source rank * P + pair of each local row, 0 for padding
     rank: int
     pool: object = field(repr=False, default=None)
+    #: mxfp8: the (rows, D/32) e8m0 scale rows before blocking (the emulated GEMM reads them).
+    plain_scales: torch.Tensor | None = field(repr=False, default=None)
+    #: FP8 recipes: the (rows, D) bf16 tensor without storage of its own that carries the rows'
+    #: gradient back through the dispatch (``tokens`` hands it to the GEMMs).
+    grad_anchor: torch.Tensor | None = field(repr=False, default=None)
+
+    def routing_only(self) -> DispatchResult:
+        """This result without its rows (``q``, ``scales``): what combine and the backward passes
+        need, kept by autograd without keeping the dispatched rows alive."""
+        return replace(self, q=None, scales=None, plain_scales=None, grad_anchor=None)
+
+    @property
+    def tokens(self):
+        """The FP8 recipes' rows as :class:`torch_bindings.tokens.QuantizedTokens` (q, scales, the
+        padded groups, the gradient anchor): what ``scaled_grouped_mm`` and ``GroupedExperts`` take
+        as x without quantizing again. bf16: ``q`` itself."""
+        if self.shape.recipe == "bf16":
+            return self.q
+        from .tokens import QuantizedTokens
+
+        return QuantizedTokens(
+            self.shape.recipe,
+            self.q,
+            self.scales,
+            self.padded_group_end_offsets,
+            self.shape.alignment,
+            self.plain_scales,
+            self.grad_anchor,
+        )
 
 
-def _buffers(pool, rank: int, shape: EpShape, purpose: str = "dispatch") -> dict[str, SharedRows]:
-    """The buffers a dispatch of ``shape`` writes, by name: ``q`` (rows, D) bf16 or e4m3, ``s``
-    (rows, D/32) e8m0 scale rows (mxfp8), ``tags`` (rows, 1) int32, ``high_water`` (1, 1) int32 (the
-    end of the rows the last call filled). Keyed by ``purpose`` (the forward dispatch, or combine's
-    backward, which must not overwrite a forward ``q`` an expert saved), recipe and D: each family
-    keeps its own state."""
+#: Scale rows each recipe sends beside q: (width, dtype) per row (fp8_rowwise: the fp32 scale's bits).
+_SCALE_ROWS = {
+    "mxfp8": (lambda d: d // 32, torch.float8_e8m0fnu),
+    "fp8_rowwise": (lambda d: 1, torch.int32),
+}
+
+
+def _dispatch_kinds(shape: EpShape) -> dict[str, tuple]:
+    """The buffers a dispatch of ``shape`` writes, by name -> (shape, dtype): ``q`` (rows, D) bf16 or
+    e4m3, ``s`` the scale rows (mxfp8: (rows, D/32) e8m0; fp8_rowwise: (rows, 1) int32, an fp32
+    scale's bits) and ``tags``
+    (rows, 1) int32."""
     rows, d = shape.rows, shape.hidden
-    family = f"{purpose}/{shape.recipe}/{d}"
-    kinds = {"tags": ((rows, 1), torch.int32), "high_water": ((1, 1), torch.int32)}
-    if shape.recipe == "mxfp8":
-        kinds.update(q=((rows, d), torch.float8_e4m3fn), s=((rows, d // 32), torch.float8_e8m0fnu))
-    else:
-        kinds.update(q=((rows, d), torch.bfloat16))
-    return {name: pool.get(rank, f"{family}:{name}", *kind) for name, kind in kinds.items()}
+    q_dtype = torch.bfloat16 if shape.recipe == "bf16" else torch.float8_e4m3fn
+    kinds = {"q": ((rows, d), q_dtype), "tags": ((rows, 1), torch.int32)}
+    if shape.recipe in _SCALE_ROWS:
+        width, dtype = _SCALE_ROWS[shape.recipe]
+        kinds["s"] = ((rows, width(d)), dtype)
+    return kinds
+
+
+def _family(shape: EpShape, purpose: str) -> tuple:
+    """Buffers of one family share slots: the forward dispatch, or combine's backward (which must not
+    overwrite a forward ``q`` an expert saved), per shape (recipe, D, ...)."""
+    return (purpose, shape)
 
 
 def send_dispatch(
     x: torch.Tensor, lay: Layout, bufs: dict, shape: EpShape, rank: int, scaling_mode: str
 ) -> None:
     """Step 4: this rank's pairs (x (T, D), or (T, k, D): one row per pair) into the receivers'
-    buffers: q (mxfp8: quantized once per row here, then q and its scale rows), and the tags."""
+    buffers: q (mxfp8 / fp8_rowwise: quantized once per row here, then q and its scale rows), and
+    the tags."""
     pairs = _arange(shape.pairs, x.device)
     src_rows = pairs if x.dim() == 3 else pairs // shape.topk
     rows2d = x.reshape(-1, x.shape[-1])
     if shape.recipe == "mxfp8":
         q, s = quantize_mxfp8_2d(rows2d, scaling_mode=scaling_mode, blocked_scales=False)
-        scatter_rows(q, bufs["q"], src_rows, lay.dst_index)
-        scatter_rows(s, bufs["s"], src_rows, lay.dst_index)
+    elif shape.recipe == "fp8_rowwise":
+        q, s = quantize_fp8_2d(rows2d, axis="row")
+        s = s.view(torch.int32).view(-1, 1)  # moved as its bits
     else:
-        scatter_rows(rows2d, bufs["q"], src_rows, lay.dst_index)
+        q, s = rows2d, None
+    scatter_rows(q, bufs["q"], src_rows, lay.dst_index)
+    if s is not None:
+        scatter_rows(s, bufs["s"], src_rows, lay.dst_index)
     tags = (pairs + (rank * shape.pairs + 1)).view(-1, 1)
     scatter_rows(tags, bufs["tags"], pairs, lay.dst_index)
 
 
-def zero_padding(lay: Layout, bufs: dict) -> None:
+def zero_padding(lay: Layout, bufs: dict, recipe: str) -> None:
     """Step 5a: zero this rank's padding rows, and rows a previous call filled past the new end, in
-    every row buffer (local writes to rows no pair fills: no ordering with the peers' sends)."""
+    every row buffer (local writes to rows no pair fills: no ordering with the peers' sends). An
+    fp8_rowwise scale row gets 1.0 (the bits of 1.0 read from a row of ones) rather than 0."""
     none = _minus_ones(lay.zero_index.shape[0], lay.zero_index.device)
-    for name in ("q", "s", "tags"):
-        if name in bufs:
-            scatter_rows(bufs[name].own, bufs[name], none, lay.zero_index, local=True)
+    for name, rows in bufs.items():
+        if name == "s" and recipe == "fp8_rowwise":
+            ones = _ones_bits(rows.own.shape[0], rows.own.device)
+            scatter_rows(ones, rows, _arange(ones.shape[0], ones.device), lay.zero_index, local=True)
+        else:
+            scatter_rows(rows.own, rows, none, lay.zero_index, local=True)
 
 
 _INDEX_TENSORS: dict[tuple, torch.Tensor] = {}
 
 
 def _minus_ones(n: int, device: torch.device) -> torch.Tensor:
-    """A cached (n,) int32 tensor of -1 (source rows that read as zero rows)."""
+    """A cached (n,) int32 tensor of -1 (source rows that read as zero rows). Read only."""
     key = ("-1", n, device)
     if key not in _INDEX_TENSORS:
         _INDEX_TENSORS[key] = torch.full((n,), -1, dtype=torch.int32, device=device)
     return _INDEX_TENSORS[key]
 
 
+def _ones_bits(n: int, device: torch.device) -> torch.Tensor:
+    """A cached (n, 1) int32 tensor of the bits of fp32 1.0 (padding rows' scales). Read only."""
+    key = ("1.0", n, device)
+    if key not in _INDEX_TENSORS:
+        _INDEX_TENSORS[key] = torch.ones((n, 1), dtype=torch.float32, device=device).view(torch.int32)
+    return _INDEX_TENSORS[key]
+
+
+def _zeros_int(n: int, device: torch.device) -> torch.Tensor:
+    """A cached (n,) int32 tensor of 0. Read only."""
+    key = ("0", n, device)
+    if key not in _INDEX_TENSORS:
+        _INDEX_TENSORS[key] = torch.zeros((n,), dtype=torch.int32, device=device)
+    return _INDEX_TENSORS[key]
+
+
 def _arange(n: int, device: torch.device) -> torch.Tensor:
-    """A cached ``arange(n)`` int32 (the static row and pair numbers: one launch less per use)."""
+    """A cached ``arange(n)`` int32 (the static row and pair numbers: one launch less per use). Read
+    only: none of these cached tensors is ever returned or written."""
     key = ("arange", n, device)
     if key not in _INDEX_TENSORS:
         _INDEX_TENSORS[key] = torch.arange(n, dtype=torch.int32, device=device)
     return _INDEX_TENSORS[key]
 
 
-def _send_and_land(x: torch.Tensor, lay: Layout, bufs: dict, shape: EpShape, pool, scaling_mode: str) -> None:
+def _send_and_land(x: torch.Tensor, lay: Layout, slot: Slot, shape: EpShape, pool, scaling_mode: str) -> None:
     """Steps 4 and 5a on this rank, then the barrier after which every peer's rows have landed;
-    records the new filled end (``high_water``) for the next call's zero fill."""
+    records the new filled end for the next call's zero fill."""
+    bufs = slot.views[pool.rank]
     send_dispatch(x, lay, bufs, shape, pool.rank, scaling_mode)
-    zero_padding(lay, bufs)
+    zero_padding(lay, bufs, shape.recipe)
     pool.barrier()
-    _mark_filled(lay, bufs)
+    _mark_filled(lay, slot)
 
 
-def _mark_filled(lay: Layout, bufs: dict) -> None:
-    bufs["high_water"].own.view(-1).copy_(lay.padded_end[-1:])
+def _mark_filled(lay: Layout, slot: Slot) -> None:
+    if slot.filled is not None:
+        slot.filled.copy_(lay.padded_end[-1:])
 
 
 def finish_dispatch(lay: Layout, bufs: dict, shape: EpShape, rank: int) -> DispatchResult:
-    """Step 5b, after every rank's rows have landed (barrier): the result (q a view of the buffer,
-    the blocked scales for mxfp8, the row tags copied out)."""
-    scales = None
+    """Step 5b, after every rank's rows have landed (barrier): the result (q a new view of the
+    buffer: the slot stays busy while it lives; the scales of the padded groups; the row tags
+    copied out)."""
+    scales = plain = None
     if shape.recipe == "mxfp8":
-        scales = swizzle_scales(bufs["s"].own, group_end_offsets=lay.padded_end, groups="M")
+        plain = bufs["s"].own
+        scales = swizzle_scales(plain, group_end_offsets=lay.padded_end, groups="M")
+        plain = plain.view(plain.shape)
+    elif shape.recipe == "fp8_rowwise":
+        scales = bufs["s"].own.view(torch.float32).view(-1).clone()
     tags = bufs["tags"].own.view(-1).clone()
+    q = bufs["q"].own
     return DispatchResult(
-        bufs["q"].own,
+        q.view(q.shape),
         scales,
         lay.padded_start,
         lay.padded_end,
@@ -434,34 +630,37 @@ def finish_dispatch(lay: Layout, bufs: dict, shape: EpShape, rank: int) -> Dispa
         lay.dst_index,
         tags,
         rank,
+        plain_scales=plain,
     )
 
 
-def send_combine(y: torch.Tensor, result: DispatchResult, pool, rank: int) -> None:
+def send_combine(y: torch.Tensor, result: DispatchResult, rows_buffer: SharedRows) -> None:
     """Combine's send: local row r of y (rows, D') to its source's (T*k, D') buffer at the pair its
     tag names (padding rows skipped)."""
-    shape = result.shape
-    rows = _arange(shape.rows, y.device)
-    scatter_rows(y, _combine_buffer(pool, rank, shape, y.shape[1]), rows, result.tags - 1)
+    rows = _arange(result.shape.rows, y.device)
+    scatter_rows(y, rows_buffer, rows, result.tags - 1)
 
 
-def _combine_buffer(pool, rank: int, shape: EpShape, width: int) -> SharedRows:
-    return pool.get(rank, f"combine/{width}:y", (shape.pairs, width), torch.bfloat16)
+def _combine_slot(pool, shape: EpShape, width: int) -> Slot:
+    """The (T*k, D') bf16 buffers one combine (or dispatch's backward) writes: consumed within the
+    call (its sum writes a new tensor), so one slot serves every call on a ``SymmetricPool``."""
+    family = f"combine/{width}/{shape.tokens}/{shape.topk}"
+    return pool.acquire(family, {"y": ((shape.pairs, width), torch.bfloat16)})
 
 
 def finish_combine(
-    result: DispatchResult, topk_weights: torch.Tensor, pool, rank: int, width: int
+    result: DispatchResult, topk_weights: torch.Tensor, rows_buffer: SharedRows
 ) -> torch.Tensor:
     """Combine's sum on the source rank, after every peer's rows landed: (T, D') bf16
     (``reference.weighted_slot_sum``: the ``combine_sum`` kernel on CUDA, PyTorch on CPU). A dropped
     pair reads as a zero row."""
     shape = result.shape
-    rows = _combine_buffer(pool, rank, shape, width).own
+    rows = rows_buffer.own
     weights = topk_weights.to(torch.float32).contiguous()
     target = _target(rows)
     if target is None:
-        return reference.weighted_slot_sum(combined_rows(result, pool, rank, width), weights)
-    out = rows.new_empty((shape.tokens, width))
+        return reference.weighted_slot_sum(combined_rows(result, rows_buffer), weights)
+    out = rows.new_empty((shape.tokens, rows.shape[1]))
     target.kernel(("combine_sum",), _combine_sum_variant)(rows, result.dst_index, weights, out)
     return out
 
@@ -472,10 +671,10 @@ def _combine_sum_variant(key: tuple, target) -> object:
     return CombineSumVariant()
 
 
-def combined_rows(result: DispatchResult, pool, rank: int, width: int) -> torch.Tensor:
+def combined_rows(result: DispatchResult, rows_buffer: SharedRows) -> torch.Tensor:
     """The (T, k, D') rows ``finish_combine`` sums, dropped pairs' rows zero (a new tensor)."""
     shape = result.shape
-    rows = _combine_buffer(pool, rank, shape, width).own.view(shape.tokens, shape.topk, width)
+    rows = rows_buffer.own.view(shape.tokens, shape.topk, -1)
     kept = (result.dst_index >= 0).view(shape.tokens, shape.topk, 1)
     return torch.where(kept, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
 
@@ -513,52 +712,63 @@ def run_dispatch(
 ) -> DispatchResult:
     """Steps 1-5 on this rank (module docstring)."""
     rank = pool.rank
+    slot = pool.acquire(_family(shape, "dispatch"), _dispatch_kinds(shape))
     routing = route(topk_idx, shape.experts)
-    all_counts = pool.exchange_counts(routing.counts)
-    bufs = _buffers(pool, rank, shape)
-    lay = layout(routing, all_counts, rank, shape, bufs["high_water"].own)
-    _send_and_land(x, lay, bufs, shape, pool, scaling_mode)
-    result = finish_dispatch(lay, bufs, shape, rank)
+    all_counts = pool.exchange_counts(routing.counts, slot)
+    lay = layout(routing, all_counts, rank, shape, slot.filled)
+    _send_and_land(x, lay, slot, shape, pool, scaling_mode)
+    result = finish_dispatch(lay, slot.views[rank], shape, rank)
     result.pool = pool
     return result
 
 
-def run_combine(y: torch.Tensor, result: DispatchResult, topk_weights: torch.Tensor) -> torch.Tensor:
+def run_combine(y: torch.Tensor, result: DispatchResult, topk_weights: torch.Tensor, keep_rows: bool = False):
     """Combine on this rank: a barrier (every rank is done reading its combine buffer), the send,
-    a barrier (every row landed), the weighted sum."""
+    a barrier (every row landed), the weighted sum; with ``keep_rows`` also the (T, k, D') pair rows
+    (``combined_rows``: the weights' gradient needs them)."""
     pool = result.pool
+    rows_buffer = _combine_slot(pool, result.shape, y.shape[1]).views[result.rank]["y"]
     pool.barrier()
-    send_combine(y, result, pool, result.rank)
+    send_combine(y, result, rows_buffer)
     pool.barrier()
-    return finish_combine(result, topk_weights, pool, result.rank, y.shape[1])
+    out = finish_combine(result, topk_weights, rows_buffer)
+    return (out, combined_rows(result, rows_buffer)) if keep_rows else out
 
 
 def _grad_dispatch(rows: torch.Tensor, result: DispatchResult) -> torch.Tensor:
     """Per-pair rows (T, k, D') bf16 sent where the forward dispatch sent the pairs: (rows, D') with
-    padding rows zero (a copy: the buffer is reused). The layout is the forward's."""
+    padding rows zero, a view of buffers of its own family (never the forward's). The layout is the
+    forward's."""
     pool, rank = result.pool, result.rank
     shape = replace(result.shape, hidden=rows.shape[-1], recipe="bf16")
-    bufs = _buffers(pool, rank, shape, purpose="grad")
+    slot = pool.acquire(_family(shape, "grad"), _dispatch_kinds(shape))
     start, end, sizes = result.padded_group_start_offsets, result.padded_group_end_offsets, result.group_sizes
-    zero = _zero_rows(start, end, sizes, bufs["high_water"].own, shape.rows)
+    zero = _zero_rows(start, end, sizes, slot.filled, shape.rows)
     lay = Layout(result.dst_index, start, end, sizes, zero)
     pool.barrier()  # every rank is done with these buffers' previous contents
-    _send_and_land(rows, lay, bufs, shape, pool, "rceil")
-    return bufs["q"].own.clone()
+    if isinstance(pool, SymmetricPool):
+        pool.announce(slot)
+    _send_and_land(rows, lay, slot, shape, pool, "rceil")
+    if isinstance(pool, SymmetricPool):
+        pool.verify(slot)
+    q = slot.views[rank]["q"].own
+    return q.view(q.shape)
 
 
 class _DispatchFn(torch.autograd.Function):
-    """bf16 dispatch with autograd: the gradient of x is a combine of q's gradient, unit weights."""
+    """Dispatch with autograd: the gradient of x is a combine of the rows' gradient, unit weights.
+    bf16 returns q itself; the FP8 recipes return a (rows, D) bf16 anchor without storage of its own
+    (q is not differentiable), through which the GEMM that consumes q sends the rows' gradient. The
+    context keeps the routing only (``routing_only``), never the dispatched rows."""
 
     @staticmethod
     def forward(ctx, x, topk_idx, shape, pool, scaling_mode, holder):
         result = run_dispatch(x, topk_idx, shape, pool, scaling_mode)
         holder.append(result)
-        ctx.result = result
-        q = result.q.view_as(result.q)  # a fresh view per call: autograd history stays off the buffer
-        if result.scales is not None:
-            ctx.mark_non_differentiable(q)
-        return q
+        ctx.result = result.routing_only()
+        if shape.recipe == "bf16":
+            return result.q
+        return torch.zeros((), dtype=torch.bfloat16, device=x.device).expand(result.q.shape)
 
     @staticmethod
     def backward(ctx, grad_q):
@@ -574,12 +784,13 @@ class _CombineFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, y, topk_weights, result):
-        out = run_combine(y, result, topk_weights)
-        ctx.result = result
-        ctx.save_for_backward(topk_weights)
+        keep = ctx.needs_input_grad[1]
+        out = run_combine(y, result, topk_weights, keep_rows=keep)
         ctx.pair_rows = None
-        if ctx.needs_input_grad[1]:
-            ctx.pair_rows = combined_rows(result, result.pool, result.rank, y.shape[1])
+        if keep:
+            out, ctx.pair_rows = out
+        ctx.result = result.routing_only()
+        ctx.save_for_backward(topk_weights)
         return out
 
     @staticmethod
@@ -608,15 +819,21 @@ def dispatch(
 ) -> DispatchResult:
     """Send every (token, slot) pair of this rank to its expert's rank (SPEC section 9).
 
-    x (T, D) bf16 contiguous (T the same on every rank; mxfp8: D % 128 == 0), topk_idx (T, k)
-    int32/int64 global expert ids in ``[0, num_experts)`` (others are dropped), ``num_experts`` E
-    a multiple of the group size R (expert e lives on rank e // (E / R)). Returns a
-    :class:`DispatchResult`: ``q`` (rows, D) with rows = ``R*T*k + E_local*alignment`` rounded up
-    to ``alignment``, local expert j's rows ordered by (source rank, token, slot) and padded with
-    zero rows to ``alignment``, rows past the last group zero; mxfp8: e4m3 and the blocked scales
-    of the padded groups. No host sync (the first call on a group and shape allocates its buffers
-    collectively, once). With ``group=None`` and no initialized multi-rank default group: R = 1.
-    bf16: differentiable in x (the gradient is a combine with unit weights).
+    x (T, D) bf16 contiguous (T the same on every rank; mxfp8: D % 128 == 0, fp8_rowwise:
+    D % 16 == 0), topk_idx (T, k) int32/int64 global expert ids in ``[0, num_experts)`` (others are
+    dropped), ``num_experts`` E a multiple of the group size R (expert e lives on rank
+    e // (E / R)). Returns a :class:`DispatchResult`: ``q`` (rows, D) with rows =
+    ``R*T*k + E_local*alignment`` rounded up to ``alignment``, local expert j's rows ordered by
+    (source rank, token, slot) and padded with zero rows to ``alignment``, rows past the last group
+    zero; mxfp8: e4m3 and the blocked scales of the padded groups; fp8_rowwise: e4m3 and one fp32
+    scale per row (power-of-2, SPEC section 7; 1.0 on padding rows). ``result.tokens`` hands the FP8
+    rows to ``scaled_grouped_mm`` / ``GroupedExperts`` as quantized x, and x's gradient flows back
+    through them. No host sync (the first call on
+    a group and shape allocates its buffers collectively, once, and again whenever more results are
+    alive at once than ever before). The result owns its rows: they stay valid while any tensor
+    views them, across any number of later calls. With ``group=None`` and no initialized multi-rank
+    default group: R = 1 (rows from the caching allocator, per call). Differentiable in x (the
+    gradient is a combine of the rows' gradient with unit weights).
     """
     pool = _pool(group, x.device)
     checks.check_ep_dispatch(x, topk_idx, num_experts, pool.ranks, recipe, alignment)
@@ -627,9 +844,12 @@ def dispatch(
             f"dispatch: R * rows = {pool.ranks * shape.rows} does not fit the kernel's int32 row index"
         )
     holder: list[DispatchResult] = []
-    q = _DispatchFn.apply(x, topk_idx, shape, pool, scaling_mode, holder)
+    out = _DispatchFn.apply(x, topk_idx, shape, pool, scaling_mode, holder)
     result = holder[0]
-    result.q = q
+    if recipe == "bf16":
+        result.q = out
+    else:
+        result.grad_anchor = out
     return result
 
 
@@ -662,16 +882,15 @@ def simulate_dispatch(
     ranks = pool.ranks
     tokens, topk = topk_idxs[0].shape
     shape = EpShape(ranks, tokens, xs[0].shape[-1], topk, num_experts, alignment, recipe)
+    slot = pool.acquire(_family(shape, "dispatch"), _dispatch_kinds(shape))
     routings = [route(t, num_experts) for t in topk_idxs]
     all_counts = torch.stack([r.counts for r in routings])
-    bufs = [_buffers(pool, r, shape) for r in range(ranks)]
-    lays = [layout(routings[r], all_counts, r, shape, bufs[r]["high_water"].own) for r in range(ranks)]
+    lays = [layout(routings[r], all_counts, r, shape, slot.filled) for r in range(ranks)]
     for r in range(ranks):
-        send_dispatch(xs[r], lays[r], bufs[r], shape, r, scaling_mode)
+        send_dispatch(xs[r], lays[r], slot.views[r], shape, r, scaling_mode)
     for r in range(ranks):
-        zero_padding(lays[r], bufs[r])
-        _mark_filled(lays[r], bufs[r])
-    results = [finish_dispatch(lays[r], bufs[r], shape, r) for r in range(ranks)]
+        zero_padding(lays[r], slot.views[r], shape.recipe)
+    results = [finish_dispatch(lays[r], slot.views[r], shape, r) for r in range(ranks)]
     for result in results:
         result.pool = pool
     return results
@@ -680,10 +899,10 @@ def simulate_dispatch(
 def simulate_combine(ys: list, results: list[DispatchResult], topk_weights: list) -> list[torch.Tensor]:
     """``combine`` on every rank of a simulated group: every rank's send, then every rank's sum."""
     pool = results[0].pool
+    slot = _combine_slot(pool, results[0].shape, ys[0].shape[1])
     for r, (y, result) in enumerate(zip(ys, results, strict=True)):
-        send_combine(y, result, pool, r)
-    width = ys[0].shape[1]
+        send_combine(y, result, slot.views[r]["y"])
     return [
-        finish_combine(res, w, pool, r, width)
+        finish_combine(res, w, slot.views[r]["y"])
         for r, (res, w) in enumerate(zip(results, topk_weights, strict=True))
     ]

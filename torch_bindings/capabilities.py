@@ -1,0 +1,76 @@
+"""``capabilities(device)``: which path every public op and GEMM recipe takes on a device.
+
+Nothing here launches or compiles anything: the answers come from the same functions the ops call
+(``backend.kernel_arch`` for the quantization, padding and EP kernels, ``grouped_mm.gemm_path``
+for the GEMMs), so a report and a call cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import backend as _backend
+
+#: The public ops that run a CuTeDSL kernel (``backend="auto"`` picks it on a supported GPU).
+KERNEL_OPS = (
+    "quantize_mxfp8_2d",
+    "quantize_mxfp8_2d_dual",
+    "quantize_mxfp8_3d",
+    "quantize_fp8_2d",
+    "quantize_fp8_2d_dual",
+    "quantize_fp8_3d",
+    "swizzle_scales",
+    "pad_token_groups",
+    "unpad_token_groups",
+    "pad_and_quantize_mxfp8_2d",
+    "ep.dispatch",
+    "ep.combine",
+)
+GEMM_RECIPES = ("fp8_rowwise", "mxfp8", "bf16")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What runs where on ``device``: ``ops`` (op -> ``"cute"``, ``"reference"`` or
+    ``"unavailable"``: ``backend="auto"`` raises there, and ``backend="reference"`` must be asked
+    for), ``gemm`` (recipe -> ``"native"`` or ``"emulated"``, what ``gemm="auto"`` runs), ``arch``
+    (the kernels' compile target, or ``None``) and ``reason`` (why the kernels cannot run, or ``""``)."""
+
+    device: str
+    arch: str | None
+    reason: str
+    ops: dict[str, str]
+    gemm: dict[str, str]
+
+    def __str__(self) -> str:
+        lines = [f"device {self.device}: kernels {self.arch or 'unavailable'}"]
+        if self.reason:
+            lines.append(f"  why: {self.reason}")
+        lines += [f"  {op:28s} {path}" for op, path in self.ops.items()]
+        lines += [f"  GEMM {recipe:23s} {path}" for recipe, path in self.gemm.items()]
+        return "\n".join(lines)
+
+
+def capabilities(device: torch.device | str | int | None = None) -> Capabilities:
+    """The path each public op (``backend="auto"``) and each GEMM recipe (``gemm="auto"``) takes on
+    ``device`` (default: the current CUDA device if there is one, else the CPU)."""
+    from .grouped_mm import gemm_path_quiet
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    arch, reason = _backend.kernel_arch(device)
+    if arch is not None:
+        path = "cute"
+    elif device.type == "cuda":
+        path = "unavailable"
+    else:
+        path = "reference"
+    ops = dict.fromkeys(KERNEL_OPS, path)
+    gemm = {recipe: gemm_path_quiet(recipe, device) for recipe in GEMM_RECIPES}
+    return Capabilities(str(device), arch, reason, ops, gemm)
+
+
+__all__ = ["Capabilities", "capabilities"]
