@@ -3,18 +3,23 @@
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \\
         torchrun --nproc-per-node 2 -m bench.bench_ep [--tokens 8192 --hidden 7168 --topk 8 --experts 64 256]
 
-Per GPU, in one run: dispatch (mxfp8, bf16) and combine GB/s (bytes this rank sends, itself
-included, / time; the slowest rank's time), next to a peer copy of the same bytes through the same
-symmetric-memory mappings (``copy_`` to each rank's buffer in turn) and NCCL ``all_to_all_single``
-of the same bytes; and the fused MXFP8 dispatch against the unfused chain it replaces (permute by
-rank, a host read of the split sizes, bf16 ``all_to_all_single``, permute by expert,
-``pad_and_quantize_mxfp8_2d``). Routing: k distinct uniform experts per token. Multicast stays off.
+Per GPU, in one run: dispatch (mxfp8, fp8_rowwise, bf16) and combine GB/s (bytes this rank sends,
+itself included, / time; the slowest rank's time), as ratios to a peer copy of the same bytes
+through the same symmetric-memory mappings (``copy_`` to each rank's buffer in turn) and to NCCL
+``all_to_all_single`` of the same bytes, eager and CUDA-graph replayed, with the host time per
+eager call; the fused MXFP8 dispatch against the unfused chain it replaces (permute by rank, a host
+read of the split sizes, bf16 ``all_to_all_single``, permute by expert,
+``pad_and_quantize_mxfp8_2d``); and the MoE layer (``MoELayer``: router, dispatch, experts,
+combine) forward + backward per recipe against the bf16 chain with the same router and weights
+(bench/common/moe_chain.py), with peak memory. Routing: k distinct uniform experts per token
+(transfers), the layer's router (layer rows). Multicast stays off.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
 
 for _name, _value in (
     ("NCCL_NVLS_ENABLE", "0"),
@@ -124,59 +129,134 @@ def _unfused_dispatch(x, ids, experts: int, alignment: int):
     return run
 
 
-def _row(name: str, nbytes: int, seconds: float, copy_s: float) -> str:
+def _row(
+    name: str, nbytes: int, seconds: float, copy_s: float, nccl_s: float | None = None, host=None
+) -> str:
     gbps = nbytes / seconds / 1e9
-    return f"| {name} | {nbytes / 1e6:.1f} | {seconds * 1e6:.0f} | {gbps:.0f} | {copy_s / seconds:.2f} |"
+    nccl = f"{nccl_s / seconds:.2f}" if nccl_s else "-"
+    host_us = f"{host * 1e6:.0f}" if host is not None else "-"
+    return (
+        f"| {name} | {nbytes / 1e6:.1f} | {seconds * 1e6:.0f} | {gbps:.0f} | {copy_s / seconds:.2f} | {nccl} "
+        f"| {host_us} |"
+    )
 
 
-def bench(tokens: int, hidden: int, topk: int, experts: int, alignment: int, iters: int) -> list[str]:
+def _host_seconds(fn, calls: int = 20) -> float:
+    """Median host time of one call (no synchronization inside: what the caller's thread spends)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+        torch.cuda.synchronize()
+    return sorted(times)[len(times) // 2]
+
+
+def transfer_rows(tokens: int, hidden: int, topk: int, experts: int, alignment: int, iters: int) -> list[str]:
+    """Dispatch (each recipe) and combine against a peer copy and NCCL ``all_to_all_single`` of the
+    same bytes, eager and graph-replayed, with the host time per call."""
     rank = dist.get_rank()
     gen = torch.Generator(device="cuda").manual_seed(rank)
     x = torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16()
     ids = torch.rand(tokens, experts, device="cuda", generator=gen).topk(topk, dim=1).indices
     w = torch.rand(tokens, topk, device="cuda", generator=gen)
     pairs = tokens * topk
-    mx_bytes = pairs * (hidden + hidden // 32 + 4)
-    bf_bytes = pairs * (2 * hidden + 4)
-    back_bytes = pairs * 2 * hidden
+    sizes = {
+        "mxfp8": pairs * (hidden + hidden // 32 + 4),
+        "fp8_rowwise": pairs * (hidden + 8),
+        "bf16": pairs * (2 * hidden + 4),
+        "combine": pairs * 2 * hidden,
+    }
     res = ep.dispatch(x, ids, num_experts=experts)
     y = torch.randn(res.q.shape[0], hidden, device="cuda").bfloat16()
-    timings = {
-        "copy_mx": _time(_peer_copy(mx_bytes), iters),
-        "nccl_mx": _time(_all_to_all(mx_bytes), iters),
-        "dispatch_mx": _time(lambda: ep.dispatch(x, ids, num_experts=experts), iters),
-        "copy_bf": _time(_peer_copy(bf_bytes), iters),
-        "dispatch_bf": _time(lambda: ep.dispatch(x, ids, num_experts=experts, recipe="bf16"), iters),
-        "copy_back": _time(_peer_copy(back_bytes), iters),
-        "nccl_back": _time(_all_to_all(back_bytes), iters),
-        "combine": _time(lambda: ep.combine(y, res, w), iters),
-        "unfused": _time(_unfused_dispatch(x, ids, experts, alignment), iters),
+    calls = {
+        r: (lambda r=r: ep.dispatch(x, ids, num_experts=experts, recipe=r, alignment=alignment))
+        for r in ("mxfp8", "fp8_rowwise", "bf16")
     }
-    graphed = {
-        "dispatch_mx": _graph(lambda: ep.dispatch(x, ids, num_experts=experts)),
-        "combine": _graph(lambda: ep.combine(y, res, w)),
-    }
-    for name, replay in graphed.items():
-        timings[name + "_graph"] = _time(replay, iters) if replay is not None else float("nan")
-    t = timings
-    return [
-        f"\n### T={tokens} D={hidden} k={topk} E={experts} "
-        f"({dist.get_world_size()} ranks, {torch.cuda.get_device_name()})",
-        "| op | MB sent / rank | time us | GB/s / GPU | ratio to peer copy |",
-        "|---|---|---|---|---|",
-        _row("peer copy (mxfp8 bytes)", mx_bytes, t["copy_mx"], t["copy_mx"]),
-        _row("NCCL all_to_all_single (mxfp8 bytes)", mx_bytes, t["nccl_mx"], t["copy_mx"]),
-        _row("dispatch mxfp8", mx_bytes, t["dispatch_mx"], t["copy_mx"]),
-        _row("peer copy (bf16 bytes)", bf_bytes, t["copy_bf"], t["copy_bf"]),
-        _row("dispatch bf16", bf_bytes, t["dispatch_bf"], t["copy_bf"]),
-        _row("peer copy (combine bytes)", back_bytes, t["copy_back"], t["copy_back"]),
-        _row("NCCL all_to_all_single (combine bytes)", back_bytes, t["nccl_back"], t["copy_back"]),
-        _row("combine", back_bytes, t["combine"], t["copy_back"]),
-        _row("dispatch mxfp8, CUDA graph replay", mx_bytes, t["dispatch_mx_graph"], t["copy_mx"]),
-        _row("combine, CUDA graph replay", back_bytes, t["combine_graph"], t["copy_back"]),
-        f"fused mxfp8 dispatch {t['dispatch_mx'] * 1e6:.0f} us vs unfused chain {t['unfused'] * 1e6:.0f} us: "
-        f"{t['unfused'] / t['dispatch_mx']:.2f}x",
+    calls["combine"] = lambda: ep.combine(y, res, w)
+    lines = [
+        f"\n### T={tokens} D={hidden} k={topk} E={experts} ({dist.get_world_size()} ranks, "
+        f"{torch.cuda.get_device_name()})",
+        "| op | MB sent / rank | time us | GB/s / GPU | ratio to peer copy | ratio to NCCL | host us |",
+        "|---|---|---|---|---|---|---|",
     ]
+    for name, nbytes in sizes.items():
+        copy_s, nccl_s = _time(_peer_copy(nbytes), iters), _time(_all_to_all(nbytes), iters)
+        op = "combine" if name == "combine" else f"dispatch {name}"
+        lines.append(_row(f"peer copy ({name} bytes)", nbytes, copy_s, copy_s))
+        lines.append(_row(f"NCCL all_to_all_single ({name} bytes)", nbytes, nccl_s, copy_s, nccl_s))
+        eager = _time(calls[name], iters)
+        lines.append(_row(op, nbytes, eager, copy_s, nccl_s, _host_seconds(calls[name])))
+        replay = _graph(calls[name])
+        if replay is not None:
+            lines.append(_row(f"{op}, CUDA graph replay", nbytes, _time(replay, iters), copy_s, nccl_s))
+    unfused = _time(_unfused_dispatch(x, ids, experts, alignment), iters)
+    fused = _time(calls["mxfp8"], iters)
+    lines.append(
+        f"fused mxfp8 dispatch {fused * 1e6:.0f} us vs unfused chain {unfused * 1e6:.0f} us: "
+        f"{unfused / fused:.2f}x"
+    )
+    return lines
+
+
+def _peak_gib(step) -> float:
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - held) / 2**30
+
+
+def layer_rows(
+    tokens: int, hidden: int, expert_hidden: int, topk: int, experts: int, iters: int
+) -> list[str]:
+    """``MoELayer`` forward + backward per recipe against the bf16 chain (bench/common/moe_chain.py)
+    with the same router and expert weights, and each step's peak memory."""
+    from bench.common.moe_chain import bf16_chain
+    from torch_bindings import MoELayer
+
+    rank = dist.get_rank()
+    torch.manual_seed(1000 + rank)  # each rank's experts differ; the router is broadcast below
+    layers = {
+        r: MoELayer(hidden, expert_hidden, experts, topk, recipe=r, device="cuda")
+        for r in ("bf16", "fp8_rowwise")
+    }
+    dist.broadcast(layers["bf16"].router.weight.data, 0)
+    for layer in layers.values():
+        layer.load_state_dict(layers["bf16"].state_dict())
+    x = torch.randn(tokens, hidden, device="cuda").bfloat16().requires_grad_()
+    g = torch.randn(tokens, hidden, device="cuda").bfloat16()
+
+    def step(forward, layer):
+        def run():
+            layer.zero_grad(set_to_none=True)
+            x.grad = None
+            forward(x).backward(g)
+
+        return run
+
+    steps = {
+        "bf16 chain (all_to_all_single, permute, bf16 experts)": step(
+            lambda a: bf16_chain(layers["bf16"], a), layers["bf16"]
+        ),
+        "MoELayer bf16": step(layers["bf16"], layers["bf16"]),
+        "MoELayer fp8_rowwise": step(layers["fp8_rowwise"], layers["fp8_rowwise"]),
+    }
+    timed = {name: _time(run, iters) for name, run in steps.items()}
+    peaks = {name: _peak_gib(run) for name, run in steps.items()}
+    base = timed[next(iter(steps))]
+    lines = [
+        f"\n### MoE layer fwd+bwd: T={tokens}/rank D={hidden} H={expert_hidden} k={topk} E={experts} "
+        f"({dist.get_world_size()} ranks, {torch.cuda.get_device_name()})",
+        "| layer | ms | vs bf16 chain | peak GiB (rank 0) |",
+        "|---|---|---|---|",
+    ]
+    for name, seconds in timed.items():
+        lines.append(f"| {name} | {seconds * 1e3:.2f} | {base / seconds:.2f} | {peaks[name]:.1f} |")
+    return lines
 
 
 def main() -> None:
@@ -187,6 +267,8 @@ def main() -> None:
     parser.add_argument("--experts", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--alignment", type=int, default=32)
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--expert-hidden", type=int, default=2048, help="H of the MoE layer rows")
+    parser.add_argument("--layer-experts", type=int, default=64, help="E of the MoE layer rows (0: none)")
     args = parser.parse_args()
     if "WORLD_SIZE" not in os.environ or not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         print("bench_ep: needs >= 2 GPUs, one process each: torchrun --nproc-per-node N -m bench.bench_ep")
@@ -194,7 +276,13 @@ def main() -> None:
     dist.init_process_group("nccl")
     torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
     for experts in args.experts:
-        lines = bench(args.tokens, args.hidden, args.topk, experts, args.alignment, args.iters)
+        lines = transfer_rows(args.tokens, args.hidden, args.topk, experts, args.alignment, args.iters)
+        if dist.get_rank() == 0:
+            print("\n".join(lines), flush=True)
+    if args.layer_experts:
+        lines = layer_rows(
+            args.tokens, args.hidden, args.expert_hidden, args.topk, args.layer_experts, args.iters
+        )
         if dist.get_rank() == 0:
             print("\n".join(lines), flush=True)
     dist.destroy_process_group()

@@ -27,6 +27,7 @@ import torch
 import torch_bindings as tb
 from bench.common.baselines import copy_baseline_best
 from bench.common.cli import make_parser, output_paths, progress
+from bench.common.device import cuda_or_none
 from bench.common.groups import skewed_group_sizes
 from bench.common.report import report
 from bench.common.timing import time_cuda
@@ -285,53 +286,127 @@ def gemm_rows(s: Shape, torchao_mm, copy_gbps: float) -> tuple[dict, dict, dict]
     return row, parts, passes
 
 
-def _torchao_swiglu(torchao_mm):
-    def forward(x, w1, w3, w2, ends):
-        return torchao_mm(
-            torch.nn.functional.silu(torchao_mm(x, w1, ends)) * torchao_mm(x, w3, ends), w2, ends
-        )
+def _torchao_swiglu(torchao_mm, hidden: int):
+    """torchao's FP8 rowwise op on the fused weight: one GEMM for gate and up, as ours."""
+
+    def forward(x, w13, w2, ends):
+        h13 = torchao_mm(x, w13, ends)
+        return torchao_mm(torch.nn.functional.silu(h13[:, :hidden]) * h13[:, hidden:], w2, ends)
 
     return forward
 
 
-def _module_step(forward, x, params, ends, grad_out):
+def _compiled_bf16_block(hidden: int):
+    """The bf16 block with its SwiGLU (forward and backward) under ``torch.compile``: the faster
+    bf16 baseline."""
+    swiglu = torch.compile(lambda h13: torch.nn.functional.silu(h13[:, :hidden]) * h13[:, hidden:])
+
+    def forward(x, w13, w2, ends):
+        h13 = tb.scaled_grouped_mm(x, w13, ends, recipe="bf16")
+        return tb.scaled_grouped_mm(swiglu(h13), w2, ends, recipe="bf16")
+
+    return forward
+
+
+def module_bytes(s: Shape) -> int:
+    """Bytes the FP8 rowwise block moves outside its GEMMs per micro-batch (aligned groups, each
+    pass's inputs read once and outputs written once; weights counted separately)."""
+    m, d, h, e = s.rows, s.k, s.n, s.experts
+    x = 2 * (2 * m * d + m * d) + 4 * m + 4 * e * d  # x rows and columns
+    swiglu = (2 * m * 2 * h + 2 * m * h + m * h + 4 * m) + (2 * m * h + m * h)  # h13 -> h, q; h cols
+    grad_out = 2 * (2 * m * d + m * d)
+    d_swiglu = (2 * m * h + 2 * m * 2 * h + 2 * m * 2 * h + m * 2 * h) + (2 * m * 2 * h + m * 2 * h)
+    return x + swiglu + grad_out + d_swiglu
+
+
+def weight_bytes(s: Shape) -> int:
+    """Bytes of quantizing both weights in both layouts (read bf16, write e4m3 and scales)."""
+    return 2 * 3 * (s.experts * 2 * s.n * s.k + s.experts * s.k * s.n)
+
+
+def _micro_batches(forward, x, params, ends, grad_out, n: int):
+    """One optimizer step of ``n`` micro-batches: the parameters change (their version counters
+    move, as an optimizer's in-place update moves them), then ``n`` forward + backward passes."""
+
     def step():
-        x.grad = None
         for p in params:
             p.grad = None
-        forward(x, ends).backward(grad_out)
+            torch.autograd.graph.increment_version(p)
+        for _ in range(n):
+            x.grad = None
+            forward(x, ends).backward(grad_out)
 
     return step
 
 
-def module_row(s: Shape, torchao_mm) -> dict:
-    device = torch.device("cuda")
+def _peak_mib(step) -> float:
+    """Peak device memory a step allocates beyond what was held before it, MiB."""
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - held) / 2**20
+
+
+def _module_forwards(s: Shape, torchao_mm, device):
+    """name -> (forward(x, ends), parameters) of every column."""
     ours = tb.GroupedExperts(s.experts, s.k, s.n, recipe="fp8_rowwise", gemm="native", device=device)
-    base = tb.GroupedExperts(s.experts, s.k, s.n, recipe="bf16", device=device)
-    base.load_state_dict(ours.state_dict())
+    plain = tb.GroupedExperts.from_weights(ours.w13, ours.w2, gemm="native", weight_cache=False)
+    base = tb.GroupedExperts.from_weights(ours.w13, ours.w2, recipe="bf16")
+    params = [ours.w13, ours.w2]
+    forwards = {
+        "bf16": (base, params),
+        "bf16 compiled SwiGLU": (lambda a, e: _compiled_bf16_block(s.n)(a, ours.w13, ours.w2, e), params),
+        "ours": (lambda a, e: ours(a, e, groups_aligned=True), params),
+        "ours cache off": (lambda a, e: plain(a, e, groups_aligned=True), params),
+        "ours unaligned path": (ours, params),
+    }
+    if torchao_mm is not None:
+        forwards["torchao"] = (lambda a, e: _torchao_swiglu(torchao_mm, s.n)(a, ours.w13, ours.w2, e), params)
+    return forwards, ours
+
+
+def module_rows(s: Shape, torchao_mm, copy_gbps: float) -> list[dict]:
+    """Per micro-batch fwd+bwd µs and peak memory of every column, with 1 and 4 micro-batches per
+    optimizer step; the per-kernel breakdown of ours; the bytes floor of its non-GEMM kernels."""
+    device = torch.device("cuda")
+    forwards, ours = _module_forwards(s, torchao_mm, device)
     x = torch.randn(s.rows, s.k, device=device, dtype=torch.bfloat16).requires_grad_()
     ends = aligned_group_ends(s.rows, s.experts, device)
     grad_out = torch.randn(s.rows, s.k, device=device, dtype=torch.bfloat16)
-    params = list(ours.parameters())
-    steps = {
-        "bf16": _module_step(base, x, list(base.parameters()), ends, grad_out),
-        "ours": _module_step(ours, x, params, ends, grad_out),
-    }
-    if torchao_mm is not None:
-        swiglu = _torchao_swiglu(torchao_mm)
-        steps["torchao"] = _module_step(
-            lambda a, e, m=ours: swiglu(a, m.w1, m.w3, m.w2, e), x, params, ends, grad_out
-        )
-    us = _time_all(steps)
-    print_breakdown(f"ours fp8_rowwise SwiGLU experts, {s.name}", kernel_breakdown(steps["ours"]), top=10)
-    row = _speedups("module (D=K, H=N)", s.name, us)
-    del ours, base, x, grad_out, steps
+    rows = []
+    for n in (1, 4):
+        steps = {name: _micro_batches(f, x, p, ends, grad_out, n) for name, (f, p) in forwards.items()}
+        us = {name: t / n for name, t in _time_all(steps).items()}
+        peak = {name: _peak_mib(step) for name, step in steps.items() if name in us}
+        best_bf16 = min(us["bf16"], us.get("bf16 compiled SwiGLU", us["bf16"]))
+        row = {"module (D=K, H=N)": s.name, "micro-batches": n, "best bf16 us": best_bf16}
+        for name, t in us.items():
+            row[f"{name} us"] = t
+            row[f"{name} vs best bf16"] = best_bf16 / t
+            row[f"{name} peak MiB"] = peak[name]
+        row["ours weight cache MiB"] = ours.weight_cache_bytes() / 2**20
+        rows.append(row)
+    one_step = _micro_batches(forwards["ours"][0], x, forwards["ours"][1], ends, grad_out, 1)
+    kernels = kernel_breakdown(one_step)
+    print_breakdown(f"ours fp8_rowwise SwiGLU experts (aligned groups), {s.name}", kernels, top=16)
+    gemm_us, rest_us = split_gemm(kernels)
+    moved = module_bytes(s) + weight_bytes(s)
+    print(
+        f"\nnon-GEMM kernels {rest_us:.0f} us against a floor of {moved / copy_gbps / 1e3:.0f} us "
+        f"({moved / 1e9:.2f} GB at {copy_gbps:.0f} GB/s; weights {weight_bytes(s) / 1e9:.2f} GB); "
+        f"GEMM kernels {gemm_us:.0f} us"
+    )
+    del forwards, ours, x, grad_out
     torch.cuda.empty_cache()
-    return row
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
     args = make_parser(__doc__.splitlines()[0]).parse_args(argv)  # --quick: the first shape only
+    if cuda_or_none("bench_moe") is None:
+        raise SystemExit(2)
     torchao_mm = _torchao_mm()
     copy_gbps = (1 << 31) / copy_baseline_best(1 << 31, torch.device("cuda"))[0].us / 1e3
     print(f"device: {torch.cuda.get_device_name()}, copy {copy_gbps:.0f} GB/s (read + write)")
@@ -340,10 +415,10 @@ def main(argv: list[str] | None = None) -> None:
         progress(f"grouped GEMM fwd+bwd: {s.name}")
         for table, row in zip(tables, gemm_rows(s, torchao_mm, copy_gbps), strict=True):
             table.append(row)
-    module_rows = []
+    modules = []
     for s in MODULE_SHAPES[:1] if args.quick else MODULE_SHAPES:
         progress(f"SwiGLU experts fwd+bwd: {s.name}")
-        module_rows.append(module_row(s, torchao_mm))
+        modules += module_rows(s, torchao_mm, copy_gbps)
     meta = {"copy_GBps": copy_gbps}
     titles = ["Grouped GEMM fwd+bwd (FP8 rowwise)", "Each GEMM alone", "x's FP8 operands: dual vs row + col"]
     for stem, title, rows in zip(("moe", "moe_gemms", "moe_passes"), titles, tables, strict=True):
@@ -352,8 +427,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     module_json, _ = output_paths(args.out, "moe_module")
     report(
-        module_rows,
-        list(module_rows[0]),
+        modules,
+        list(modules[0]),
         "SwiGLU experts fwd+bwd",
         json_path=module_json,
         panel_key=None,

@@ -29,14 +29,17 @@ def fp32_grouped_mm(x, w, ends: list[int], grad_y):
     return y.detach(), xs.grad, ws.grad
 
 
-def fp32_swiglu_experts(x, w1, w3, w2, ends: list[int], grad_out):
-    """``(out, grad_x, grad_w1, grad_w3, grad_w2)`` of the SwiGLU experts in fp32 on the CPU."""
-    leaves = [t.detach().float().cpu().requires_grad_() for t in (x, w1, w3, w2)]
-    xs, a, b, c = leaves
+def fp32_swiglu_experts(x, w13, w2, ends: list[int], grad_out):
+    """``(out, grad_x, grad_w13, grad_w2)`` of the SwiGLU experts in fp32 on the CPU (w13 (E, 2H, D):
+    gate rows then up rows)."""
+    leaves = [t.detach().float().cpu().requires_grad_() for t in (x, w13, w2)]
+    xs, a, c = leaves
+    hidden = w2.shape[2]
     parts, start = [], 0
     for g, end in enumerate(ends):
         rows = xs[start:end]
-        h = torch.nn.functional.silu(rows @ a[g].T) * (rows @ b[g].T)
+        h13 = rows @ a[g].T
+        h = torch.nn.functional.silu(h13[:, :hidden]) * h13[:, hidden:]
         parts.append(h @ c[g].T)
         start = end
     parts.append(xs.new_zeros(x.shape[0] - start, w2.shape[1]))

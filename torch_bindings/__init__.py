@@ -1,16 +1,19 @@
 """PyTorch API of cute-kernels (SPEC section 5).
 
 Every function takes ``backend="auto" | "cute" | "reference"``: ``"auto"`` runs the CuTeDSL kernel
-on a CUDA tensor of a supported GPU and the reference on CPU tensors.
+on a CUDA tensor of a supported GPU and the reference on CPU tensors; on a CUDA tensor where the
+kernel cannot run it raises (``capabilities(device)`` says what runs where). Expert parallelism is
+``torch_bindings.ep``.
 """
 
 from __future__ import annotations
 
-from . import reference
+from . import ep, reference
+from .capabilities import Capabilities, capabilities
 from .grouped_mm import scaled_grouped_mm
 from .kernel_cache import STATS as compile_stats
 from .kernel_cache import clear_memory_cache
-from .moe import GroupedExperts
+from .moe import GroupedExperts, MoELayer
 from .pad import pad_token_groups, unpad_token_groups
 from .pad_quantize import pad_and_quantize_mxfp8_2d
 from .quantize import quantize_mxfp8_2d
@@ -19,12 +22,18 @@ from .quantize_dual import quantize_mxfp8_2d_dual
 from .quantize_fp8 import quantize_fp8_2d, quantize_fp8_2d_dual, quantize_fp8_3d
 from .reference import check_group_end_offsets
 from .swizzle import swizzle_scales
+from .tokens import QuantizedTokens
 
 __all__ = [
+    "Capabilities",
     "GroupedExperts",
+    "MoELayer",
+    "QuantizedTokens",
+    "capabilities",
     "check_group_end_offsets",
     "clear_memory_cache",
     "compile_stats",
+    "ep",
     "pad_and_quantize_mxfp8_2d",
     "pad_token_groups",
     "quantize_fp8_2d",

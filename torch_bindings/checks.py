@@ -555,6 +555,52 @@ GROUPED_MM_GEMMS = ("auto", "native", "emulated")
 GROUPED_MM_DIM_MULTIPLE = {"fp8_rowwise": 16, "mxfp8": 32, "bf16": 8}
 
 
+#: Input dtypes of the grouped GEMM op and the expert block (activations and weights): bf16, or fp32
+#: (master weights, fp32 activations), read by the quantizers directly.
+GROUPED_MM_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def check_grouped_mm_options(recipe: Any, gemm: Any, backend: Any, *, op: str) -> None:
+    """A known recipe, GEMM choice and backend."""
+    check_choice("recipe", recipe, GROUPED_MM_RECIPES, op=op)
+    check_choice("gemm", gemm, GROUPED_MM_GEMMS, op=op)
+    check_choice("backend", backend, BACKENDS, op=op)
+
+
+def _check_tokens(x: Any, recipe: str, *, op: str) -> tuple[int, int, torch.device]:
+    """``x``: a bf16/fp32 (M, K) tensor, or quantized tokens of ``recipe`` in groups aligned at least
+    to the recipe's wgrad alignment. Returns (M, K, device)."""
+    from .tokens import QuantizedTokens
+
+    if not isinstance(x, QuantizedTokens):
+        check_tensor("x", x, ndim=2, dtypes=GROUPED_MM_DTYPES, op=op)
+        return x.shape[0], x.shape[1], x.device
+    if recipe == "bf16" or x.recipe != recipe:
+        raise ValueError(f"{_prefix(op)}x holds {x.recipe} tokens, the recipe is {recipe!r}")
+    need = {"fp8_rowwise": 16, "mxfp8": 32}[recipe]  # grouped_mm.GROUP_ALIGNMENT
+    if x.alignment % need:
+        raise ValueError(
+            f"{_prefix(op)}quantized tokens must come in groups aligned to {need} rows for recipe "
+            f"{recipe!r}, got alignment {x.alignment}"
+        )
+    check_tensor("x.q", x.q, ndim=2, dtypes=(torch.float8_e4m3fn,), op=op)
+    return x.q.shape[0], x.q.shape[1], x.q.device
+
+
+def check_weight(
+    name: str, w: Any, experts: int | None, n: int | None, k: int, device: torch.device, unit: int, *, op: str
+) -> None:
+    """A weight (E, N, K) bf16/fp32 contiguous on ``device`` with the given E, N (``None``: any) and
+    K, its N a multiple of the recipe's ``unit``; errors name the weight."""
+    check_tensor(name, w, ndim=3, dtypes=GROUPED_MM_DTYPES, op=op)
+    if w.device != device:
+        raise ValueError(f"{_prefix(op)}{name} must be on x's device ({device}), got {w.device}")
+    want = (experts if experts is not None else w.shape[0], n if n is not None else w.shape[1], k)
+    if tuple(w.shape) != want:
+        raise ValueError(f"{_prefix(op)}{name} must have shape {want} (E, N, K), got {tuple(w.shape)}")
+    check_divisible(f"N ({name}.shape[1])", w.shape[1], unit, why="for the recipe", op=op)
+
+
 def check_scaled_grouped_mm(
     x: Any,
     w: Any,
@@ -562,41 +608,62 @@ def check_scaled_grouped_mm(
     recipe: Any,
     out_dtype: Any,
     gemm: Any,
+    backend: Any = "auto",
     *,
     op: str = "scaled_grouped_mm",
 ) -> None:
-    """x (M, K) bf16 contiguous, w (E, N, K) bf16 contiguous on x's device, E group end offsets,
-    a known recipe and GEMM choice, bf16 output, K and N multiples of the recipe's unit."""
-    check_choice("recipe", recipe, GROUPED_MM_RECIPES, op=op)
-    check_choice("gemm", gemm, GROUPED_MM_GEMMS, op=op)
+    """x (M, K) bf16/fp32 contiguous (or quantized tokens of the recipe), w (E, N, K) bf16/fp32
+    contiguous on x's device, E group end offsets, a known recipe, GEMM choice and backend, bf16
+    output, K and N multiples of the recipe's unit."""
+    check_grouped_mm_options(recipe, gemm, backend, op=op)
     if out_dtype != torch.bfloat16:
         raise ValueError(
             f"{_prefix(op)}out_dtype must be torch.bfloat16 (the GEMMs' output), got {out_dtype!r}"
         )
-    check_tensor("x", x, ndim=2, dtypes=(torch.bfloat16,), op=op)
-    check_tensor("w", w, ndim=3, dtypes=(torch.bfloat16,), op=op)
-    if w.device != x.device:
-        raise ValueError(f"{_prefix(op)}w must be on x's device ({x.device}), got {w.device}")
-    if w.shape[2] != x.shape[1]:
-        raise ValueError(
-            f"{_prefix(op)}w (E, N, K) must have K = x.shape[1] ({x.shape[1]}), "
-            f"got w of shape {tuple(w.shape)}"
-        )
-    check_offsets("group_end_offsets", group_end_offsets, x.device, op=op)
+    _, k, device = _check_tokens(x, recipe, op=op)
+    unit = GROUPED_MM_DIM_MULTIPLE[recipe]
+    check_weight("w", w, None, None, k, device, unit, op=op)
+    check_offsets("group_end_offsets", group_end_offsets, device, op=op)
     if group_end_offsets.numel() != w.shape[0]:
         raise ValueError(
             f"{_prefix(op)}group_end_offsets must have one entry per expert (E = {w.shape[0]}), "
             f"got length {group_end_offsets.numel()}"
         )
+    check_divisible("K (x.shape[1])", k, unit, why=f"for recipe {recipe!r}", op=op)
+
+
+def check_experts(x: Any, w13: Any, w2: Any, group_end_offsets: Any, recipe: str, *, op: str) -> None:
+    """The expert block's inputs: x (M, D) bf16/fp32 (or quantized tokens), ``w13`` (E, 2H, D) and
+    ``w2`` (E, D, H) bf16/fp32 on x's device, (E,) end offsets; D and H multiples of the recipe's
+    unit. Errors name the weight."""
+    _, dim, device = _check_tokens(x, recipe, op=op)
     unit = GROUPED_MM_DIM_MULTIPLE[recipe]
-    why = f"for recipe {recipe!r}"
-    check_divisible("K (x.shape[1])", x.shape[1], unit, why=why, op=op)
-    check_divisible("N (w.shape[1])", w.shape[1], unit, why=why, op=op)
+    check_tensor("w13", w13, ndim=3, dtypes=GROUPED_MM_DTYPES, op=op)
+    experts, two_h = w13.shape[0], w13.shape[1]
+    if two_h % 2:
+        raise ValueError(
+            f"{_prefix(op)}w13 (E, 2H, D) must have an even dim 1 (gate, up), got {tuple(w13.shape)}"
+        )
+    check_weight("w13", w13, experts, None, dim, device, unit, op=op)
+    check_weight("w2", w2, experts, dim, two_h // 2, device, unit, op=op)
+    check_divisible("H (w2.shape[2])", two_h // 2, unit, why=f"for recipe {recipe!r}", op=op)
+    check_divisible("D (x.shape[1])", dim, unit, why=f"for recipe {recipe!r}", op=op)
+    check_offsets("group_end_offsets", group_end_offsets, device, op=op)
+    if group_end_offsets.numel() != experts:
+        raise ValueError(
+            f"{_prefix(op)}group_end_offsets must have one entry per expert (E = {experts}), "
+            f"got length {group_end_offsets.numel()}"
+        )
 
 
-EP_RECIPES: tuple[str, ...] = ("mxfp8", "bf16")
-#: Row width each EP recipe needs: mxfp8 whole 4-byte scale words (D / 32 scales), bf16 16-byte vectors.
-_EP_WIDTH = {"mxfp8": (128, "(whole 4-byte scale words)"), "bf16": (8, "(16-byte vectors)")}
+EP_RECIPES: tuple[str, ...] = ("mxfp8", "fp8_rowwise", "bf16")
+#: Row width each EP recipe needs: mxfp8 whole 4-byte scale words (D / 32 scales), fp8_rowwise
+#: 16-byte vectors of e4m3 (and the FP8 GEMM's K % 16), bf16 16-byte vectors.
+_EP_WIDTH = {
+    "mxfp8": (128, "(whole 4-byte scale words)"),
+    "fp8_rowwise": (16, "(16-byte vectors of e4m3)"),
+    "bf16": (8, "(16-byte vectors)"),
+}
 
 
 def check_ep_dispatch(

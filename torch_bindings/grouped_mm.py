@@ -33,6 +33,7 @@ from .pad import pad_token_groups, unpad_token_groups
 from .quantize_3d import quantize_mxfp8_3d
 from .quantize_dual import quantize_mxfp8_2d_dual
 from .quantize_fp8 import quantize_fp8_2d, quantize_fp8_3d
+from .tokens import QuantizedTokens, dequant_mx
 
 RECIPES = checks.GROUPED_MM_RECIPES
 # Token-group alignment each recipe's wgrad GEMM needs (its group starts must be 16-byte aligned
@@ -55,6 +56,12 @@ def native_gemm_reason(recipe: str, device: torch.device) -> str | None:
         here = f"sm_{capability[0]}{capability[1]}"
         return f"recipe {recipe!r} needs {arches} for torch._scaled_grouped_mm, this GPU is {here}"
     return None
+
+
+def gemm_path_quiet(recipe: str, device: torch.device) -> str:
+    """What ``gemm="auto"`` runs for ``recipe`` on ``device`` (``"native"`` / ``"emulated"``), with no
+    warning: ``torch_bindings.capabilities`` reports it."""
+    return "native" if native_gemm_reason(recipe, device) is None else "emulated"
 
 
 def gemm_path(recipe: str, device: torch.device, gemm: str = "auto") -> str:
@@ -84,13 +91,15 @@ def gemm_path(recipe: str, device: torch.device, gemm: str = "auto") -> str:
 
 @dataclass(frozen=True)
 class _Step:
-    """What one call runs: the recipe, whether its GEMMs are emulated, and whether the caller's
+    """What one call runs: the recipe, whether its GEMMs are emulated, whether the caller's
     groups already start on the recipe's alignment (``aligned``: offsets made by
-    ``pad_token_groups`` with that alignment; the op then pads nothing)."""
+    ``pad_token_groups`` with that alignment; the op then pads nothing), and the ``backend`` of its
+    quantization and padding ops."""
 
     recipe: str
     emulated: bool
     aligned: bool
+    backend: str = "auto"
 
     @property
     def alignment(self) -> int:
@@ -111,11 +120,15 @@ class _Groups:
 
 def _aligned(t: torch.Tensor, groups: _Groups, step: _Step) -> torch.Tensor:
     """``t`` itself when the caller's groups are aligned, else its padded copy (groups.padded_*)."""
-    return t if step.aligned else pad_token_groups(t, groups.ends, alignment=step.alignment)[0]
+    if step.aligned:
+        return t
+    return pad_token_groups(t, groups.ends, alignment=step.alignment, backend=step.backend)[0]
 
 
-def _unpad(t_padded: torch.Tensor, groups: _Groups) -> torch.Tensor:
-    return unpad_token_groups(t_padded, groups.ends, groups.padded_start, num_tokens=groups.rows)
+def _unpad(t_padded: torch.Tensor, groups: _Groups, step: _Step) -> torch.Tensor:
+    return unpad_token_groups(
+        t_padded, groups.ends, groups.padded_start, num_tokens=groups.rows, backend=step.backend
+    )
 
 
 def wgrad_mm(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
@@ -127,6 +140,18 @@ def wgrad_mm(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> torch.Tens
         sizes = ends - torch.cat([ends.new_zeros(1), ends[:-1]])
         out = torch.where((sizes > 0).view(-1, 1, 1), out, out.new_zeros(()))
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The output dtype
+# ----------------------------------------------------------------------------------------------
+
+
+def output_dtype(x_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The block's output dtype: the autocast dtype under autocast, else x's (bf16 or fp32)."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return x_dtype
 
 
 # ----------------------------------------------------------------------------------------------
@@ -166,41 +191,39 @@ def _fp8_gemm(a, b, scale_a, scale_b, ends, step: _Step) -> torch.Tensor:
     return wgrad_mm(a_dq, _dequant_group_cols_fp8(b, scale_b, ends), ends)
 
 
-@dataclass(frozen=True)
-class _Fp8Operand:
-    """One activation-like operand (x or grad_y) quantized for its two GEMMs: rows (``q_row``
-    (rows, C) row-major, ``s_row`` (rows,)) for the 2d x 3d GEMM over the caller's groups; columns
-    per aligned group (``q_col`` (Mp, C) column-major, ``s_col`` (G C,)) for the wgrad GEMM."""
-
-    q_row: torch.Tensor
-    s_row: torch.Tensor
-    q_col: torch.Tensor
-    s_col: torch.Tensor
+def _fp8_cols(t_aligned: torch.Tensor, groups: _Groups, step: _Step):
+    return quantize_fp8_2d(t_aligned, axis="col", group_end_offsets=groups.padded_end, backend=step.backend)
 
 
-def _fp8_operand(t: torch.Tensor, t_aligned: torch.Tensor, groups: _Groups) -> _Fp8Operand:
-    """Rows of ``t`` itself (the 2d x 3d GEMM takes any group sizes) and columns of its aligned copy
-    ``t_aligned``, in two kernels rather than the dual one: on H200 the row and column kernels run
-    nearer copy speed than the dual, more than paying for the extra read (notes/grouped-gemm-op.md)."""
-    q, s = quantize_fp8_2d(t, axis="row")
-    q_col, s_col = quantize_fp8_2d(t_aligned, axis="col", group_end_offsets=groups.padded_end)
-    return _Fp8Operand(q, s, q_col, s_col)
+def _fp8_forward(x, w, groups: _Groups, x_aligned, step: _Step, need_w: bool, tokens):
+    """y (M, N) and what backward keeps: x's wgrad operand (q_col, s_col) when w needs a gradient.
+    Quantized ``tokens`` give the forward operand as they are and the wgrad operand from their
+    dequantized rows."""
+    q_w, s_w = quantize_fp8_3d(w, axis="K", backend=step.backend)
+    if tokens is not None:
+        q, s = tokens.q, tokens.scales
+        cols = _fp8_cols(tokens.dequantized(), groups, step) if need_w else (None, None)
+    else:
+        q, s = quantize_fp8_2d(x, axis="row", backend=step.backend)
+        cols = _fp8_cols(x_aligned, groups, step) if need_w else (None, None)
+    y = _fp8_gemm(q, q_w.transpose(-2, -1), s, s_w, groups.ends, step)
+    return y, cols
 
 
-def _fp8_forward(x, w, groups: _Groups, x_aligned, step: _Step):
-    """y (M, N) and what backward keeps: x's wgrad operand (q_col, s_col)."""
-    q_w, s_w = quantize_fp8_3d(w, axis="K")
-    op = _fp8_operand(x, x_aligned, groups)
-    y = _fp8_gemm(op.q_row, q_w.transpose(-2, -1), op.s_row, s_w, groups.ends, step)
-    return y, (op.q_col, op.s_col)
-
-
-def _fp8_backward(grad_y, w, groups: _Groups, saved, step: _Step):
+def _fp8_backward(grad_y, w, groups: _Groups, saved, step: _Step, need_x: bool, need_w: bool):
+    """Rows of grad_y for the dgrad (the caller's groups: any sizes) and columns of its aligned copy
+    for the wgrad, each only when its gradient is asked for (rows and columns in two kernels rather
+    than the dual: on H200 they run nearer copy speed, notes/grouped-gemm-op.md)."""
     q_col_x, s_col_x = saved
-    op = _fp8_operand(grad_y, _aligned(grad_y, groups, step), groups)
-    q_w, s_w = quantize_fp8_3d(w, axis="N")  # (E, N, K) column-major: dgrad's right operand
-    grad_x = _fp8_gemm(op.q_row, q_w, op.s_row, s_w, groups.ends, step)
-    grad_w = _fp8_gemm(op.q_col.t(), q_col_x, op.s_col, s_col_x, groups.padded_end, step)
+    grad_x = grad_w = None
+    if need_x:
+        q, s = quantize_fp8_2d(grad_y, axis="row", backend=step.backend)
+        # (E, N, K) column-major: dgrad's right operand
+        q_w, s_w = quantize_fp8_3d(w, axis="N", backend=step.backend)
+        grad_x = _fp8_gemm(q, q_w, s, s_w, groups.ends, step)
+    if need_w:
+        q_col, s_col = _fp8_cols(_aligned(grad_y, groups, step), groups, step)
+        grad_w = _fp8_gemm(q_col.t(), q_col_x, s_col, s_col_x, groups.padded_end, step)
     return grad_x, grad_w
 
 
@@ -209,20 +232,13 @@ def _fp8_backward(grad_y, w, groups: _Groups, saved, step: _Step):
 # ----------------------------------------------------------------------------------------------
 
 
-def _dequant_mx(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """bf16 dequantization of q (..., C) whose 32-element blocks run along its last dim, with plain
-    E8M0 scales (..., C / 32). Exact unless a value reaches 2^128 (bf16's range)."""
-    blocks = q.reshape(*q.shape[:-1], q.shape[-1] // 32, 32)
-    return reference.dequantize_blocks(blocks, scales, dim=-1).reshape(q.shape).to(torch.bfloat16)
-
-
 def _mx_quantize(t: torch.Tensor, ends: torch.Tensor, step: _Step):
     """``(q_1x32, s_1x32, q_32x1, s_32x1)`` of an aligned (Mp, C): blocked M-/K-groups scales for the
     native GEMM, plain scales for the emulation (the groups start on 32-row boundaries, so the
     blocks and their values are the same)."""
     if step.emulated:
-        return quantize_mxfp8_2d_dual(t, blocked_scales=False)
-    return quantize_mxfp8_2d_dual(t, group_end_offsets=ends)
+        return quantize_mxfp8_2d_dual(t, blocked_scales=False, backend=step.backend)
+    return quantize_mxfp8_2d_dual(t, group_end_offsets=ends, backend=step.backend)
 
 
 def _mx_gemm_emulated(kind: str, a, sa, b, sb, ends) -> torch.Tensor:
@@ -230,12 +246,12 @@ def _mx_gemm_emulated(kind: str, a, sa, b, sb, ends) -> torch.Tensor:
     ``"dgrad"`` a 1x32 (Mp, N), b 32x1 (E, N, K) column-major with scales (E, K, N/32);
     ``"wgrad"`` a = grad_y 32x1 (Mp, N), b = x 32x1 (Mp, K), scales (N, Mp/32) and (K, Mp/32)."""
     if kind == "fwd":
-        return torch._grouped_mm(_dequant_mx(a, sa), _dequant_mx(b, sb).transpose(-2, -1), ends)
+        return torch._grouped_mm(dequant_mx(a, sa), dequant_mx(b, sb).transpose(-2, -1), ends)
     if kind == "dgrad":
         return torch._grouped_mm(
-            _dequant_mx(a, sa), _dequant_mx(b.transpose(-2, -1), sb).transpose(-2, -1), ends
+            dequant_mx(a, sa), dequant_mx(b.transpose(-2, -1), sb).transpose(-2, -1), ends
         )
-    return wgrad_mm(_dequant_mx(a.t(), sa), _dequant_mx(b.t(), sb).t(), ends)
+    return wgrad_mm(dequant_mx(a.t(), sa), dequant_mx(b.t(), sb).t(), ends)
 
 
 def _mx_gemm(kind: str, a, sa, b, sb, ends, step: _Step) -> torch.Tensor:
@@ -250,22 +266,35 @@ def _mx_gemm(kind: str, a, sa, b, sb, ends, step: _Step) -> torch.Tensor:
     return torch._scaled_grouped_mm(a, b, sa, sb, offs=ends, out_dtype=torch.bfloat16)
 
 
-def _mx_forward(x, w, groups: _Groups, x_aligned, step: _Step):
+def _mx_forward(x, w, groups: _Groups, x_aligned, step: _Step, need_w: bool, tokens):
     """MXFP8 operands always come from the aligned copy (the 1x32 GEMM operands too): one dual
-    quantization gives the forward's 1x32 operand and the wgrad's 32x1 operand (kept for backward)."""
-    q, s, q_col, s_col = _mx_quantize(x_aligned, groups.padded_end, step)
-    q_w, s_w = quantize_mxfp8_3d(w, block="1x32", blocked_scales=not step.emulated)
+    quantization gives the forward's 1x32 operand and the wgrad's 32x1 operand (kept for backward).
+    Quantized ``tokens`` give the 1x32 operand as they are and the 32x1 one from their dequantized
+    rows."""
+    if tokens is not None:
+        q, s = tokens.q, (tokens.plain_scales if step.emulated else tokens.scales)
+        q_col = s_col = None
+        if need_w:
+            _, _, q_col, s_col = _mx_quantize(tokens.dequantized(), groups.padded_end, step)
+    else:
+        q, s, q_col, s_col = _mx_quantize(x_aligned, groups.padded_end, step)
+    q_w, s_w = quantize_mxfp8_3d(w, block="1x32", blocked_scales=not step.emulated, backend=step.backend)
     out = _mx_gemm("fwd", q, s, q_w, s_w, groups.padded_end, step)
-    return (out if step.aligned else _unpad(out, groups)), (q_col, s_col)
+    return (out if step.aligned else _unpad(out, groups, step)), (q_col, s_col)
 
 
-def _mx_backward(grad_y, w, groups: _Groups, saved, step: _Step):
+def _mx_backward(grad_y, w, groups: _Groups, saved, step: _Step, need_x: bool, need_w: bool):
     q_col_x, s_col_x = saved
     q, s, q_col, s_col = _mx_quantize(_aligned(grad_y, groups, step), groups.padded_end, step)
-    q_w, s_w = quantize_mxfp8_3d(w, block="32x1", blocked_scales=not step.emulated)
-    grad_x = _mx_gemm("dgrad", q, s, q_w, s_w, groups.padded_end, step)
-    grad_w = _mx_gemm("wgrad", q_col, s_col, q_col_x, s_col_x, groups.padded_end, step)
-    return (grad_x if step.aligned else _unpad(grad_x, groups)), grad_w
+    grad_x = grad_w = None
+    if need_x:
+        blocked = not step.emulated
+        q_w, s_w = quantize_mxfp8_3d(w, block="32x1", blocked_scales=blocked, backend=step.backend)
+        grad_x = _mx_gemm("dgrad", q, s, q_w, s_w, groups.padded_end, step)
+        grad_x = grad_x if step.aligned else _unpad(grad_x, groups, step)
+    if need_w:
+        grad_w = _mx_gemm("wgrad", q_col, s_col, q_col_x, s_col_x, groups.padded_end, step)
+    return grad_x, grad_w
 
 
 _FORWARD = {"fp8_rowwise": _fp8_forward, "mxfp8": _mx_forward}
@@ -277,12 +306,17 @@ _BACKWARD = {"fp8_rowwise": _fp8_backward, "mxfp8": _mx_backward}
 # ----------------------------------------------------------------------------------------------
 
 
+def _tokens_groups(ends: torch.Tensor) -> _Groups:
+    """Quantized tokens come in aligned groups: their ends are the aligned layout's."""
+    return _Groups(ends, 0, None, ends)
+
+
 def _groups(x: torch.Tensor, ends: torch.Tensor, step: _Step):
     """The call's groups and x's aligned copy (x itself when already aligned; else the pad, which
     also yields the aligned offsets every later GEMM and the backward reuse)."""
     if step.aligned:
         return _Groups(ends, x.shape[0], None, ends), x
-    x_padded, start, end = pad_token_groups(x, ends, alignment=step.alignment)
+    x_padded, start, end = pad_token_groups(x, ends, alignment=step.alignment, backend=step.backend)
     return _Groups(ends, x.shape[0], start, end), x_padded
 
 
@@ -292,20 +326,26 @@ class _ScaledGroupedMM(torch.autograd.Function):
     anyway); w's backward quantization (along N) is recomputed, not stored."""
 
     @staticmethod
-    def forward(ctx, x, w, ends, recipe: str, emulated: bool, aligned: bool):
-        step = _Step(recipe, emulated, aligned)
-        groups, x_aligned = _groups(x, ends, step)
-        y, saved = _FORWARD[recipe](x, w, groups, x_aligned, step)
+    def forward(ctx, x, w, ends, step: _Step, tokens=None):
+        need_w = ctx.needs_input_grad[1]
+        with torch.autocast(ends.device.type, enabled=False):
+            groups, x_aligned = _groups(x, ends, step) if tokens is None else (_tokens_groups(ends), x)
+            y, saved = _FORWARD[step.recipe](x, w, groups, x_aligned, step, need_w, tokens)
         ctx.save_for_backward(w, ends, groups.padded_start, groups.padded_end, *saved)
-        ctx.step, ctx.rows = step, x.shape[0]
+        ctx.step, ctx.rows, ctx.x_dtype = step, x.shape[0], x.dtype
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
         w, ends, padded_start, padded_end, *saved = ctx.saved_tensors
+        need_x, need_w = ctx.needs_input_grad[:2]
         groups = _Groups(ends, ctx.rows, padded_start, padded_end)
-        grad_x, grad_w = _BACKWARD[ctx.step.recipe](grad_y.contiguous(), w, groups, saved, ctx.step)
-        return grad_x, grad_w, None, None, None, None
+        grad_y = grad_y.to(torch.bfloat16).contiguous()
+        backward = _BACKWARD[ctx.step.recipe]
+        grad_x, grad_w = backward(grad_y, w, groups, saved, ctx.step, need_x, need_w)
+        grad_x = None if grad_x is None else grad_x.to(ctx.x_dtype)
+        grad_w = None if grad_w is None else grad_w.to(w.dtype)
+        return grad_x, grad_w, None, None, None
 
 
 class _Bf16GroupedMM(torch.autograd.Function):
@@ -313,22 +353,33 @@ class _Bf16GroupedMM(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, ends):
-        ctx.save_for_backward(x, w, ends)
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, w, ends)
         return torch._grouped_mm(x, w.transpose(-2, -1), ends)
 
     @staticmethod
     def backward(ctx, grad_y):
         x, w, ends = ctx.saved_tensors
-        grad_y = grad_y.contiguous()
-        return torch._grouped_mm(grad_y, w, ends), wgrad_mm(grad_y.t(), x, ends), None
+        need_x, need_w = ctx.needs_input_grad[:2]
+        grad_y = grad_y.to(torch.bfloat16).contiguous()
+        grad_x = torch._grouped_mm(grad_y, w, ends) if need_x else None
+        grad_w = wgrad_mm(grad_y.t(), x, ends) if need_w else None
+        return grad_x, grad_w, None
 
 
-def grouped_mm_apply(x, w, ends, recipe: str, emulated: bool, aligned: bool) -> torch.Tensor:
-    """The op without checks, for callers (the expert module) that padded the groups themselves:
-    ``aligned=True`` promises ``ends`` came from ``pad_token_groups`` with the recipe's alignment."""
-    if recipe == "bf16":
-        return _Bf16GroupedMM.apply(x, w, ends)
-    return _ScaledGroupedMM.apply(x, w, ends, recipe, emulated, aligned)
+def grouped_mm_apply(x, w, ends, step: _Step) -> torch.Tensor:
+    """The op without checks, for callers that padded the groups themselves: ``step.aligned``
+    promises ``ends`` came from ``pad_token_groups`` (or a dispatch) with the recipe's alignment.
+    x (M, K) bf16/fp32 or :class:`QuantizedTokens`; w (E, N, K) bf16/fp32. Returns y (M, N) in the
+    autocast dtype under autocast, else x's dtype (bf16 for quantized tokens)."""
+    tokens = x if isinstance(x, QuantizedTokens) else None
+    if tokens is not None:
+        x = tokens.anchor()
+    dtype = output_dtype(x.dtype, ends.device)
+    if step.recipe == "bf16":
+        y = _Bf16GroupedMM.apply(x.to(torch.bfloat16), w.to(torch.bfloat16), ends)
+    else:
+        y = _ScaledGroupedMM.apply(x, w, ends, step, tokens)
+    return y if y.dtype == dtype else y.to(dtype)
 
 
 def scaled_grouped_mm(
@@ -339,22 +390,30 @@ def scaled_grouped_mm(
     recipe: str = "fp8_rowwise",
     out_dtype: torch.dtype = torch.bfloat16,
     gemm: str = "auto",
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Grouped GEMM ``y[rows of g] = x[rows of g] @ w[g].T`` with low-precision operands (SPEC
     section 8), differentiable in x and w.
 
-    x (M, K) bf16 contiguous; w (E, N, K) bf16 contiguous (one ``nn.Linear`` weight per expert);
+    x (M, K) bf16 or fp32 contiguous, or :class:`QuantizedTokens` of the recipe (the dispatch's q,
+    scales and padded groups: the forward GEMM takes them as they are); w (E, N, K) bf16 or fp32
+    contiguous (one ``nn.Linear`` weight per expert; fp32 master weights are quantized directly);
     ``group_end_offsets`` (E,) int32 on x's device, non-decreasing, last <= M, any group sizes
     (empty groups allowed: their slice of grad_w is 0). Rows of x past the last group's end belong to
     no group: their rows of y and grad_x are unspecified (as with ``torch._grouped_mm``). Returns y
-    (M, N) bf16.
+    (M, N) in the autocast dtype under ``torch.autocast``, else x's dtype (bf16 for quantized
+    tokens); gradients come back in each input's dtype, only those ``needs_input_grad`` asks for.
     Recipes: ``"fp8_rowwise"`` (SPEC section 7 operands; K, N multiples of 16), ``"mxfp8"`` (SPEC
     sections 2-4 operands; K, N multiples of 32), ``"bf16"`` (``torch._grouped_mm``; K, N multiples
     of 8). ``gemm``: ``"auto"`` (native GEMM, or the emulation with a one-time warning),
     ``"native"`` (error where missing) or ``"emulated"`` (see the module docstring and
-    :func:`gemm_path`). No host sync in forward or backward; works under ``torch.compile`` and CUDA
-    graphs.
+    :func:`gemm_path`). ``backend``: the quantization and padding ops' (``"auto"``: the kernels on a
+    supported GPU, the reference on CPU, an error on a CUDA device where the kernels cannot run;
+    ``"reference"`` asks for the slow reference explicitly). No host sync in forward or backward
+    (``backend="reference"`` may sync); works under ``torch.compile`` and CUDA graphs.
     """
-    checks.check_scaled_grouped_mm(x, w, group_end_offsets, recipe, out_dtype, gemm)
-    emulated = gemm_path(recipe, x.device, gemm) == "emulated"
-    return grouped_mm_apply(x, w, group_end_offsets, recipe, emulated, aligned=False)
+    checks.check_scaled_grouped_mm(x, w, group_end_offsets, recipe, out_dtype, gemm, backend)
+    quantized = isinstance(x, QuantizedTokens)
+    emulated = gemm_path(recipe, group_end_offsets.device, gemm) == "emulated"
+    step = _Step(recipe, emulated, aligned=quantized, backend=backend)
+    return grouped_mm_apply(x, w, group_end_offsets, step)

@@ -796,8 +796,9 @@ def ep_dispatch(
 ) -> list[dict]:
     """``dispatch`` on every rank of a simulated group: xs[s] (T, D) bf16 (or (T, k, D): one row
     per pair) and topk_idxs[s] (T, k) of rank s. Returns per rank a dict with ``q`` (rows, D)
-    (bf16, or e4m3 for ``"mxfp8"``), ``scales`` (None, or the M-groups blocked scales of the padded
-    groups, (rows + 128 E_local, Cp)), ``padded_group_start_offsets`` / ``padded_group_end_offsets``
+    (bf16, or e4m3 for ``"mxfp8"`` and ``"fp8_rowwise"``), ``scales`` (None; mxfp8: the M-groups
+    blocked scales of the padded groups, (rows + 128 E_local, Cp); fp8_rowwise: (rows,) fp32, one
+    per row, 1.0 on padding rows), ``padded_group_start_offsets`` / ``padded_group_end_offsets``
     (E_local,) int32 and ``pair_rows`` (``ep_pair_rows`` of the sources, shared)."""
     ranks = len(xs)
     tokens, topk = topk_idxs[0].shape
@@ -825,11 +826,24 @@ def ep_dispatch(
         result["pair_rows"] = pair_rows
         if recipe == "bf16":
             result.update(q=grown, scales=None)
+        elif recipe == "fp8_rowwise":
+            q, scales = _ep_fp8_rows(grown, start, torch.tensor(sizes))
+            result.update(q=q, scales=scales)
         else:
             q, scales = quantize_mxfp8_2d(grown, group_end_offsets=end, scaling_mode=scaling_mode)
             result.update(q=q, scales=scales)
         results.append(result)
     return results
+
+
+def _ep_fp8_rows(grown: Tensor, start: Tensor, sizes: Tensor) -> tuple[Tensor, Tensor]:
+    """fp8_rowwise dispatch rows: every row quantized on its own (section 7, power-of-2 scales) and
+    the padding rows' (and rows past the last group's) scales 1.0."""
+    q, scales = quantize_fp8_2d(grown, axis="row")
+    row = torch.arange(grown.shape[0], device=grown.device)
+    start, sizes = start.to(grown.device, torch.int64), sizes.to(grown.device, torch.int64)
+    data = ((row[:, None] >= start) & (row[:, None] < start + sizes)).any(1)
+    return q, torch.where(data, scales, torch.ones_like(scales))
 
 
 def ep_combine(ys: list[Tensor], pair_rows: list[Tensor], topk_weights: list[Tensor]) -> list[Tensor]:
