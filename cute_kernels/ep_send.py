@@ -273,8 +273,8 @@ class QuantizeScatterKernel(Kernel):
             scales = make(Float8E8M0FNU, (rows, cute.sym_int()), stride_order=(1, 0), assumed_align=16)
         elif variant.recipe == "fp8_rowwise":
             scales = make(Float32, (rows, 1), stride_order=(1, 0), assumed_align=16)
-        else:
-            scales = tags
+        else:  # no scales: a second tag-shaped tensor (the launcher is handed the tags again)
+            scales = make(Int32, (rows, 1), stride_order=(1, 0), assumed_align=16)
         ptrs = [make(Int64, (buffers,), assumed_align=8) for _ in range(3)]
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         return x, dst_index, q, ptrs[0], scales, ptrs[1], tags, ptrs[2], Int32(0), stream
