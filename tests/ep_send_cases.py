@@ -86,8 +86,11 @@ def special_rows(tokens: int, hidden: int, gen: torch.Generator) -> torch.Tensor
 
 
 def expected_moves(x, index, before: dict, recipe: str, rank: int, topk: int, options: dict) -> dict:
-    """The buffers after the send, item by item from the existing quantizers: row t of q (and of
-    the scales) and tag ``rank * T * k + i + 1`` to every valid destination; nothing else changes."""
+    """The buffers after the send (on the CPU), item by item from the existing quantizers: row t of
+    q (and of the scales) and tag ``rank * T * k + i + 1`` to every valid destination; nothing else
+    changes. The quantizers run on x's device: a GPU test passes x on the GPU, because a NaN row
+    scale ``1 / NaN`` has the GPU's NaN bits there (as in tests/test_quantize_fp8_gpu.py) and the
+    host's on the CPU."""
     if recipe == "mxfp8":
         q, s = ref.quantize_mxfp8_2d(x, blocked_scales=False, **options)
     elif recipe == "fp8_rowwise":
@@ -96,10 +99,10 @@ def expected_moves(x, index, before: dict, recipe: str, rank: int, topk: int, op
     else:
         q, s = x, None
     after = {n: [t.clone() for t in ts] for n, ts in before.items()}
-    q, s = bits(q), None if s is None else bits(s)
+    q, s = bits(q).cpu(), None if s is None else bits(s).cpu()
     rows = after["q"][0].shape[0]
     pairs = x.shape[0] * topk
-    for i, d in enumerate(index.tolist()):
+    for i, d in enumerate(index.cpu().tolist()):
         if d < 0 or d >= len(after["q"]) * rows:
             continue
         b, r = divmod(d, rows)

@@ -3,7 +3,8 @@ scales and the tags in R local destination buffers (addressed through a device t
 memory's peers are) equal what the public quantizers and the scatter rules give, item by item
 (``tests/ep_send_cases.expected_moves``), on random data with special values, several T, D, k, R,
 dropped slots and bad indices, dirty buffers (rows no item names keep their bytes); no host sync;
-CUDA-graph capture and replay; the chunk loops of rows longer than one chunk."""
+CUDA-graph capture and replay; the chunk loops of rows longer than one chunk. The expected bytes
+come from the quantizers run on the GPU (NaN row scales carry the device's NaN bits)."""
 
 from __future__ import annotations
 
@@ -46,8 +47,9 @@ def _case(recipe, options, tokens, hidden, topk, ranks, seed, *, rows=None, bad=
     index = destinations(tokens, topk, ranks, rows, gen, bad=bad)
     buffers = make_buffers(recipe, ranks, rows, hidden, seed, device="cuda")
     rank = seed % 7
+    x = x.cuda()
     want = expected_moves(x, index, snapshot(buffers), recipe, rank, topk, options)
-    return x.cuda(), index.cuda(), buffers, rank, want
+    return x, index.cuda(), buffers, rank, want
 
 
 def _skip_width(recipe, hidden):
@@ -95,13 +97,11 @@ def test_many_tokens_and_a_view_of_x():
     tokens, hidden, topk = 70000, 64, 1
     gen = torch.Generator().manual_seed(9)
     big = special_rows(tokens + 2, hidden, gen)
-    x = big[2:]
+    x = big.cuda()[2:]
     index = destinations(tokens, topk, 1, tokens, gen, bad=False)
     buffers = make_buffers("mxfp8", 1, tokens, hidden, 9, device="cuda")
     want = expected_moves(x, index, snapshot(buffers), "mxfp8", 3, topk, {})
-    quantize_and_send(
-        big.cuda()[2:], index.cuda().view(tokens, topk), buffers, recipe="mxfp8", rank=3, topk=topk
-    )
+    quantize_and_send(x, index.cuda().view(tokens, topk), buffers, recipe="mxfp8", rank=3, topk=topk)
     torch.cuda.synchronize()
     assert_buffers_equal(snapshot(buffers), want, "70000 tokens")
 
@@ -133,8 +133,8 @@ def test_cuda_graph_capture_and_replay(recipe, options):
         quantize_and_send(x, index, buffers, recipe=recipe, rank=rank, topk=topk, **options)
     gen = torch.Generator().manual_seed(77)
     for _ in range(2):
-        new_x = special_rows(tokens, hidden, gen)
-        want = expected_moves(new_x, index.cpu(), snapshot(buffers), recipe, rank, topk, options)
+        new_x = special_rows(tokens, hidden, gen).cuda()
+        want = expected_moves(new_x, index, snapshot(buffers), recipe, rank, topk, options)
         x.copy_(new_x)
         graph.replay()
         torch.cuda.synchronize()
