@@ -106,11 +106,23 @@ def _check_kind(name: str, kind: Any, shape: tuple, dtypes: tuple, x: torch.Tens
     return ptrs.numel()
 
 
-def _check(x, dst_index, buffers, recipe, rank, topk, round_scales, scaling_mode) -> None:
+@dataclass(frozen=True)
+class _Options:
+    """The keyword arguments of :func:`quantize_and_send`."""
+
+    recipe: str
+    rank: int
+    topk: int
+    round_scales: bool
+    scaling_mode: str
+
+
+def _check(x, dst_index, buffers, options: _Options) -> None:
     """The arguments of :func:`quantize_and_send` (module docstring), before any launch."""
+    recipe, rank, topk = options.recipe, options.rank, options.topk
     check_choice("recipe", recipe, RECIPES, op=OP)
-    check_choice("scaling_mode", scaling_mode, _SCALING_MODES, op=OP)
-    check_bool("round_scales_to_power_of_2", round_scales, op=OP)
+    check_choice("scaling_mode", options.scaling_mode, _SCALING_MODES, op=OP)
+    check_bool("round_scales_to_power_of_2", options.round_scales, op=OP)
     _check_int("rank", rank, 0)
     _check_int("topk", topk, 1)
     check_tensor("x", x, ndim=2, dtypes=(torch.bfloat16,), op=OP)
@@ -172,9 +184,10 @@ def quantize_and_send(
     rank's index (tags ``rank * T * k + item + 1``); ``topk`` k. Rows no item names are left as
     they are. CUDA (sm_90 / sm_100): one launch on the current stream, no host sync, CUDA-graph
     capturable; CPU: ``reference.ep_quantize_send`` on ``buffers.*.tensors``. Returns nothing."""
-    _check(x, dst_index, buffers, recipe, rank, topk, round_scales_to_power_of_2, scaling_mode)
+    options = _Options(recipe, rank, topk, round_scales_to_power_of_2, scaling_mode)
+    _check(x, dst_index, buffers, options)
     if x.device.type != "cuda":
-        _send_reference(x, dst_index, buffers, recipe, rank, topk, round_scales_to_power_of_2, scaling_mode)
+        _send_reference(x, dst_index, buffers, options)
         return
     mode = scaling_mode if recipe == "mxfp8" else "rceil"
     pow2 = round_scales_to_power_of_2 if recipe == "fp8_rowwise" else True
@@ -187,10 +200,10 @@ def quantize_and_send(
     kernel(x, index, q.own, q.ptrs, s_own, scales.ptrs, tags.own, tags.ptrs, rank)
 
 
-def _send_reference(x, dst_index, buffers, recipe, rank, topk, round_scales, scaling_mode) -> None:
+def _send_reference(x, dst_index, buffers, options: _Options) -> None:
     """The CPU path: the reference's moves on the buffers' local tensors."""
     kinds = {"q": buffers.q, "tags": buffers.tags}
-    if recipe != "bf16":
+    if options.recipe != "bf16":
         kinds["scales"] = buffers.scales
     tensors = {}
     for name, kind in kinds.items():
@@ -208,11 +221,11 @@ def _send_reference(x, dst_index, buffers, recipe, rank, topk, round_scales, sca
         tensors["q"],
         tensors.get("scales"),
         tensors["tags"],
-        recipe=recipe,
-        rank=rank,
-        topk=topk,
-        scaling_mode=scaling_mode,
-        round_scales_to_power_of_2=round_scales,
+        recipe=options.recipe,
+        rank=options.rank,
+        topk=options.topk,
+        scaling_mode=options.scaling_mode,
+        round_scales_to_power_of_2=options.round_scales,
     )
 
 
