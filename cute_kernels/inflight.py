@@ -15,8 +15,9 @@ and counting what a thread issues before it waits for the first of those loads:
   for it at once: that one tile);
 - register-staged loads (every other kernel): everything a thread issues before the first use, e.g.
   32 rows of a column pair (``quantize_32x1``, the FP8 column passes, ``load_blocks`` of them in the
-  cast pass), ``unroll`` steps (``quantize_fp8_row``), ``vectors_per_lane`` vectors (pad / unpad), or
-  the next row block of a window (``swizzle``, loaded while the current one is stored).
+  cast pass), ``unroll`` steps (``quantize_fp8_row``), ``vectors_per_lane`` vectors (pad / unpad),
+  a chunk of ``vectors`` vectors per thread (``ep_send``), or the next row block of a window
+  (``swizzle``, loaded while the current one is stored).
 
 Sizes come from the config's fields and the kernel modules' constants, never restated here. Where
 the count depends on the shape (a row shorter than a load batch or window), it is taken at
@@ -33,6 +34,7 @@ from typing import Any
 from cute_utils.constants import BLOCK_SIZE, TILE_COLS, TILE_ROWS
 
 from . import combine_sum as csum
+from . import ep_send as send
 from . import pad as pad_mod
 from . import quantize as q1x32
 from . import quantize_32x1 as q32x1
@@ -157,6 +159,19 @@ def _combine_sum(variant: csum.CombineSumVariant, config: csum.CombineSumConfig,
     )
 
 
+def _ep_send(variant: send.SendVariant, config: send.SendConfig, cols: int) -> LoadsInFlight:
+    """One token per CTA: a chunk of ``threads x vectors`` 16-byte vectors of its bf16 row, all
+    loads issued before any is used, or the whole row where it is shorter."""
+    row_bytes = cols * 2
+    chunk = config.threads * config.vectors * send.VECTOR * 2
+    return LoadsInFlight(
+        config.threads,
+        min(chunk, row_bytes),
+        f"min({config.threads} thr x {config.vectors} vectors x {send.VECTOR} bf16 x 2 B, "
+        f"{row_bytes} B row at K = {cols})",
+    )
+
+
 def _fp8_row(variant: fp8_row.Fp8RowVariant, config: fp8_row.Fp8RowConfig, cols: int) -> LoadsInFlight:
     """One batch of ``unroll`` steps per thread of each row the CTA works on (a whole CTA per row,
     or a warp per row), capped by the row's steps."""
@@ -206,6 +221,7 @@ _COUNTS: dict[str, Callable[[Any, Any, int], LoadsInFlight]] = {
     "unpad": _pad,
     "row_scatter": _pad,
     "combine_sum": _combine_sum,
+    "ep_send": _ep_send,
     "quantize_fp8_row": _fp8_row,
     "quantize_fp8_col_amax": _fp8_col_amax,
     "quantize_fp8_col_cast": _fp8_col_cast,
@@ -237,6 +253,7 @@ def _representatives() -> dict[str, Callable[[], Any]]:
         "unpad": lambda: pad_mod.RowGatherVariant("int16", pad_mod.VECTOR_BYTES),
         "row_scatter": lambda: pad_mod.RowGatherVariant("bfloat16", pad_mod.VECTOR_BYTES),
         "combine_sum": lambda: csum.CombineSumVariant(),
+        "ep_send": lambda: send.SendVariant("mxfp8"),
         "quantize_fp8_row": lambda: fp8_row.Fp8RowVariant("bfloat16", round_pow2=True, vector=True, rank=2),
         "quantize_fp8_col_amax": lambda: fp8_col.Fp8ColVariant("bfloat16", "plain"),
         "quantize_fp8_col_cast": lambda: fp8_col.Fp8ColVariant("bfloat16", "plain"),
@@ -248,7 +265,7 @@ def representative_variant(name: str) -> Any:
     """The variant kernel ``name`` is benchmarked with: bf16 (E8M0 scales for ``swizzle``),
     ungrouped, 2-D, the scaling mode and scale layout the benches default to (``rceil``, blocked
     scales), vector loads; pad / unpad as their bf16 rows' 16-byte ``int16`` carrier, the row
-    scatter as bf16 rows."""
+    scatter as bf16 rows, the EP send as mxfp8 (rceil)."""
     makers = _representatives()
     if name not in makers:
         raise KeyError(f"no representative variant for kernel {name!r} (known: {', '.join(makers)})")

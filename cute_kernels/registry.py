@@ -68,6 +68,7 @@ KERNELS: dict[str, KernelEntry] = {
         KernelEntry("unpad", "cute_kernels.pad", "UnpadKernel"),
         KernelEntry("row_scatter", "cute_kernels.row_scatter", "RowScatterKernel"),
         KernelEntry("combine_sum", "cute_kernels.combine_sum", "CombineSumKernel"),
+        KernelEntry("ep_send", "cute_kernels.ep_send", "QuantizeScatterKernel"),
         KernelEntry("quantize_fp8_row", "cute_kernels.quantize_fp8", "Fp8RowKernel"),
         KernelEntry("quantize_fp8_col_amax", "cute_kernels.quantize_fp8_col", "Fp8ColAmaxKernel"),
         KernelEntry("quantize_fp8_col_cast", "cute_kernels.quantize_fp8_col", "Fp8ColCastKernel"),

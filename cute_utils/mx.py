@@ -183,3 +183,63 @@ def e4m3x2_into(word: Uint32, high: bool, a: Float32, b: Float32, *, loc=None, i
         ip=ip,
     )
     return Uint32(result)
+
+
+# --- bf16 pairs in 32-bit words (element 2i in the low half of word i, 2i + 1 in the high half) ----
+
+_ABS_MASK_X2 = 0x7FFF7FFF
+_HIGH_HALF = 0xFFFF0000
+
+
+@cute.jit
+def bf16x2_abs_max(words: cute.Tensor) -> Uint32:
+    """Lane-wise (per 16-bit half) max of the bf16 magnitudes in a fragment of Uint32 words, as bf16
+    bits (:func:`max_u16x2`: NaN-propagating, as :func:`abs_bits`)."""
+    m = Uint32(0)
+    for i in cutlass.range_constexpr(cute.size(words)):
+        m = max_u16x2(m, words[i] & Uint32(_ABS_MASK_X2))
+    return m
+
+
+@cute.jit
+def bf16_low(word: Uint32) -> Float32:
+    """The bf16 in the low half of ``word`` as an fp32 (exact)."""
+    return (word << 16).bitcast(Float32)
+
+
+@cute.jit
+def bf16_high(word: Uint32) -> Float32:
+    """The bf16 in the high half of ``word`` as an fp32 (exact)."""
+    return (word & Uint32(_HIGH_HALF)).bitcast(Float32)
+
+
+@cute.jit
+def bf16_halves_max_bits(m: Uint32) -> Int32:
+    """fp32 bits of the larger of the two bf16 magnitudes in ``m`` (from :func:`bf16x2_abs_max`): an
+    amax in the convention of :func:`abs_bits`."""
+    return Int32(cutlass.max(m << 16, m & Uint32(_HIGH_HALF)))
+
+
+@cute.jit
+def bf16_pair_max(a: Uint32, b: Uint32) -> Uint32:
+    """One word of two maxima: the low half the max of ``a``'s two bf16 magnitudes, the high half
+    ``b``'s (two ``prmt`` and one :func:`max_u16x2`), so two blocks' maxima travel in one shuffle."""
+    low = Uint32(cute.arch.prmt(a, b, 0x5410))
+    high = Uint32(cute.arch.prmt(a, b, 0x7632))
+    return max_u16x2(low, high)
+
+
+@cute.jit
+def lane_group_max_u16x2(value: Uint32, lanes: cutlass.Constexpr) -> Uint32:
+    """:func:`lane_group_max` of both 16-bit halves of ``value`` (:func:`max_u16x2`)."""
+    for k in cutlass.range_constexpr(int(math.log2(lanes))):
+        value = max_u16x2(value, Uint32(cute.arch.shuffle_sync_bfly(value, 1 << k)))
+    return value
+
+
+@cute.jit
+def e4m3_bf16x4(w0: Uint32, w1: Uint32, scale: Float32) -> Uint32:
+    """E4M3 bytes of the 4 bf16 in ``w0``, ``w1`` (element order: ``w0`` low, high, ``w1`` low,
+    high), each multiplied by ``scale`` in fp32 first (SPEC sections 2 and 7: ``e4m3(x * scale)``,
+    saturating, RNE, NaN -> 0x7F)."""
+    return e4m3x4(bf16_low(w0) * scale, bf16_high(w0) * scale, bf16_low(w1) * scale, bf16_high(w1) * scale)

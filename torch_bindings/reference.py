@@ -857,3 +857,69 @@ def ep_combine(ys: list[Tensor], pair_rows: list[Tensor], topk_weights: list[Ten
         index = torch.where(where >= 0, where, len(ys) * rows)
         outs.append(weighted_slot_sum(stacked[index], w))
     return outs
+
+
+def ep_send_rows(
+    x: Tensor, *, recipe: str, scaling_mode: str = "rceil", round_scales_to_power_of_2: bool = True
+) -> tuple[Tensor, Tensor | None]:
+    """What the EP sender writes per token row of x (T, D) bf16: ``(q_rows, scale_rows)``.
+
+    ``"mxfp8"``: q (T, D) e4m3 and the plain 1x32 scales (T, D/32) e8m0 of
+    ``quantize_mxfp8_2d(x, blocked_scales=False, scaling_mode=...)``; ``"fp8_rowwise"``: q (T, D)
+    e4m3 and the row scales of ``quantize_fp8_2d(x, axis="row", ...)`` as (T, 1) fp32 (the
+    dequantization multipliers); ``"bf16"``: ``(x, None)``."""
+    if recipe == "mxfp8":
+        return quantize_mxfp8_2d(x, scaling_mode=scaling_mode, blocked_scales=False)
+    if recipe == "fp8_rowwise":
+        q, scales = quantize_fp8_2d(x, axis="row", round_scales_to_power_of_2=round_scales_to_power_of_2)
+        return q, scales.view(-1, 1)
+    if recipe == "bf16":
+        return x, None
+    raise ValueError(f"ep_send_rows: recipe must be 'mxfp8', 'fp8_rowwise' or 'bf16', got {recipe!r}")
+
+
+def ep_send_tags(rank: int, tokens: int, topk: int, device: torch.device | str | None = None) -> Tensor:
+    """(T k, 1) int32 tags of rank ``rank``'s items: ``rank * T * k + item + 1`` (item ``t k + j``:
+    slot j of token t), what combine routes by."""
+    pairs = tokens * topk
+    tags = torch.arange(pairs, dtype=torch.int64, device=device) + (rank * pairs + 1)
+    return tags.to(torch.int32).view(pairs, 1)
+
+
+def ep_quantize_send(
+    x: Tensor,
+    dst_index: Tensor,
+    q_buffers: list[Tensor],
+    scale_buffers: list[Tensor] | None,
+    tag_buffers: list[Tensor],
+    *,
+    recipe: str,
+    rank: int,
+    topk: int,
+    scaling_mode: str = "rceil",
+    round_scales_to_power_of_2: bool = True,
+) -> None:
+    """The sender side of EP dispatch on R buffers per kind (lists of local tensors, all (P, W)):
+    token t of x (T, D) is quantized once (:func:`ep_send_rows`) and item ``i = t k + j`` writes
+    its q row, its scale row (mxfp8: D/32 E8M0 bytes; fp8_rowwise: one fp32) and its tag
+    (:func:`ep_send_tags`) at row ``dst_index[i] % P`` of buffer ``dst_index[i] // P``. A negative
+    index (a dropped slot) and one at or past ``R * P`` write nothing; nothing else is touched.
+    ``dst_index``: T k integers (int32), distinct where valid (two items writing one row leave
+    either's bytes)."""
+    q_rows, scale_rows = ep_send_rows(
+        x, recipe=recipe, scaling_mode=scaling_mode, round_scales_to_power_of_2=round_scales_to_power_of_2
+    )
+    tokens = x.shape[0]
+    index = dst_index.reshape(-1).to(torch.int64)
+    source = torch.arange(tokens * topk, device=index.device) // topk
+    moves = [(q_buffers, q_rows[source.to(q_rows.device)])]
+    if scale_rows is not None:
+        moves.append((scale_buffers, scale_rows[source.to(scale_rows.device)]))
+    moves.append((tag_buffers, ep_send_tags(rank, tokens, topk, index.device)))
+    height = q_buffers[0].shape[0]
+    for b in range(len(q_buffers)):
+        keep = (index >= b * height) & (index < (b + 1) * height)
+        rows = index[keep] - b * height
+        for buffers, items in moves:
+            target = _as_bits(buffers[b])
+            target[rows.to(target.device)] = _as_bits(items)[keep.to(items.device)].to(target.device)

@@ -20,6 +20,7 @@ pad = sm90.pad
 unpad = sm90.unpad
 row_scatter = sm90.row_scatter
 combine_sum = sm90.combine_sum
+ep_send = sm90.ep_send
 quantize_tma = sm90.quantize_tma
 quantize_fp8_col_amax = sm90.quantize_fp8_col_amax
 quantize_fp8_col_cast = sm90.quantize_fp8_col_cast

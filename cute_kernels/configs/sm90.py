@@ -92,6 +92,15 @@ def combine_sum(variant):
     return CombineSumConfig()
 
 
+# EP send (quantize + scatter, notes/ep-quantize-send.md): a CTA per token, 128 threads x 8 vectors
+# of 16 bytes in flight (the whole row up to D = 8192), 8 CTAs per SM (64-register cap). Not yet
+# measured on a GPU: the launch shape follows combine_sum's and the pad kernels' 128-thread CTAs.
+def ep_send(variant):
+    from ..ep_send import SendConfig
+
+    return SendConfig()
+
+
 # --- FP8 rowwise, one scale per row (bench/tune_fp8_rowwise.py; notes/fp8-rowwise-row-kernel.md) ---
 # The bindings pick per K class (quantize_fp8_row_for_shape below); without a shape (the SASS
 # targets CI checks, the registry's default) the kernel takes the heuristic of the benchmarks' K
