@@ -105,6 +105,57 @@ def _check_layers(recipes: tuple, checkpointed: tuple = ()) -> None:
         assert_dispatch_matches(result, want, f"rank {rank} held result {n}")
 
 
+def _check_moe_layer() -> None:
+    """``MoELayer`` across the group: bf16 forward and gradients close to the bf16 chain
+    (all_to_all_single with splits, permute, bf16 experts) with the same router and experts, FP8
+    rowwise close to both; two layers with the second under activation checkpointing give the
+    same gradients as without."""
+    import torch.utils.checkpoint as checkpoint
+
+    from bench.common.moe_chain import bf16_chain
+    from torch_bindings import MoELayer
+
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    tokens, dim, hidden, topk, experts = 128, 256, 128, 4, 4 * ranks
+    torch.manual_seed(100 + rank)
+    layers = {
+        r: MoELayer(dim, hidden, experts, topk, recipe=r, device="cuda") for r in ("bf16", "fp8_rowwise")
+    }
+    dist.broadcast(layers["bf16"].router.weight.data, 0)
+    layers["fp8_rowwise"].load_state_dict(layers["bf16"].state_dict())
+    x0 = torch.randn(tokens, dim, device="cuda").bfloat16()
+
+    def grads(forward, layer):
+        layer.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_()
+        out = forward(x)
+        out.float().square().sum().backward()
+        return [out.detach(), x.grad] + [p.grad for p in layer.parameters()]
+
+    chain = grads(lambda a: bf16_chain(layers["bf16"], a), layers["bf16"])
+    ours = grads(layers["bf16"], layers["bf16"])
+    fp8 = grads(layers["fp8_rowwise"], layers["fp8_rowwise"])
+    for a, b, c in zip(ours, chain, fp8, strict=True):
+        assert sqnr(a, b) >= 35.0, (rank, "MoELayer bf16 vs chain", sqnr(a, b))
+        assert sqnr(c, b) >= 18.0, (rank, "MoELayer fp8_rowwise vs chain", sqnr(c, b))
+    pair = torch.nn.ModuleList([layers["bf16"], layers["fp8_rowwise"]])
+
+    def two(checkpointed):
+        pair.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_()
+        h = pair[0](x)
+        h = checkpoint.checkpoint(pair[1], h, use_reentrant=False) if checkpointed else pair[1](h)
+        h.float().square().sum().backward()
+        return [x.grad] + [p.grad for p in pair.parameters()]
+
+    assert_grads_equal(two(True), two(False), f"rank {rank} MoELayer checkpoint")
+
+
+def sqnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    return float(10 * torch.log10(b.square().sum() / (a - b).square().sum().clamp_min(1e-30)))
+
+
 def main() -> None:
     dist.init_process_group("nccl")
     rank, ranks = dist.get_rank(), dist.get_world_size()
@@ -127,6 +178,8 @@ def main() -> None:
     ):
         _check_layers(recipes, checkpointed)
         cases += 1
+    _check_moe_layer()
+    cases += 1
     # Steady state: buffers exist, so nothing may sync the host.
     dev = torch.device("cuda", torch.cuda.current_device())
     x = torch.randn(256, 512, device=dev).bfloat16()

@@ -104,8 +104,8 @@ def test_ep_shared_rows_are_accepted():
     from torch_bindings import ep
 
     pool = ep.LocalPool(2, torch.device("cpu"))
-    specs = buffer_specs("mxfp8", 12, 64)
-    kinds = {name: pool.get(1, name, *spec) for name, spec in specs.items()}
+    slot = pool.acquire("test", buffer_specs("mxfp8", 12, 64))
+    kinds = slot.views[1]
     buffers = SendBuffers(kinds["q"], kinds["scales"], kinds["tags"])
     x = torch.randn(4, 64).bfloat16()
     index = torch.tensor([0, 13, -1, 23, 5, 12, 7, 20], dtype=torch.int32)

@@ -44,8 +44,7 @@ import torch
 from cute_utils.constants import SCATTER_VARIANTS
 
 from . import checks, reference, targets
-from .quantize import quantize_mxfp8_2d
-from .quantize_fp8 import quantize_fp8_2d
+from .ep_send import SendBuffers, buffer_specs, quantize_and_send
 from .swizzle import swizzle_scales
 
 RECIPES = checks.EP_RECIPES
@@ -493,24 +492,14 @@ class DispatchResult:
         )
 
 
-#: Scale rows each recipe sends beside q: (width, dtype) per row (fp8_rowwise: the fp32 scale's bits).
-_SCALE_ROWS = {
-    "mxfp8": (lambda d: d // 32, torch.float8_e8m0fnu),
-    "fp8_rowwise": (lambda d: 1, torch.int32),
-}
-
-
 def _dispatch_kinds(shape: EpShape) -> dict[str, tuple]:
-    """The buffers a dispatch of ``shape`` writes, by name -> (shape, dtype): ``q`` (rows, D) bf16 or
-    e4m3, ``s`` the scale rows (mxfp8: (rows, D/32) e8m0; fp8_rowwise: (rows, 1) int32, an fp32
-    scale's bits) and ``tags``
-    (rows, 1) int32."""
-    rows, d = shape.rows, shape.hidden
-    q_dtype = torch.bfloat16 if shape.recipe == "bf16" else torch.float8_e4m3fn
-    kinds = {"q": ((rows, d), q_dtype), "tags": ((rows, 1), torch.int32)}
-    if shape.recipe in _SCALE_ROWS:
-        width, dtype = _SCALE_ROWS[shape.recipe]
-        kinds["s"] = ((rows, width(d)), dtype)
+    """The buffers a dispatch of ``shape`` writes, by name -> (shape, dtype)
+    (``ep_send.buffer_specs``): ``q`` (rows, D) bf16 or e4m3, ``s`` the scale rows (mxfp8:
+    (rows, D/32) e8m0; fp8_rowwise: (rows, 1) fp32) and ``tags`` (rows, 1) int32."""
+    specs = buffer_specs(shape.recipe, shape.rows, shape.hidden)
+    kinds = {"q": specs["q"], "tags": specs["tags"]}
+    if "scales" in specs:
+        kinds["s"] = specs["scales"]
     return kinds
 
 
@@ -524,23 +513,15 @@ def send_dispatch(
     x: torch.Tensor, lay: Layout, bufs: dict, shape: EpShape, rank: int, scaling_mode: str
 ) -> None:
     """Step 4: this rank's pairs (x (T, D), or (T, k, D): one row per pair) into the receivers'
-    buffers: q (mxfp8 / fp8_rowwise: quantized once per row here, then q and its scale rows), and
-    the tags."""
-    pairs = _arange(shape.pairs, x.device)
-    src_rows = pairs if x.dim() == 3 else pairs // shape.topk
+    buffers in one launch (``ep_send.quantize_and_send``: each token read and, for mxfp8 /
+    fp8_rowwise, quantized once, then written with its scale row to each of its k destinations),
+    and the tags ``rank * P + pair + 1``."""
     rows2d = x.reshape(-1, x.shape[-1])
-    if shape.recipe == "mxfp8":
-        q, s = quantize_mxfp8_2d(rows2d, scaling_mode=scaling_mode, blocked_scales=False)
-    elif shape.recipe == "fp8_rowwise":
-        q, s = quantize_fp8_2d(rows2d, axis="row")
-        s = s.view(torch.int32).view(-1, 1)  # moved as its bits
-    else:
-        q, s = rows2d, None
-    scatter_rows(q, bufs["q"], src_rows, lay.dst_index)
-    if s is not None:
-        scatter_rows(s, bufs["s"], src_rows, lay.dst_index)
-    tags = (pairs + (rank * shape.pairs + 1)).view(-1, 1)
-    scatter_rows(tags, bufs["tags"], pairs, lay.dst_index)
+    topk = 1 if x.dim() == 3 else shape.topk
+    buffers = SendBuffers(bufs["q"], bufs.get("s"), bufs["tags"])
+    quantize_and_send(
+        rows2d, lay.dst_index, buffers, recipe=shape.recipe, rank=rank, topk=topk, scaling_mode=scaling_mode
+    )
 
 
 def zero_padding(lay: Layout, bufs: dict, recipe: str) -> None:
@@ -551,9 +532,16 @@ def zero_padding(lay: Layout, bufs: dict, recipe: str) -> None:
     for name, rows in bufs.items():
         if name == "s" and recipe == "fp8_rowwise":
             ones = _ones_bits(rows.own.shape[0], rows.own.device)
-            scatter_rows(ones, rows, _arange(ones.shape[0], ones.device), lay.zero_index, local=True)
+            bits = _as_int32(rows)
+            scatter_rows(ones, bits, _arange(ones.shape[0], ones.device), lay.zero_index, local=True)
         else:
             scatter_rows(rows.own, rows, none, lay.zero_index, local=True)
+
+
+def _as_int32(rows: SharedRows) -> SharedRows:
+    """fp32 scale rows seen as their int32 bits (the row scatter moves 4-byte words)."""
+    tensors = None if rows.tensors is None else [t.view(torch.int32) for t in rows.tensors]
+    return SharedRows(rows.own.view(torch.int32), rows.ptrs, rows.self_ptr, tensors)
 
 
 _INDEX_TENSORS: dict[tuple, torch.Tensor] = {}
@@ -617,7 +605,7 @@ def finish_dispatch(lay: Layout, bufs: dict, shape: EpShape, rank: int) -> Dispa
         scales = swizzle_scales(plain, group_end_offsets=lay.padded_end, groups="M")
         plain = plain.view(plain.shape)
     elif shape.recipe == "fp8_rowwise":
-        scales = bufs["s"].own.view(torch.float32).view(-1).clone()
+        scales = bufs["s"].own.view(-1).clone()
     tags = bufs["tags"].own.view(-1).clone()
     q = bufs["q"].own
     return DispatchResult(
