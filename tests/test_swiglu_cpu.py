@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import torch_bindings
 from cute_utils.constants import SWIGLU_CLAMP
 from torch_bindings import reference as R
 
@@ -225,9 +226,16 @@ BF16 = torch.bfloat16
     ],
 )
 def test_forward_errors(h13, error, match):
-    for run in (R.swiglu_quantize_fp8,):
+    for run in (R.swiglu_quantize_fp8, torch_bindings.swiglu_quantize_fp8):
         with pytest.raises(error, match=f"swiglu_quantize_fp8: {match}"):
             run(h13)
+
+
+def test_forward_rounding_flag_error():
+    with pytest.raises(TypeError, match="swiglu_quantize_fp8: round_scales_to_power_of_2 must be a bool"):
+        torch_bindings.swiglu_quantize_fp8(torch.zeros(2, 8, dtype=BF16), round_scales_to_power_of_2=1)
+    with pytest.raises(ValueError, match="swiglu_quantize_fp8: backend must be one of"):
+        torch_bindings.swiglu_quantize_fp8(torch.zeros(2, 8, dtype=BF16), backend="triton")
 
 
 @pytest.mark.parametrize(
@@ -269,6 +277,92 @@ def test_forward_errors(h13, error, match):
     ],
 )
 def test_backward_errors(grad_h, h13, error, match):
-    for run in (R.swiglu_backward_quantize_fp8,):
+    for run in (R.swiglu_backward_quantize_fp8, torch_bindings.swiglu_backward_quantize_fp8):
         with pytest.raises(error, match=f"swiglu_backward_quantize_fp8: {match}"):
             run(grad_h, h13)
+
+
+def test_public_ops_on_cpu_run_the_reference():
+    h13 = _random_h13(9, 40, 7)
+    grad = _random_h13(9, 20, 8)
+    for backend in ("auto", "reference"):
+        got = torch_bindings.swiglu_quantize_fp8(h13, backend=backend)
+        for a, b in zip(got, R.swiglu_quantize_fp8(h13), strict=True):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        got = torch_bindings.swiglu_backward_quantize_fp8(
+            grad, h13, round_scales_to_power_of_2=False, backend=backend
+        )
+        want = R.swiglu_backward_quantize_fp8(grad, h13, round_scales_to_power_of_2=False)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    with pytest.raises(RuntimeError, match="swiglu_quantize_fp8: backend='cute' cannot run here"):
+        torch_bindings.swiglu_quantize_fp8(h13, backend="cute")
+
+
+def test_fake_implementations():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        h13 = torch.empty(300, 2 * 72, dtype=BF16)
+        h, q, s = torch.ops.cute_kernels.swiglu_quantize_fp8(h13, True)
+        g13, q2, s2 = torch.ops.cute_kernels.swiglu_backward_quantize_fp8(
+            torch.empty(300, 72, dtype=BF16), h13, False
+        )
+    assert (h.shape, h.dtype, q.shape, q.dtype, s.shape, s.dtype) == (
+        (300, 72),
+        BF16,
+        (300, 72),
+        torch.float8_e4m3fn,
+        (300,),
+        torch.float32,
+    )
+    assert (g13.shape, g13.dtype, q2.shape, q2.dtype, s2.shape) == (
+        (300, 144),
+        BF16,
+        (300, 144),
+        torch.float8_e4m3fn,
+        (300,),
+    )
+
+
+class _Recorder(dict):
+    """A CPU target's kernel table whose kernels record their key and arguments and launch nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def get(self, key, default=None):
+        return lambda *args: self.calls.append((key, args))
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_launcher_variants_and_empty_shapes(backward):
+    from torch_bindings import swiglu, targets
+
+    target = targets.DeviceTarget("sm_90a", 132, device=torch.device("cpu"))
+    target.kernels = _Recorder()
+    op = swiglu._SWIGLU_BWD if backward else swiglu._SWIGLU_FWD
+
+    def call(h13, grad=None):
+        args = (grad if grad is not None else torch.zeros(h13.shape[0], h13.shape[1] // 2, dtype=BF16), h13)
+        return op.run(target, *args, True) if backward else op.run(target, h13, True)
+
+    aligned = torch.zeros(4, 2 * 64, dtype=BF16)
+    odd = torch.zeros(4, 2 * 20, dtype=BF16)
+    shifted = torch.zeros(4 * 128 + 8, dtype=BF16)[1 : 1 + 4 * 128].view(4, 128)
+    for h13, vector in ((aligned, True), (odd, False), (shifted, False)):
+        out, q, scales = call(h13)
+        key, args = target.kernels.calls.pop()
+        assert key == ("swiglu_fp8", "bwd" if backward else "fwd", True, vector)
+        assert args[0] is h13 and args[1] is out and args[2] is q and args[3] is scales
+        assert (args[4] is not None) == backward
+        assert out.shape == ((4, h13.shape[1]) if backward else (4, h13.shape[1] // 2)) and out.dtype == BF16
+        assert q.shape == out.shape and q.dtype == torch.float8_e4m3fn and scales.shape == (4,)
+    if backward:  # a misaligned grad_h takes the element steps too
+        call(aligned, misaligned_grad := torch.zeros(4 * 64 + 8, dtype=BF16)[1 : 1 + 4 * 64].view(4, 64))
+        assert target.kernels.calls.pop()[0][3] is False and misaligned_grad.data_ptr() % 16
+    _, _, scales = call(torch.zeros(3, 0, dtype=BF16))
+    assert scales.tolist() == [1.0] * 3 and not target.kernels.calls  # rows of no columns: no launch
+    out, _, scales = call(torch.zeros(0, 16, dtype=BF16))
+    assert out.shape[0] == 0 and scales.shape == (0,) and not target.kernels.calls
