@@ -366,3 +366,13 @@ def test_launcher_variants_and_empty_shapes(backward):
     assert scales.tolist() == [1.0] * 3 and not target.kernels.calls  # rows of no columns: no launch
     out, _, scales = call(torch.zeros(0, 16, dtype=BF16))
     assert out.shape[0] == 0 and scales.shape == (0,) and not target.kernels.calls
+
+
+def test_bench_bytes_and_exit_without_a_gpu(capsys):
+    from bench import bench_swiglu
+
+    assert bench_swiglu.moved_bytes("fwd", 16384, 2048) == 16384 * 2048 * 7 + 4 * 16384
+    assert bench_swiglu.moved_bytes("bwd", 3, 8) == 3 * 8 * 12 + 12
+    if not torch.cuda.is_available():
+        assert bench_swiglu.main(["--quick"]) == 2
+        assert capsys.readouterr().err.count("\n") == 1
