@@ -62,3 +62,16 @@ def test_variant_and_config_validate():
     assert SwigluFp8Kernel.can_implement(13, False, 2)
     assert SwigluFp8Kernel.can_implement(16, True, 0, 32) and not SwigluFp8Kernel.can_implement(16, True, 8)
     assert not SwigluFp8Kernel.can_implement(12, True, 0)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_warp_per_row_config_builds_without_local_memory(direction):
+    """The other launch shape of the config (a warp per row), which no default takes."""
+    from cute_kernels.swiglu import SwigluConfig, SwigluFp8Kernel, SwigluVariant
+    from cute_utils.sass import compile_options, cubin_of, resource_usage
+
+    config = SwigluConfig(threads=128, unroll=2, ctas_per_sm=4, row_per_cta=False)
+    compiled = SwigluFp8Kernel.compile(
+        SwigluVariant(direction), "sm_90a", config=config, options=compile_options("sm_90a")
+    )
+    assert not any(f["local_bytes"] for f in resource_usage(cubin_of(compiled)).values())

@@ -217,3 +217,36 @@ def test_wrong_inputs_raise_before_a_launch():
         torch_bindings.swiglu_backward_quantize_fp8(torch.zeros(4, 8, dtype=BF16), h13)
     with pytest.raises(ValueError, match="grad_h must have the shape"):
         torch_bindings.swiglu_backward_quantize_fp8(h13, h13)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("vector", [True, False])
+def test_other_launch_shapes(direction, vector):
+    """Configs no default takes (a warp per row; one step per batch), called through the compiled
+    kernel directly, bytes equal to the reference."""
+    from cute_kernels import registry
+    from cute_kernels.swiglu import SwigluConfig, SwigluVariant
+    from torch_bindings.backend import kernel_arch
+
+    arch, _ = kernel_arch(torch.device("cuda"))
+    rows, half = 37, 1032 if vector else 1031
+    h13, grad = _inputs(rows, half, 12)
+    out_cols = 2 * half if direction == "bwd" else half
+    want = (
+        reference.swiglu_backward_quantize_fp8(grad, h13)
+        if direction == "bwd"
+        else reference.swiglu_quantize_fp8(h13)
+    )
+    for config in (
+        SwigluConfig(threads=128, unroll=2, ctas_per_sm=4, row_per_cta=False),
+        SwigluConfig(threads=64, unroll=1, ctas_per_sm=4, row_per_cta=True),
+    ):
+        kernel = registry.entry("swiglu_fp8").compile(
+            SwigluVariant(direction, True, vector), arch, config=config
+        )
+        out = torch.full((rows, out_cols), 7.0, dtype=BF16, device="cuda")
+        q = torch.full((rows, out_cols), 0x55, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+        scales = torch.full((rows,), -1.0, device="cuda")
+        kernel(h13, out, q, scales, grad if direction == "bwd" else None)
+        for name, a, b in zip(("out", "q", "scales"), (out, q, scales), want, strict=True):
+            assert_same_bytes(a, b, f"{config}: {name}")
