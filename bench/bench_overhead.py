@@ -8,7 +8,8 @@ microseconds, so the host is the bottleneck), one call of each in turn, median o
 Ops: ``swizzle_scales`` (plain, M-groups, K-groups), ``quantize_mxfp8_2d`` (1x32 plain scales,
 blocked, M-groups; 32x1), ``quantize_mxfp8_2d_dual``, ``quantize_mxfp8_3d`` (1x32, 32x1),
 ``pad_token_groups``, ``unpad_token_groups`` (with ``num_tokens``, the no-sync form),
-``pad_and_quantize_mxfp8_2d``, ``quantize_fp8_2d(axis="row")`` and ``quantize_fp8_3d(axis="K")``.
+``pad_and_quantize_mxfp8_2d``, ``quantize_fp8_2d(axis="row")``, ``quantize_fp8_3d(axis="K")``,
+``swiglu_quantize_fp8`` and ``swiglu_backward_quantize_fp8``.
 An op that raises gets a row saying so. The last rows time the
 ``torch.ops`` custom-op dispatch (the ``torch.compile`` path) and bare allocations, for scale.
 """
@@ -82,6 +83,7 @@ def op_cases(device: torch.device) -> dict[str, Callable[[], object]]:
     x = torch.randn(256, 256, dtype=torch.bfloat16, device=device)
     w = torch.randn(2, 128, 256, dtype=torch.bfloat16, device=device)
     padded, start, _ = tb.pad_token_groups(x, ends)
+    h13 = torch.randn(256, 512, dtype=torch.bfloat16, device=device)
     return {
         "swizzle_scales plain": lambda: tb.swizzle_scales(scales),
         "swizzle_scales M-groups": lambda: tb.swizzle_scales(scales, group_end_offsets=ends),
@@ -98,6 +100,8 @@ def op_cases(device: torch.device) -> dict[str, Callable[[], object]]:
         "pad_and_quantize_mxfp8_2d": lambda: tb.pad_and_quantize_mxfp8_2d(x, ends),
         "quantize_fp8_2d row": lambda: tb.quantize_fp8_2d(x),
         "quantize_fp8_3d K": lambda: tb.quantize_fp8_3d(w),
+        "swiglu_quantize_fp8": lambda: tb.swiglu_quantize_fp8(h13),
+        "swiglu_backward_quantize_fp8": lambda: tb.swiglu_backward_quantize_fp8(x, h13),
     }
 
 

@@ -41,6 +41,7 @@ from . import quantize_32x1 as q32x1
 from . import quantize_dual as dual
 from . import quantize_fp8 as fp8_row
 from . import quantize_fp8_col as fp8_col
+from . import swiglu as swg
 from . import swizzle as swz
 from .experimental import quantize_tma as tma
 
@@ -212,6 +213,22 @@ def _fp8_col_cast(
     return _col_pass(variant.dtype, config.load_blocks)
 
 
+def _swiglu(variant: swg.SwigluVariant, config: swg.SwigluConfig, cols: int) -> LoadsInFlight:
+    """One batch of ``unroll`` steps per thread of each row the CTA works on, capped by the row's
+    steps (``cols`` = H, the gate / up width), each step's inputs: gate and up (and grad_h), bf16."""
+    width = swg.VECTOR if variant.vector else 1
+    inputs = 3 if variant.direction == "bwd" else 2
+    row_threads = config.threads if config.row_per_cta else _WARP
+    rows = 1 if config.row_per_cta else config.threads // _WARP
+    steps = min(row_threads * config.unroll, -(-cols // width))
+    return LoadsInFlight(
+        config.threads,
+        rows * steps * inputs * width * 2,
+        f"{rows} row(s) x min({row_threads} thr x {config.unroll} unroll, H = {cols} / {width}) steps x "
+        f"{inputs} inputs x {width} elem x 2 B (compute pass; the cast pass re-reads bf16 outputs from L2)",
+    )
+
+
 _COUNTS: dict[str, Callable[[Any, Any, int], LoadsInFlight]] = {
     "swizzle": _swizzle,
     "quantize_1x32": _quantize_1x32,
@@ -226,6 +243,7 @@ _COUNTS: dict[str, Callable[[Any, Any, int], LoadsInFlight]] = {
     "quantize_fp8_col_amax": _fp8_col_amax,
     "quantize_fp8_col_cast": _fp8_col_cast,
     "quantize_tma": _quantize_tma,
+    "swiglu_fp8": _swiglu,
 }
 
 
@@ -258,6 +276,7 @@ def _representatives() -> dict[str, Callable[[], Any]]:
         "quantize_fp8_col_amax": lambda: fp8_col.Fp8ColVariant("bfloat16", "plain"),
         "quantize_fp8_col_cast": lambda: fp8_col.Fp8ColVariant("bfloat16", "plain"),
         "quantize_tma": lambda: tma.TmaVariant("bfloat16", "rceil", q1x32.ScaleLayout.BLOCKED),
+        "swiglu_fp8": lambda: swg.SwigluVariant("fwd", round_pow2=True, vector=True),
     }
 
 
@@ -265,7 +284,8 @@ def representative_variant(name: str) -> Any:
     """The variant kernel ``name`` is benchmarked with: bf16 (E8M0 scales for ``swizzle``),
     ungrouped, 2-D, the scaling mode and scale layout the benches default to (``rceil``, blocked
     scales), vector loads; pad / unpad as their bf16 rows' 16-byte ``int16`` carrier, the row
-    scatter as bf16 rows, the EP send as mxfp8 (rceil)."""
+    scatter as bf16 rows, the EP send as mxfp8 (rceil), SwiGLU + FP8 as its forward with
+    power-of-2 scales."""
     makers = _representatives()
     if name not in makers:
         raise KeyError(f"no representative variant for kernel {name!r} (known: {', '.join(makers)})")

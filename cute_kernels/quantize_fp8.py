@@ -75,7 +75,7 @@ def _rows(t: cute.Tensor) -> cute.Tensor:
 
 
 @cute.jit
-def _cta_max(amax: Int32, warp_max: cute.Tensor, tid: Int32, warps: cutlass.Constexpr) -> Int32:
+def cta_max(amax: Int32, warp_max: cute.Tensor, tid: Int32, warps: cutlass.Constexpr) -> Int32:
     """Max of every warp's ``amax`` (each already warp-reduced), through shared memory."""
     if tid % _WARP == 0:
         warp_max[tid // _WARP] = amax
@@ -85,7 +85,7 @@ def _cta_max(amax: Int32, warp_max: cute.Tensor, tid: Int32, warps: cutlass.Cons
     return amax
 
 
-def _steps(t: cute.Tensor, width: int) -> cute.Tensor:
+def row_steps(t: cute.Tensor, width: int) -> cute.Tensor:
     """(rows, K / width, width) view of a row-major (rows, K) tensor: ``[r, v, None]`` is step v."""
     rows, cols = t.shape
     layout = cute.make_layout((rows, cols // width, width), stride=(t.stride[0], width, 1))
@@ -174,10 +174,10 @@ class Fp8RowKernel(Kernel):
         warp_max = smem.allocate_tensor(Int32, cute.make_layout(self.warps), 16)
         rows, cols = x.shape
         if row < rows:  # uniform over a CTA that shares a row (the grid has one CTA per row)
-            x_steps, q_steps = _steps(x, self.width), _steps(q, self.width)
+            x_steps, q_steps = row_steps(x, self.width), row_steps(q, self.width)
             amax = self._row_amax(x_steps, row, part)
             if cutlass.const_expr(self.config.row_per_cta):
-                amax = _cta_max(amax, warp_max, tid, self.warps)
+                amax = cta_max(amax, warp_max, tid, self.warps)
             q_scale = fp8_quant_scale(amax, self.variant.round_pow2)
             if part == 0:
                 scale = reciprocal_rn(q_scale)
@@ -232,4 +232,4 @@ class Fp8RowKernel(Kernel):
                     cute.autovec_copy(q_frag, q_steps[row, v, None])
 
 
-__all__ = ["DTYPES", "Fp8RowConfig", "Fp8RowKernel", "Fp8RowVariant"]
+__all__ = ["DTYPES", "Fp8RowConfig", "Fp8RowKernel", "Fp8RowVariant", "cta_max", "row_steps"]

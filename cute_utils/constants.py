@@ -4,6 +4,8 @@ The MX format's block, the blocked scale layout's tile, and the group limits of 
 scans. The bindings, the reference and the kernels import them from here.
 """
 
+import struct
+
 #: Elements per MX scale block (SPEC section 2): 1x32 along K, 32x1 along M.
 BLOCK_SIZE = 32
 #: FP8 rowwise (SPEC section 7): the AND mask that rounds an fp32 scale down to a power of 2 (its
@@ -46,3 +48,22 @@ SCATTER_VARIANTS = (
     ("bfloat16", 4),
     ("int32", 4),
 )
+
+# --- SwiGLU with exact fp32 operations (cute_utils/swiglu_math.py, torch_bindings.reference) ---
+#: |g| is clamped to this before exp(-|g|): past it silu(g < 0) rounds to -0 and exp(-|g|) is
+#: below every fp32 that can change 1 + e, so the clamp changes no result.
+SWIGLU_CLAMP = 112.0
+#: fp32 bit patterns: log2(e), ln(2) split Cody-Waite style (LN2_HI has 15 significant bits, so
+#: n * LN2_HI is exact for |n| <= 256), and the degree-6 polynomial p(r) = 1 + r + c2 r^2 + ... +
+#: c6 r^6 ~ exp(r) on |r| <= ln(2) / 2 (c2..c6; a relative-error minimax fit, 0.05 fp32 ulp).
+SWIGLU_LOG2E_BITS = 0x3FB8AA3B
+SWIGLU_LN2_HI_BITS = 0x3F317200
+SWIGLU_LN2_LO_BITS = 0x35BFBE8E
+SWIGLU_EXP_COEFF_BITS = (0x3EFFFFFE, 0x3E2AAA49, 0x3D2AAC79, 0x3C091CF0, 0x3AB51218)
+#: The one bf16 NaN the SwiGLU ops write (any NaN result; PyTorch's CPU and CUDA conversions differ).
+SWIGLU_BF16_NAN_BITS = 0x7FC0
+
+
+def f32_of_bits(bits: int) -> float:
+    """The fp32 value whose bit pattern is ``bits`` (a Python float: exact)."""
+    return struct.unpack("<f", struct.pack("<I", bits))[0]

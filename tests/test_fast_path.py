@@ -27,6 +27,7 @@ from torch_bindings import (
     quantize_3d,
     quantize_dual,
     quantize_fp8,
+    swiglu,
     swizzle,
     targets,
 )
@@ -208,6 +209,30 @@ def byte_rows() -> list[Any]:
     ]
 
 
+def swiglu_h13() -> list[Any]:
+    """h13 (M, 2H) candidates: those of :func:`quant_x` and an odd last dim."""
+    return [*quant_x(), torch.zeros(64, 7, dtype=BF16), torch.zeros(0, 7, dtype=BF16)]
+
+
+def swiglu_grads() -> list[Any]:
+    """grad_h (M, H) candidates for the h13 of :func:`swiglu_h13`: matching (M, H) of several of
+    them, wrong shapes, dtypes, strides, devices and alignment."""
+    return [
+        torch.zeros(64, 32, dtype=BF16),
+        torch.zeros(64, 20, dtype=BF16),
+        torch.zeros(0, 32, dtype=BF16),
+        torch.zeros(64, 0, dtype=BF16),
+        torch.zeros(40, 32, dtype=BF16),
+        torch.zeros(64, 64, dtype=BF16),
+        torch.zeros(64, 32, dtype=F32),
+        torch.zeros(64, 32, dtype=BF16, device="meta"),
+        torch.zeros(32, 64, dtype=BF16).t(),
+        torch.zeros(64, 48, dtype=BF16)[:, :32],  # rows padded
+        torch.zeros(2, 64, 32, dtype=BF16),
+        misaligned(64, 32),
+    ]
+
+
 ALIGNMENTS = [16, 32, 128, 48, "32", True]
 STARTS = [
     torch.tensor([0, 32], dtype=I32),
@@ -281,6 +306,8 @@ OPS: dict[str, tuple[Any, Callable[[], list[list[Any]]], Callable[[tuple], bool]
         # (E, 1, K) rows: run gives the size-1 dim a row stride first
         lambda args: isinstance(args[0], torch.Tensor) and args[0].dim() == 3 and args[0].shape[1] == 1,
     ),
+    "swiglu_quantize_fp8": (swiglu._SWIGLU_FWD, lambda: [swiglu_h13(), FLAGS], None),
+    "swiglu_backward_quantize_fp8": (swiglu._SWIGLU_BWD, lambda: [swiglu_grads(), swiglu_h13(), FLAGS], None),
 }
 
 

@@ -23,6 +23,7 @@ from torch_bindings import (
     quantize_3d,
     quantize_dual,
     quantize_fp8,
+    swiglu,
     swizzle,
     targets,
 )
@@ -127,6 +128,13 @@ VIEWS: list[tuple[str, Any, Callable[[], tuple]]] = [
     ("FP8 dual, rows padded", quantize_fp8._QUANTIZE_DUAL, lambda: (_rows_padded(_x()), None, True)),
     ("FP8 3D K, every other expert", quantize_fp8._QUANTIZE_3D, lambda: (_w_sliced(), "K", True)),
     ("FP8 3D N, every other expert", quantize_fp8._QUANTIZE_3D, lambda: (_w_sliced(), "N", True)),
+    ("SwiGLU, h13 rows padded", swiglu._SWIGLU_FWD, lambda: (_rows_padded(_x()), True)),
+    ("SwiGLU bwd, grad_h rows padded", swiglu._SWIGLU_BWD, lambda: (_rows_padded(_x()[:, :128]), _x(), True)),
+    (
+        "SwiGLU bwd, h13 rows padded",
+        swiglu._SWIGLU_BWD,
+        lambda: (_x()[:, :128].contiguous(), _rows_padded(_x()), True),
+    ),
 ]
 
 
@@ -213,4 +221,6 @@ def _valid_args(op: Any) -> tuple:
         quantize_fp8._QUANTIZE_2D.name: (_x(), "row", None, True),
         quantize_fp8._QUANTIZE_DUAL.name: (_x(), None, True),
         quantize_fp8._QUANTIZE_3D.name: (_w_sliced().contiguous(), "K", True),
+        swiglu._SWIGLU_FWD.name: (_x(), True),
+        swiglu._SWIGLU_BWD.name: (_x()[:, :128].contiguous(), _x(), True),
     }[op.name]

@@ -21,6 +21,7 @@ from .quantize_3d import quantize_mxfp8_3d
 from .quantize_dual import quantize_mxfp8_2d_dual
 from .quantize_fp8 import quantize_fp8_2d, quantize_fp8_2d_dual, quantize_fp8_3d
 from .reference import check_group_end_offsets
+from .swiglu import swiglu_backward_quantize_fp8, swiglu_quantize_fp8
 from .swizzle import swizzle_scales
 from .tokens import QuantizedTokens
 
@@ -44,6 +45,8 @@ __all__ = [
     "quantize_mxfp8_3d",
     "reference",
     "scaled_grouped_mm",
+    "swiglu_backward_quantize_fp8",
+    "swiglu_quantize_fp8",
     "swizzle_scales",
     "unpad_token_groups",
 ]

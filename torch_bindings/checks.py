@@ -52,6 +52,9 @@ __all__ = [
     "check_quantize_fp8_2d",
     "check_quantize_fp8_2d_dual",
     "check_quantize_fp8_3d",
+    "check_swiglu_backward_quantize_fp8",
+    "check_swiglu_quantize_fp8",
+    "SWIGLU_DTYPES",
     "FP8_AXES_2D",
     "FP8_AXES_3D",
     "MAX_KERNEL_GROUPS",
@@ -545,6 +548,46 @@ def check_quantize_fp8_3d(w: Any, axis: Any, round_scales: Any, *, op: str = "qu
     """``quantize_fp8_3d``: w (E, N, K) bf16/fp32 contiguous; ``axis`` "K" or "N"."""
     check_tensor("w", w, ndim=3, dtypes=QUANT_DTYPES, op=op)
     check_choice("axis", axis, FP8_AXES_3D, op=op)
+    check_bool("round_scales_to_power_of_2", round_scales, op=op)
+
+
+# ----------------------------------------------------------------------------------------------
+# SwiGLU fused with FP8 rowwise quantization
+# ----------------------------------------------------------------------------------------------
+
+SWIGLU_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16,)
+
+
+def _check_h13(h13: Any, op: str) -> None:
+    check_tensor("h13", h13, ndim=2, dtypes=SWIGLU_DTYPES, op=op)
+    if h13.shape[1] % 2:
+        raise ValueError(
+            f"{op}: h13's last dim must be even (gate columns [0, H), up columns [H, 2H)), got "
+            f"{describe(h13)}"
+        )
+
+
+def check_swiglu_quantize_fp8(h13: Any, round_scales: Any, *, op: str = "swiglu_quantize_fp8") -> None:
+    """``swiglu_quantize_fp8``: h13 (M, 2H) bf16 contiguous; ``round_scales_to_power_of_2`` a bool."""
+    _check_h13(h13, op)
+    check_bool("round_scales_to_power_of_2", round_scales, op=op)
+
+
+def check_swiglu_backward_quantize_fp8(
+    grad_h: Any, h13: Any, round_scales: Any, *, op: str = "swiglu_backward_quantize_fp8"
+) -> None:
+    """``swiglu_backward_quantize_fp8``: grad_h (M, H) and h13 (M, 2H), bf16 contiguous, on one
+    device; ``round_scales_to_power_of_2`` a bool."""
+    check_tensor("grad_h", grad_h, ndim=2, dtypes=SWIGLU_DTYPES, op=op)
+    _check_h13(h13, op)
+    if grad_h.device != h13.device:
+        raise ValueError(f"{op}: grad_h and h13 must be on one device, got {grad_h.device} and {h13.device}")
+    expected = (h13.shape[0], h13.shape[1] // 2)
+    if tuple(grad_h.shape) != expected:
+        raise ValueError(
+            f"{op}: grad_h must have the shape (M, H) = {expected} of h13 (M, 2H) = "
+            f"{tuple(h13.shape)}, got {tuple(grad_h.shape)}"
+        )
     check_bool("round_scales_to_power_of_2", round_scales, op=op)
 
 

@@ -24,7 +24,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from cute_utils.constants import BLOCK_SIZE, FP8_POW2_MASK, TILE_COLS, TILE_ROWS
+from cute_utils.constants import (
+    BLOCK_SIZE,
+    FP8_POW2_MASK,
+    SWIGLU_BF16_NAN_BITS,
+    SWIGLU_CLAMP,
+    SWIGLU_EXP_COEFF_BITS,
+    SWIGLU_LN2_HI_BITS,
+    SWIGLU_LN2_LO_BITS,
+    SWIGLU_LOG2E_BITS,
+    TILE_COLS,
+    TILE_ROWS,
+    f32_of_bits,
+)
 
 from . import checks
 
@@ -56,6 +68,14 @@ __all__ = [
     "quantize_mxfp8_2d",
     "quantize_mxfp8_2d_dual",
     "quantize_mxfp8_3d",
+    "bf16_canonical",
+    "silu_backward_fp32",
+    "silu_fp32",
+    "silu_parts",
+    "swiglu",
+    "swiglu_backward",
+    "swiglu_backward_quantize_fp8",
+    "swiglu_quantize_fp8",
     "swizzle_k_groups",
     "swizzle_m_groups",
     "swizzle_scales",
@@ -738,6 +758,156 @@ def quantize_fp8_3d(
         qi, scales[i] = _fp8_cols(w[i], round_scales_to_power_of_2)
         q[i].copy_(qi.view(torch.uint8))
     return q.view(torch.float8_e4m3fn), scales
+
+
+# ----------------------------------------------------------------------------------------------
+# SwiGLU fused with FP8 rowwise quantization (docs/contract.md, "SwiGLU with FP8 rowwise")
+# ----------------------------------------------------------------------------------------------
+
+_SWIGLU_CHUNK_ELEMS = 1 << 22  # h columns per chunk: bounds the fp32 temporaries (~20 of 16 MiB)
+_CLAMP = SWIGLU_CLAMP
+_LOG2E = f32_of_bits(SWIGLU_LOG2E_BITS)
+_LN2_HI = f32_of_bits(SWIGLU_LN2_HI_BITS)
+_LN2_LO = f32_of_bits(SWIGLU_LN2_LO_BITS)
+_EXP_COEFFS = tuple(f32_of_bits(b) for b in SWIGLU_EXP_COEFF_BITS)  # c2..c6
+
+
+def _pow2(k: Tensor) -> Tensor:
+    """``2^k`` as fp32 from its exponent bits, for int32 ``k`` in [-126, 127]."""
+    return ((k + 127) << 23).view(torch.float32)
+
+
+def _scaled(v: Tensor, p1: Tensor, p2: Tensor) -> Tensor:
+    """``(v * p1) * p2``: v times ``2^k`` applied as two exact powers of 2 (``k = k1 + k2``, both
+    >= -81), so a subnormal result is rounded once."""
+    return (v * p1) * p2
+
+
+class SiluParts:
+    """What :func:`silu_parts` computes for fp32 ``g`` (every op one IEEE fp32 operation, rounded to
+    nearest even, no FMA; the kernels run the same sequence, ``cute_utils.swiglu_math``):
+
+    - ``gl = g < -112 ? -112 : g`` and ``x = gl > 112 ? 112 : gl`` (NaN stays NaN);
+    - ``exp(-|x|)`` by range reduction: ``y = -|x|``, ``nf = rint(y * LOG2E)`` (half to even),
+      ``r = (y + nf * -LN2_HI) + nf * -LN2_LO``, ``p = 1 + r * (1 + r * (c2 + r * (c3 + r * (c4 + r *
+      (c5 + r * c6)))))`` (Horner, each product and sum rounded), ``n = int(nf)`` (0 for NaN) and
+      ``e = p * 2^max(n, -126)``;
+    - ``pos = g >= 0`` (-0 included), ``d = 1 + e``, ``sm = (pos ? 1 : p) / d`` (one division) and
+      ``k = pos ? 0 : n``, so that ``sigmoid(g) = sm * 2^k``; ``p1 = 2^(k >> 1)``, ``p2 =
+      2^(k - (k >> 1))``.
+
+    For g >= 0, ``sm = 1 / (1 + exp(-g))``; for g < 0, ``sm * 2^n = exp(g) / (1 + exp(g))`` with the
+    power of 2 kept apart, so products with ``sm`` are scaled last (one rounding even where the
+    result is subnormal)."""
+
+    __slots__ = ("e", "gl", "p1", "p2", "pos", "sm", "x")
+
+    def __init__(self, g: Tensor) -> None:
+        self.gl = torch.where(g < -_CLAMP, -_CLAMP, g)
+        self.x = torch.where(self.gl > _CLAMP, _CLAMP, self.gl)
+        y = -self.x.abs()
+        nf = torch.round(y * _LOG2E)
+        r = (y + nf * -_LN2_HI) + nf * -_LN2_LO
+        s = torch.full_like(r, _EXP_COEFFS[-1])
+        for c in reversed(_EXP_COEFFS[:-1]):
+            s = s * r + c
+        p = r * (r * s + 1.0) + 1.0
+        n = torch.where(torch.isnan(nf), 0.0, nf).to(torch.int32)
+        self.e = p * _pow2(n.clamp(min=-126))
+        self.pos = g >= 0
+        self.sm = torch.where(self.pos, 1.0, p) / (self.e + 1.0)
+        k = torch.where(self.pos, 0, n)
+        self.p1, self.p2 = _pow2(k >> 1), _pow2(k - (k >> 1))
+
+
+def silu_parts(g: Tensor) -> SiluParts:
+    """The shared terms of SwiGLU's forward and backward for fp32 ``g`` (:class:`SiluParts`)."""
+    return SiluParts(g)
+
+
+def silu_fp32(g: Tensor) -> Tensor:
+    """``silu(g) = ((gl * sm) * p1) * p2`` for fp32 ``g`` (:class:`SiluParts`): within 2.1 fp32 ulp
+    of the exact value for every bf16 g (tests/test_swiglu_cpu.py); silu(-Inf) = -0, silu(+Inf) =
+    +Inf, NaN -> NaN."""
+    parts = silu_parts(g)
+    return _scaled(parts.gl * parts.sm, parts.p1, parts.p2)
+
+
+def silu_backward_fp32(g: Tensor) -> tuple[Tensor, Tensor]:
+    """``(silu(g), silu'(g))`` for fp32 ``g``: silu as :func:`silu_fp32`; with ``s = (sm * p1) *
+    p2`` (sigmoid) and ``c = pos ? e * sm : 1 - s`` (1 - sigmoid, without cancellation for g >= 0),
+    ``silu'(g) = ((sm * (1 + x * c)) * p1) * p2``."""
+    parts = silu_parts(g)
+    silu = _scaled(parts.gl * parts.sm, parts.p1, parts.p2)
+    s = _scaled(parts.sm, parts.p1, parts.p2)
+    c = torch.where(parts.pos, parts.e * parts.sm, 1.0 - s)
+    return silu, _scaled(parts.sm * (parts.x * c + 1.0), parts.p1, parts.p2)
+
+
+def bf16_canonical(v: Tensor) -> Tensor:
+    """fp32 ``v`` rounded to bf16 (nearest even; overflow to Inf), every NaN as the bf16 bits 0x7FC0
+    (PyTorch's CPU and CUDA conversions write different NaNs)."""
+    nan = torch.tensor(SWIGLU_BF16_NAN_BITS, dtype=torch.int16, device=v.device).view(torch.bfloat16)
+    return torch.where(torch.isnan(v), nan, v.to(torch.bfloat16))
+
+
+def _column_chunks(rows: int, cols: int) -> int:
+    return max(1, _SWIGLU_CHUNK_ELEMS // max(cols, 1)) if rows else 1
+
+
+def swiglu(h13: Tensor) -> Tensor:
+    """SwiGLU of h13 (M, 2H) bf16 (columns [0, H) gate g, [H, 2H) up u): h (M, H) bf16, ``h =
+    bf16(fp32(silu(g)) * fp32(u))`` with :func:`silu_fp32` (NaN -> 0x7FC0, :func:`bf16_canonical`)."""
+    rows, cols = h13.shape
+    half = cols // 2
+    h = torch.empty((rows, half), dtype=torch.bfloat16, device=h13.device)
+    step = _column_chunks(rows, half)
+    for r0 in range(0, rows, step):
+        chunk = h13[r0 : r0 + step].to(torch.float32)
+        h[r0 : r0 + step] = bf16_canonical(silu_fp32(chunk[:, :half]) * chunk[:, half:])
+    return h
+
+
+def swiglu_backward(grad_h: Tensor, h13: Tensor) -> Tensor:
+    """SwiGLU's gradient: grad_h (M, H) and h13 (M, 2H) bf16 -> grad_h13 (M, 2H) bf16, columns
+    [0, H) ``d_gate = bf16((grad * u) * silu'(g))``, [H, 2H) ``d_up = bf16(grad * silu(g))``, every
+    operand widened to fp32 exactly and every product rounded once (:func:`silu_backward_fp32`;
+    NaN -> 0x7FC0)."""
+    rows, cols = h13.shape
+    half = cols // 2
+    out = torch.empty((rows, cols), dtype=torch.bfloat16, device=h13.device)
+    step = _column_chunks(rows, half)
+    for r0 in range(0, rows, step):
+        chunk = h13[r0 : r0 + step].to(torch.float32)
+        grad = grad_h[r0 : r0 + step].to(torch.float32)
+        silu, dsilu = silu_backward_fp32(chunk[:, :half])
+        out[r0 : r0 + step, :half] = bf16_canonical((grad * chunk[:, half:]) * dsilu)
+        out[r0 : r0 + step, half:] = bf16_canonical(grad * silu)
+    return out
+
+
+def swiglu_quantize_fp8(
+    h13: Tensor, *, round_scales_to_power_of_2: bool = True
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(h, q, scales)``: h = :func:`swiglu` of h13 (M, 2H) bf16, and its FP8 rowwise operand,
+    exactly ``quantize_fp8_2d(h, axis="row")``: q (M, H) e4m3 row-major, scales (M,) fp32 (the
+    dequantization multipliers; a row of no columns has the scale 1.0)."""
+    checks.check_swiglu_quantize_fp8(h13, round_scales_to_power_of_2)
+    h = swiglu(h13)
+    q, scales = quantize_fp8_2d(h, axis="row", round_scales_to_power_of_2=round_scales_to_power_of_2)
+    return h, q, scales
+
+
+def swiglu_backward_quantize_fp8(
+    grad_h: Tensor, h13: Tensor, *, round_scales_to_power_of_2: bool = True
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(grad_h13, q, scales)``: grad_h13 = :func:`swiglu_backward` (M, 2H) bf16 and its FP8
+    rowwise operand along the 2H dimension, exactly ``quantize_fp8_2d(grad_h13, axis="row")``: q (M,
+    2H) e4m3, scales (M,) fp32 (the amax runs over both halves of a row)."""
+    checks.check_swiglu_backward_quantize_fp8(grad_h, h13, round_scales_to_power_of_2)
+    grad_h13 = swiglu_backward(grad_h, h13)
+    q, scales = quantize_fp8_2d(grad_h13, axis="row", round_scales_to_power_of_2=round_scales_to_power_of_2)
+    return grad_h13, q, scales
 
 
 # ----------------------------------------------------------------------------------------------

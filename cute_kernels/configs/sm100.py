@@ -26,6 +26,9 @@ quantize_fp8_col_amax = sm90.quantize_fp8_col_amax
 quantize_fp8_col_cast = sm90.quantize_fp8_col_cast
 quantize_fp8_col_amax_for_shape = sm90.quantize_fp8_col_amax_for_shape
 quantize_fp8_col_cast_for_shape = sm90.quantize_fp8_col_cast_for_shape
+# SwiGLU + FP8: forward 3 CTAs per SM x 28 KiB at H = 7168 (1.35x B200's need on paper); the
+# backward keeps 2 x 24 KiB (0.8x; its SwiGLU arithmetic, not its loads, is expected to bind).
+swiglu_fp8 = sm90.swiglu_fp8
 
 
 # --- swizzle ---

@@ -171,6 +171,17 @@ def quantize_fp8_col_cast_for_shape(variant, shape_class: str, tuned: dict | Non
     return quantize_fp8_col_cast(variant)
 
 
+# --- SwiGLU + FP8 rowwise (notes/swiglu-fp8-kernel.md) ---
+# Not tuned (no GPU measured yet): a whole 256-thread CTA per row, like the FP8 row kernel at the
+# MoE widths. Forward: 4 steps per thread in flight (H = 8192: the row in one batch; 80 registers,
+# 3 CTAs per SM). Backward: 2 steps (three 16-byte inputs per step; 4 spilled under the 128-register
+# cap, 116 registers at 2).
+def swiglu_fp8(variant):
+    from cute_kernels.swiglu import SwigluConfig
+
+    return SwigluConfig(threads=256, unroll=4 if variant.direction == "fwd" else 2, ctas_per_sm=2)
+
+
 # --- quantize TMA, experimental (notes/quantize-tma.md) ---
 # 8-row boxes, 3 stages, TMA stores of q: 4 KB in flight per warp, 7 CTAs per SM. Not tuned: it
 # measured 2-6% slower than the cp.async 1x32 kernel and no public op runs it.

@@ -1,0 +1,293 @@
+"""SwiGLU fused with FP8 rowwise quantization, forward and backward: ``SwigluFp8Kernel``.
+
+Forward (``direction="fwd"``): h13 (M, 2H) bf16 (gate columns [0, H), up [H, 2H)) -> h = bf16(silu(g)
+u) (M, H), and h's FP8 rowwise operand: q (M, H) e4m3, scales (M,) fp32, exactly
+``quantize_fp8_2d(h, axis="row")``. Backward (``"bwd"``): grad_h (M, H) and h13 -> grad_h13 (M, 2H)
+bf16 (d_gate | d_up) and its FP8 rowwise operand along 2H: q (M, 2H), scales (M,). The SwiGLU
+arithmetic is ``cute_utils.swiglu_math`` (exact fp32 operations, bit for bit the reference's).
+
+One warp per row (a CTA of ``threads / 32`` consecutive rows), or with ``row_per_cta`` a whole CTA
+per row (its warps' maxima combined in shared memory), as ``cute_kernels.quantize_fp8``. Two passes
+over a row, each in batches of ``unroll`` steps per thread (a step: 8 output columns of the vector
+variant, one of the element variant), every load of a batch in flight before any is used:
+
+- the compute pass loads the inputs of its steps (gate, up; and grad_h), computes the bf16 outputs
+  (one step of h; the backward's two, columns j and H + j), stores them, and keeps the max of their
+  magnitudes (bf16 pairs, ``max.u16x2``);
+- after the row's max gives ``q_scale`` (``cute_utils.fp8``), the cast pass loads the thread's own
+  bf16 outputs back (just written: from L2) and stores their E4M3 bytes. The SwiGLU math runs once
+  per element; re-reading the bf16 outputs (2 bytes per element) costs the L2 less than re-reading
+  h13 (4, or 6 with grad_h) and needs no recomputation (notes/swiglu-fp8-kernel.md).
+
+The row's first thread stores ``1 / q_scale`` (1.0 for a row of no columns). All sizes are
+symbolic: one compile per (direction, rounding, vector, arch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, Uint16, Uint32
+from cutlass.memory import SmemAllocator
+
+from cute_utils.blocked import ceil_div
+from cute_utils.fp8 import fp8_quant_scale, mul_rn, reciprocal_rn
+from cute_utils.mx import lane_group_max, scale_values
+from cute_utils.swiglu_math import amax_bits, bf16_amax, bf16x2, silu, silu_grad, silu_parts
+
+from .base import Kernel
+from .quantize_fp8 import cta_max, row_steps
+
+VECTOR = 8  # output columns per step of the vector variant (16-byte bf16 loads and stores)
+DIRECTIONS = ("fwd", "bwd")
+_WARP = 32
+
+
+@dataclass(frozen=True)
+class SwigluConfig:
+    """``threads`` per CTA, ``row_per_cta`` (False: one row per warp; True: the whole CTA on one row,
+    its warps' maxima combined in shared memory), ``unroll`` (steps in flight per thread and batch),
+    ``ctas_per_sm`` the register cap keeps room for."""
+
+    threads: int = 256
+    unroll: int = 4
+    ctas_per_sm: int = 2
+    row_per_cta: bool = True
+
+    def __post_init__(self) -> None:
+        if self.threads % _WARP or not 0 < self.threads <= 1024:
+            raise ValueError(f"threads={self.threads} must be a multiple of 32 in [32, 1024]")
+        if self.unroll < 1 or self.ctas_per_sm < 1 or self.ctas_per_sm * self.threads > 2048:
+            raise ValueError(f"unroll={self.unroll}, ctas_per_sm={self.ctas_per_sm}: out of range")
+
+
+@dataclass(frozen=True)
+class SwigluVariant:
+    """``direction`` ("fwd": h13 -> h; "bwd": grad_h, h13 -> grad_h13), ``round_pow2`` (power-of-2
+    scales), ``vector`` (8-column steps: H % 8 == 0 and 16-byte aligned inputs)."""
+
+    direction: str = "fwd"
+    round_pow2: bool = True
+    vector: bool = True
+
+    def __post_init__(self) -> None:
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
+
+
+@dataclass(frozen=True)
+class _Views:
+    """The step views ``(rows, columns / width, width)`` of a launch: ``h13`` (step v: gate, step
+    ``half + v``: up), ``grad`` (backward) or None, ``out`` and ``q`` (backward: two steps per
+    input step, v and ``half + v``); ``half`` = H / width, the input steps of a row."""
+
+    h13: cute.Tensor
+    grad: cute.Tensor | None
+    out: cute.Tensor
+    q: cute.Tensor
+    half: Int32
+
+
+@dataclass(frozen=True)
+class _Step:
+    """Step ``v`` of row ``row``: where a thread's loads and stores of one step go."""
+
+    row: Int32
+    v: Int32
+
+
+class SwigluFp8Kernel(Kernel):
+    """SwiGLU + FP8 rowwise (module docstring). Launch: ``kernel(h13, out, q, scales, grad_h)`` with
+    ``grad_h`` None for the forward."""
+
+    name = "swiglu_fp8"
+
+    def __init__(self, variant: SwigluVariant, config: SwigluConfig) -> None:
+        super().__init__(variant, config)
+        self.width = VECTOR if variant.vector else 1
+        self.backward = variant.direction == "bwd"
+        self.inputs = 3 if self.backward else 2  # gate, up (, grad)
+        self.outputs = 2 if self.backward else 1  # output steps per input step
+        self.warps = config.threads // _WARP
+        self.row_threads = config.threads if config.row_per_cta else _WARP  # threads sharing a row
+        self.rows_per_cta = 1 if config.row_per_cta else self.warps
+
+    @classmethod
+    def variants(cls) -> list[SwigluVariant]:
+        return [SwigluVariant(d, r, v) for d in DIRECTIONS for r in (True, False) for v in (True, False)]
+
+    @classmethod
+    def target_name(cls, variant: SwigluVariant) -> str:
+        rounding = "pow2" if variant.round_pow2 else "exact"
+        return f"{cls.name}_{variant.direction}_{rounding}_{'v8' if variant.vector else 'v1'}"
+
+    @classmethod
+    def fake_arguments(cls, variant: SwigluVariant) -> tuple:
+        """h13 (M, 2H), out (fwd: h (M, H); bwd: grad_h13 (M, 2H)) and q (out's shape) row-major,
+        scales fp32 (M,), grad_h (M, H) (bwd; else None), the env stream; H a multiple of 8 and
+        16-byte aligned bf16 tensors for the vector variant. M and H are symbolic."""
+        width = VECTOR if variant.vector else 1
+        rows, half, cols = (
+            cute.sym_int(),
+            cute.sym_int(divisibility=width),
+            cute.sym_int(divisibility=2 * width),
+        )
+        align = 16 if variant.vector else 2
+
+        def fake(dtype, shape, align):
+            make = cute.runtime.make_fake_compact_tensor
+            return make(dtype, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)), assumed_align=align)
+
+        out_cols = cols if variant.direction == "bwd" else half
+        out = fake(BFloat16, (rows, out_cols), align)
+        q = fake(Float8E4M3FN, (rows, out_cols), width)
+        grad = fake(BFloat16, (rows, half), align) if variant.direction == "bwd" else None
+        scales = fake(Float32, (rows,), 4)
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        return fake(BFloat16, (rows, cols), align), out, q, scales, grad, stream
+
+    @staticmethod
+    def can_implement(half: int, vector: bool, *data_ptrs: int) -> bool:
+        """Any H for the element variant; the vector one needs H % 8 == 0 and 16-byte pointers."""
+        return not vector or (half % VECTOR == 0 and all(p % 16 == 0 for p in data_ptrs))
+
+    @cute.jit
+    def __call__(
+        self,
+        h13: cute.Tensor,  # (M, 2H) bf16 row-major: gate columns [0, H), up [H, 2H)
+        out: cute.Tensor,  # bf16 row-major: fwd h (M, H); bwd grad_h13 (M, 2H)
+        q: cute.Tensor,  # Float8E4M3FN, out's shape, row-major
+        scales: cute.Tensor,  # fp32 (M,)
+        grad,  # bwd: grad_h (M, H) bf16 row-major; fwd: None
+        stream,
+    ):
+        grid = cutlass.max(ceil_div(out.shape[0], self.rows_per_cta), 1)
+        self.kernel(h13, out, q, scales, grad).launch(
+            grid=[grid, 1, 1],
+            block=[self.config.threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=self.config.ctas_per_sm,
+            preferred_smem_carveout=0,  # the row_per_cta warp maxima only
+        )
+
+    @cute.kernel
+    def kernel(self, h13: cute.Tensor, out: cute.Tensor, q: cute.Tensor, scales: cute.Tensor, grad):
+        tid, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        row = cta * self.rows_per_cta + tid // self.row_threads
+        part = tid % self.row_threads  # this thread's place among the row's threads
+        smem = SmemAllocator()
+        warp_max = smem.allocate_tensor(Int32, cute.make_layout(self.warps), 16)
+        if row < out.shape[0]:  # uniform over a CTA that shares a row (the grid has one CTA per row)
+            views = self._views(h13, out, q, grad)
+            amax = self._compute_row(views, row, part)
+            if cutlass.const_expr(self.config.row_per_cta):
+                amax = cta_max(amax, warp_max, tid, self.warps)
+            q_scale = fp8_quant_scale(amax, self.variant.round_pow2)
+            if part == 0:
+                scale = reciprocal_rn(q_scale)
+                if views.half == 0:
+                    scale = Float32(1.0)
+                scales[row] = scale
+            self._cast_row(views, row, part, q_scale)
+
+    def _views(self, h13, out, q, grad) -> _Views:
+        width = self.width
+        half = out.shape[1] // (width * self.outputs)
+        grad_steps = row_steps(grad, width) if self.backward else None
+        return _Views(row_steps(h13, width), grad_steps, row_steps(out, width), row_steps(q, width), half)
+
+    @cute.jit
+    def _compute_row(self, views: _Views, row: Int32, part: Int32) -> Int32:
+        """Compute pass over row ``row``: every output step of this thread computed and stored;
+        returns the bits of the row's max |output| (NaN-propagating), reduced over the warp."""
+        unroll = self.config.unroll
+        layout = cute.make_layout(
+            (self.width, self.inputs, unroll), stride=(1, self.width, self.width * self.inputs)
+        )
+        loaded = cute.make_rmem_tensor(layout, BFloat16)
+        amax = Uint32(0)
+        for first in cutlass.range(0, views.half, self.row_threads * unroll, unroll=1):
+            for u in cutlass.range_constexpr(unroll):  # every load of the batch first
+                v = first + u * self.row_threads + part
+                if v < views.half:
+                    self._load_inputs(views, _Step(row, v), loaded[None, None, u])
+            for u in cutlass.range_constexpr(unroll):
+                v = first + u * self.row_threads + part
+                if v < views.half:
+                    amax = self._compute_step(views, _Step(row, v), loaded[None, None, u], amax)
+        return lane_group_max(amax_bits(amax), _WARP)
+
+    @cute.jit
+    def _load_inputs(self, views: _Views, at: _Step, loaded: cute.Tensor):
+        """Gate, up (and grad) of step ``at`` into ``loaded[None, i]``."""
+        cute.autovec_copy(views.h13[at.row, at.v, None], loaded[None, 0])
+        cute.autovec_copy(views.h13[at.row, views.half + at.v, None], loaded[None, 1])
+        if cutlass.const_expr(self.backward):
+            cute.autovec_copy(views.grad[at.row, at.v, None], loaded[None, 2])
+
+    @cute.jit
+    def _compute_step(self, views: _Views, at: _Step, loaded: cute.Tensor, amax: Uint32) -> Uint32:
+        """The bf16 outputs of one step, stored; returns ``amax`` updated with their magnitudes."""
+        inputs = cute.make_rmem_tensor(cute.make_layout((self.width, self.inputs)), Float32)
+        inputs.store(loaded.load().to(Float32))
+        results = cute.make_rmem_tensor(cute.make_layout((self.width, self.outputs)), Float32)
+        for i in cutlass.range_constexpr(self.width):
+            parts = silu_parts(inputs[i, 0])
+            if cutlass.const_expr(self.backward):
+                grad = inputs[i, 2]
+                results[i, 0] = mul_rn(mul_rn(grad, inputs[i, 1]), silu_grad(parts))  # d_gate
+                results[i, 1] = mul_rn(grad, silu(parts))  # d_up
+            else:
+                results[i, 0] = mul_rn(silu(parts), inputs[i, 1])  # h
+        for o in cutlass.range_constexpr(self.outputs):
+            amax = self._store_bf16(results[None, o], views.out[at.row, o * views.half + at.v, None], amax)
+        return amax
+
+    @cute.jit
+    def _store_bf16(self, values: cute.Tensor, dst: cute.Tensor, amax: Uint32) -> Uint32:
+        """``values`` (``width`` fp32) as bf16 into ``dst`` (NaN as 0x7FC0, ``swiglu_math.bf16x2``);
+        returns ``amax`` updated with their magnitudes."""
+        if cutlass.const_expr(self.width == 1):
+            word = bf16x2(values[0], values[0])
+            bits = cute.make_rmem_tensor(cute.make_layout(1), Uint16)
+            bits[0] = Uint16(word)
+            cute.autovec_copy(cute.recast_tensor(bits, BFloat16), dst)
+            amax = bf16_amax(amax, word)
+        else:
+            words = cute.make_rmem_tensor(cute.make_layout(self.width // 2), Uint32)
+            for i in cutlass.range_constexpr(self.width // 2):
+                words[i] = bf16x2(values[2 * i], values[2 * i + 1])
+                amax = bf16_amax(amax, words[i])
+            cute.autovec_copy(cute.recast_tensor(words, BFloat16), dst)
+        return amax
+
+    @cute.jit
+    def _cast_row(self, views: _Views, row: Int32, part: Int32, q_scale: Float32):
+        """Cast pass: this thread's bf16 output steps of row ``row`` (written by the compute pass,
+        read back in the same batches) times ``q_scale`` as E4M3 bytes (saturating, RNE, NaN ->
+        0x7F)."""
+        unroll, width = self.config.unroll, self.width
+        layout = cute.make_layout((width, self.outputs, unroll), stride=(1, width, width * self.outputs))
+        loaded = cute.make_rmem_tensor(layout, BFloat16)
+        values = cute.make_rmem_tensor(width, Float32)
+        q_frag = cute.make_rmem_tensor(cute.make_layout(width), Float8E4M3FN)
+        for first in cutlass.range(0, views.half, self.row_threads * unroll, unroll=1):
+            for u in cutlass.range_constexpr(unroll):
+                v = first + u * self.row_threads + part
+                if v < views.half:
+                    for o in cutlass.range_constexpr(self.outputs):
+                        cute.autovec_copy(views.out[row, o * views.half + v, None], loaded[None, o, u])
+            for u in cutlass.range_constexpr(unroll):
+                v = first + u * self.row_threads + part
+                if v < views.half:
+                    for o in cutlass.range_constexpr(self.outputs):
+                        values.store(loaded[None, o, u].load().to(Float32))
+                        scale_values(values, q_scale)
+                        q_frag.store(values.load().to(Float8E4M3FN))
+                        cute.autovec_copy(q_frag, views.q[row, o * views.half + v, None])
+
+
+__all__ = ["DIRECTIONS", "VECTOR", "SwigluConfig", "SwigluFp8Kernel", "SwigluVariant"]

@@ -1,0 +1,77 @@
+"""The SwiGLU + FP8 rowwise kernel compiles for sm_90a and sm_100a on a CPU-only machine with the SASS
+we expect: no local memory, 16-byte loads and stores of bf16 and 8-byte q stores in the vector
+variants, the saturating E4M3 conversion, IEEE division (no approximate reciprocal alone), the fp64
+scale division; every variant is registered and its instruction hash recorded."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import assert_recorded_hashes, kernel_targets, spill_free_kernel
+
+TARGETS = kernel_targets("swiglu_fp8")
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_compiles_with_expected_sass(compiled, target):
+    kernel, text = spill_free_kernel(compiled, target)
+    assert kernel.registers <= 128, text  # 2 CTAs of 256 threads per SM (configs/sm90.py)
+    assert kernel.opcode("F2FP") >= 1 and all("UE8M0" not in m for m in kernel.counts), text
+    assert any(m.startswith(("DMUL", "DFMA")) for m in kernel.counts), "q_scale divides in fp64"
+    assert kernel.counts.get("FCHK", 0) >= 1, "silu's division is div.rn.f32 (checked, IEEE)"
+    backward = "_bwd_" in target
+    if "_v8" in target:
+        # compute pass: gate and up (and grad_h) per step of the batch; cast pass: the outputs again
+        unroll = 2 if backward else 4
+        loads = unroll * (3 + 2) if backward else unroll * (2 + 1)
+        assert kernel.global_loads(128) == loads, text
+        assert kernel.global_stores(128) == unroll * (2 if backward else 1), text  # bf16 outputs
+        assert kernel.global_stores(64) == unroll * (2 if backward else 1), text  # q bytes
+
+
+def test_every_variant_is_registered():
+    expected = {
+        f"swiglu_fp8_{d}_{r}_{v}" for d in ("fwd", "bwd") for r in ("pow2", "exact") for v in ("v8", "v1")
+    }
+    assert set(TARGETS) == expected
+
+
+def test_instruction_hashes_are_the_recorded_ones(compiled):
+    assert_recorded_hashes(compiled)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_configs(arch):
+    from cute_kernels import registry
+
+    kernel = registry.entry("swiglu_fp8").kernel_class()
+    for variant in kernel.variants():
+        config = kernel.default_config(variant, arch)
+        assert config.row_per_cta and config.threads == 256
+        assert config.unroll == (4 if variant.direction == "fwd" else 2)
+
+
+def test_variant_and_config_validate():
+    from cute_kernels.swiglu import SwigluConfig, SwigluFp8Kernel, SwigluVariant
+
+    with pytest.raises(ValueError, match="direction"):
+        SwigluVariant("sideways")
+    with pytest.raises(ValueError, match="threads"):
+        SwigluConfig(threads=100)
+    with pytest.raises(ValueError, match="unroll"):
+        SwigluConfig(unroll=0)
+    assert SwigluFp8Kernel.can_implement(13, False, 2)
+    assert SwigluFp8Kernel.can_implement(16, True, 0, 32) and not SwigluFp8Kernel.can_implement(16, True, 8)
+    assert not SwigluFp8Kernel.can_implement(12, True, 0)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_warp_per_row_config_builds_without_local_memory(direction):
+    """The other launch shape of the config (a warp per row), which no default takes."""
+    from cute_kernels.swiglu import SwigluConfig, SwigluFp8Kernel, SwigluVariant
+    from cute_utils.sass import compile_options, cubin_of, resource_usage
+
+    config = SwigluConfig(threads=128, unroll=2, ctas_per_sm=4, row_per_cta=False)
+    compiled = SwigluFp8Kernel.compile(
+        SwigluVariant(direction), "sm_90a", config=config, options=compile_options("sm_90a")
+    )
+    assert not any(f["local_bytes"] for f in resource_usage(cubin_of(compiled)).values())
