@@ -339,8 +339,12 @@ def _micro_batches(forward, x, params, ends, grad_out, n: int):
     return step
 
 
-def _peak_mib(step) -> float:
-    """Peak device memory a step allocates beyond what was held before it, MiB."""
+def _peak_mib(step, x, params) -> float:
+    """Peak device memory of a step beyond the parameters, inputs and cache held before it, MiB (the
+    previous step's gradients are dropped first, as the step itself drops them)."""
+    x.grad = None
+    for p in params:
+        p.grad = None
     torch.cuda.synchronize()
     held = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
@@ -379,7 +383,7 @@ def module_rows(s: Shape, torchao_mm, copy_gbps: float) -> list[dict]:
     for n in (1, 4):
         steps = {name: _micro_batches(f, x, p, ends, grad_out, n) for name, (f, p) in forwards.items()}
         us = {name: t / n for name, t in _time_all(steps).items()}
-        peak = {name: _peak_mib(step) for name, step in steps.items() if name in us}
+        peak = {name: _peak_mib(step, x, forwards[name][1]) for name, step in steps.items() if name in us}
         best_bf16 = min(us["bf16"], us.get("bf16 compiled SwiGLU", us["bf16"]))
         row = {"module (D=K, H=N)": s.name, "micro-batches": n, "best bf16 us": best_bf16}
         for name, t in us.items():
