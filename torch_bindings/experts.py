@@ -8,7 +8,9 @@ operand functions (:class:`Fp8Rowwise`, :class:`Mxfp8`), so that
 - x is quantized once (its row operand for the forward GEMM, its column operand for w13's wgrad);
 - one GEMM computes gate and up; one dgrad GEMM gives x's gradient (no sum of two);
 - SwiGLU and its backward come with the quantization of their outputs (FP8 rowwise: the fused
-  ``swiglu_quantize_fp8`` / ``swiglu_backward_quantize_fp8`` kernels and a column pass);
+  ``swiglu_quantize_fp8`` / ``swiglu_backward_quantize_fp8`` kernels, whose SwiGLU is defined in
+  exact fp32 operations (docs/contract.md section 7), then a column pass; MXFP8: PyTorch's SwiGLU
+  and one dual quantization);
 - weights are quantized through a :class:`WeightCache` (once per value of the parameter);
 - backward computes only what ``ctx.needs_input_grad`` asks for (a frozen expert skips its wgrads,
   the first layer skips x's dgrad);
@@ -34,6 +36,7 @@ from .pad import pad_token_groups, unpad_token_groups
 from .quantize import quantize_mxfp8_2d
 from .quantize_3d import quantize_mxfp8_3d
 from .quantize_fp8 import quantize_fp8_2d, quantize_fp8_3d
+from .swiglu import swiglu_backward_quantize_fp8, swiglu_quantize_fp8
 from .tokens import QuantizedTokens
 
 Tensor = torch.Tensor
@@ -133,12 +136,16 @@ class Fp8Rowwise:
         return _mm._fp8_gemm(a.q.t(), b.q, a.s, b.s, ends, self.step)
 
     def swiglu(self, h13: Tensor, ends: Tensor, cols: bool) -> tuple[Operand, Operand | None]:
-        h = _swiglu_torch(h13)
-        return self.rows(h), (self.cols(h, ends) if cols else None)
+        """h's row operand from the fused ``swiglu_quantize_fp8`` (one pass over h13) and, for w2's
+        wgrad, its column operand from the bf16 h that pass wrote."""
+        h, q, s = swiglu_quantize_fp8(h13, backend=self.step.backend)
+        return Operand(q, s), (self.cols(h, ends) if cols else None)
 
     def swiglu_backward(self, grad_h: Tensor, h13: Tensor, ends: Tensor, rows: bool, cols: bool):
-        g13 = _swiglu_backward_torch(grad_h, h13)
-        return (self.rows(g13) if rows else None), (self.cols(g13, ends) if cols else None)
+        """grad_h13's row operand from the fused ``swiglu_backward_quantize_fp8`` and its column
+        operand (w13's wgrad) from the bf16 grad_h13 it wrote."""
+        g13, q, s = swiglu_backward_quantize_fp8(grad_h, h13.contiguous(), backend=self.step.backend)
+        return (Operand(q, s) if rows else None), (self.cols(g13, ends) if cols else None)
 
 
 class Mxfp8:
