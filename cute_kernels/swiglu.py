@@ -19,8 +19,13 @@ variant, one of the element variant), every load of a batch in flight before any
   per element; re-reading the bf16 outputs (2 bytes per element) costs the L2 less than re-reading
   h13 (4, or 6 with grad_h) and needs no recomputation (notes/swiglu-fp8-kernel.md).
 
-The row's first thread stores ``1 / q_scale`` (1.0 for a row of no columns). All sizes are
-symbolic: one compile per (direction, rounding, vector, arch).
+The row's first thread stores ``1 / q_scale`` (1.0 for a row of no columns).
+
+``bounded`` variants also take row-group end offsets (G,) int32: only the rows below the last end,
+``clamp(ends[G - 1], 0, M)`` read on the device, are computed; a CTA whose rows are all past it
+exits after that one load, and the rows past it are left unwritten (h or grad_h13, q, scales: an
+expert-parallel dispatch's static worst-case row count, notes/swiglu-fp8-kernel.md). All sizes are
+symbolic: one compile per (direction, rounding, vector, bounded, arch).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import ceil_div
 from cute_utils.fp8 import fp8_quant_scale, mul_rn, reciprocal_rn
+from cute_utils.groups import clamped_end
+from cute_utils.jit import compile_tvm_ffi
 from cute_utils.mx import lane_group_max, scale_values
 from cute_utils.swiglu_math import amax_bits, bf16_amax, bf16x2, silu, silu_grad, silu_parts
 
@@ -66,11 +73,13 @@ class SwigluConfig:
 @dataclass(frozen=True)
 class SwigluVariant:
     """``direction`` ("fwd": h13 -> h; "bwd": grad_h, h13 -> grad_h13), ``round_pow2`` (power-of-2
-    scales), ``vector`` (8-column steps: H % 8 == 0 and 16-byte aligned inputs)."""
+    scales), ``vector`` (8-column steps: H % 8 == 0 and 16-byte aligned inputs), ``bounded`` (only
+    the rows below the last of the group end offsets the launcher also takes)."""
 
     direction: str = "fwd"
     round_pow2: bool = True
     vector: bool = True
+    bounded: bool = False
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
@@ -100,7 +109,8 @@ class _Step:
 
 class SwigluFp8Kernel(Kernel):
     """SwiGLU + FP8 rowwise (module docstring). Launch: ``kernel(h13, out, q, scales, grad_h)`` with
-    ``grad_h`` None for the forward."""
+    ``grad_h`` None for the forward; a ``bounded`` variant: ``kernel(h13, out, q, scales, grad_h,
+    group_end_offsets)``."""
 
     name = "swiglu_fp8"
 
@@ -116,18 +126,21 @@ class SwigluFp8Kernel(Kernel):
 
     @classmethod
     def variants(cls) -> list[SwigluVariant]:
-        return [SwigluVariant(d, r, v) for d in DIRECTIONS for r in (True, False) for v in (True, False)]
+        choices = [(d, r, v) for d in DIRECTIONS for r in (True, False) for v in (True, False)]
+        return [SwigluVariant(*c) for c in choices] + [SwigluVariant(*c, bounded=True) for c in choices]
 
     @classmethod
     def target_name(cls, variant: SwigluVariant) -> str:
         rounding = "pow2" if variant.round_pow2 else "exact"
-        return f"{cls.name}_{variant.direction}_{rounding}_{'v8' if variant.vector else 'v1'}"
+        suffix = "_bounded" if variant.bounded else ""
+        return f"{cls.name}_{variant.direction}_{rounding}_{'v8' if variant.vector else 'v1'}{suffix}"
 
     @classmethod
     def fake_arguments(cls, variant: SwigluVariant) -> tuple:
         """h13 (M, 2H), out (fwd: h (M, H); bwd: grad_h13 (M, 2H)) and q (out's shape) row-major,
-        scales fp32 (M,), grad_h (M, H) (bwd; else None), the env stream; H a multiple of 8 and
-        16-byte aligned bf16 tensors for the vector variant. M and H are symbolic."""
+        scales fp32 (M,), grad_h (M, H) (bwd; else None), (bounded) the end offsets int32 (G,), the
+        env stream; H a multiple of 8 and 16-byte aligned bf16 tensors for the vector variant. M, H
+        and G are symbolic."""
         width = VECTOR if variant.vector else 1
         rows, half, cols = (
             cute.sym_int(),
@@ -146,12 +159,26 @@ class SwigluFp8Kernel(Kernel):
         grad = fake(BFloat16, (rows, half), align) if variant.direction == "bwd" else None
         scales = fake(Float32, (rows,), 4)
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-        return fake(BFloat16, (rows, cols), align), out, q, scales, grad, stream
+        h13 = fake(BFloat16, (rows, cols), align)
+        if variant.bounded:
+            return h13, out, q, scales, grad, fake(Int32, (cute.sym_int(),), 4), stream
+        return h13, out, q, scales, grad, stream
 
     @staticmethod
     def can_implement(half: int, vector: bool, *data_ptrs: int) -> bool:
         """Any H for the element variant; the vector one needs H % 8 == 0 and 16-byte pointers."""
         return not vector or (half % VECTOR == 0 and all(p % 16 == 0 for p in data_ptrs))
+
+    @classmethod
+    def compile(cls, variant: SwigluVariant, arch: str, *, config=None, options: str = ""):
+        """:meth:`Kernel.compile` of the variant's launcher (:meth:`launcher`)."""
+        kernel = cls(variant, config if config is not None else cls.default_config(variant, arch))
+        return compile_tvm_ffi(kernel.launcher(), cls.fake_arguments(variant), arch, options)
+
+    def launcher(self):
+        """What ``cute.compile`` traces: :meth:`launch_bounded` (one more argument) for the bounded
+        variants, else the object itself (``__call__``)."""
+        return self.launch_bounded if self.variant.bounded else self
 
     @cute.jit
     def __call__(
@@ -163,24 +190,64 @@ class SwigluFp8Kernel(Kernel):
         grad,  # bwd: grad_h (M, H) bf16 row-major; fwd: None
         stream,
     ):
+        self._launch(h13, out, q, scales, grad, None, stream)
+
+    @cute.jit
+    def launch_bounded(
+        self,
+        h13: cute.Tensor,  # (M, 2H) bf16 row-major
+        out: cute.Tensor,  # as __call__'s: rows >= the bound left as they are
+        q: cute.Tensor,  # as __call__'s: rows >= the bound left as they are
+        scales: cute.Tensor,  # fp32 (M,): entries >= the bound left as they are
+        grad,  # bwd: grad_h (M, H); fwd: None
+        ends: cute.Tensor,  # int32 (G,) row-group end offsets: the bound is clamp(ends[G-1], 0, M)
+        stream,
+    ):
+        self._launch(h13, out, q, scales, grad, ends, stream)
+
+    @cute.jit
+    def _launch(
+        self, h13: cute.Tensor, out: cute.Tensor, q: cute.Tensor, scales: cute.Tensor, grad, ends, stream
+    ):
+        """One CTA per ``rows_per_cta`` rows of M (M static in the grid: the bound is on the device).
+        The bounded variants launch their own kernel: the others' kernel (its name and arguments,
+        which the SASS names) stays as it was."""
         grid = cutlass.max(ceil_div(out.shape[0], self.rows_per_cta), 1)
-        self.kernel(h13, out, q, scales, grad).launch(
-            grid=[grid, 1, 1],
-            block=[self.config.threads, 1, 1],
-            stream=stream,
-            min_blocks_per_mp=self.config.ctas_per_sm,
-            preferred_smem_carveout=0,  # the row_per_cta warp maxima only
-        )
+        launch = {
+            "grid": [grid, 1, 1],
+            "block": [self.config.threads, 1, 1],
+            "stream": stream,
+            "min_blocks_per_mp": self.config.ctas_per_sm,
+            "preferred_smem_carveout": 0,  # the row_per_cta warp maxima only
+        }
+        if cutlass.const_expr(ends is None):
+            self.kernel(h13, out, q, scales, grad).launch(**launch)
+        else:
+            self.kernel_bounded(h13, out, q, scales, grad, ends).launch(**launch)
 
     @cute.kernel
     def kernel(self, h13: cute.Tensor, out: cute.Tensor, q: cute.Tensor, scales: cute.Tensor, grad):
+        self._swiglu_rows(h13, out, q, scales, grad, out.shape[0])
+
+    @cute.kernel
+    def kernel_bounded(
+        self, h13: cute.Tensor, out: cute.Tensor, q: cute.Tensor, scales: cute.Tensor, grad, ends: cute.Tensor
+    ):
+        rows = out.shape[0]
+        self._swiglu_rows(h13, out, q, scales, grad, clamped_end(ends, ends.shape[0] - 1, rows))
+
+    @cute.jit
+    def _swiglu_rows(
+        self, h13: cute.Tensor, out: cute.Tensor, q: cute.Tensor, scales: cute.Tensor, grad, rows: Int32
+    ):
+        """The rows of this CTA below ``rows`` (M, or the bound): compute pass, scale, cast pass."""
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         row = cta * self.rows_per_cta + tid // self.row_threads
         part = tid % self.row_threads  # this thread's place among the row's threads
         smem = SmemAllocator()
         warp_max = smem.allocate_tensor(Int32, cute.make_layout(self.warps), 16)
-        if row < out.shape[0]:  # uniform over a CTA that shares a row (the grid has one CTA per row)
+        if row < rows:  # uniform over a CTA that shares a row (the grid has one CTA per row)
             views = self._views(h13, out, q, grad)
             amax = self._compute_row(views, row, part)
             if cutlass.const_expr(self.config.row_per_cta):

@@ -42,6 +42,7 @@ SHARED_GROUPS = frozenset({"pad", "unpad", quantize.KERNEL})
 #: Registry name -> the positions of its kernel's (G,) int32 arguments (group offsets, padded starts
 #: and ends), as the launchers pass them.
 GROUP_ARGS: dict[str, tuple[int, ...]] = {
+    "swiglu_fp8": (5,),  # the bounded variants' offsets (the others take five arguments)
     "swizzle": (2,),
     "pad": (2, 3, 4),
     "unpad": (2, 3),
@@ -74,7 +75,7 @@ class _WrapperChecks(_Noop):
                 raise RuntimeError("Cannot pack tensors on meta")
             if t.device != tensors[0].device or (t.dim() == 1 and t.shape[0] > 1 and t.stride(0) != 1):
                 raise ValueError(f"{MOCK_REFUSAL} Tensor device or stride")
-        groups = [args[i] for i in self.group_args if isinstance(args[i], torch.Tensor)]
+        groups = [args[i] for i in self.group_args if i < len(args) and isinstance(args[i], torch.Tensor)]
         if any(t.dim() != 1 for t in groups):
             raise ValueError(f"{MOCK_REFUSAL} Tensor rank")
         if self.shared_groups and len({t.shape[0] for t in groups}) > 1:
@@ -306,8 +307,12 @@ OPS: dict[str, tuple[Any, Callable[[], list[list[Any]]], Callable[[tuple], bool]
         # (E, 1, K) rows: run gives the size-1 dim a row stride first
         lambda args: isinstance(args[0], torch.Tensor) and args[0].dim() == 3 and args[0].shape[1] == 1,
     ),
-    "swiglu_quantize_fp8": (swiglu._SWIGLU_FWD, lambda: [swiglu_h13(), FLAGS], None),
-    "swiglu_backward_quantize_fp8": (swiglu._SWIGLU_BWD, lambda: [swiglu_grads(), swiglu_h13(), FLAGS], None),
+    "swiglu_quantize_fp8": (swiglu._SWIGLU_FWD, lambda: [swiglu_h13(), offsets(), FLAGS], None),
+    "swiglu_backward_quantize_fp8": (
+        swiglu._SWIGLU_BWD,
+        lambda: [swiglu_grads(), swiglu_h13(), offsets(), FLAGS],
+        None,
+    ),
 }
 
 

@@ -1,7 +1,8 @@
 """The SwiGLU + FP8 rowwise kernel compiles for sm_90a and sm_100a on a CPU-only machine with the SASS
 we expect: no local memory, 16-byte loads and stores of bf16 and 8-byte q stores in the vector
 variants, the saturating E4M3 conversion, IEEE division (no approximate reciprocal alone), the fp64
-scale division; every variant is registered and its instruction hash recorded."""
+scale division; the bounded variants read the last group end and exit before any load of h13;
+every variant is registered and its instruction hash recorded."""
 
 from __future__ import annotations
 
@@ -30,9 +31,42 @@ def test_compiles_with_expected_sass(compiled, target):
 
 def test_every_variant_is_registered():
     expected = {
-        f"swiglu_fp8_{d}_{r}_{v}" for d in ("fwd", "bwd") for r in ("pow2", "exact") for v in ("v8", "v1")
+        f"swiglu_fp8_{d}_{r}_{v}{suffix}"
+        for d in ("fwd", "bwd")
+        for r in ("pow2", "exact")
+        for v in ("v8", "v1")
+        for suffix in ("", "_bounded")
     }
     assert set(TARGETS) == expected
+
+
+@pytest.mark.parametrize("target", sorted(t for t in TARGETS if t.endswith("_bounded")))
+def test_bounded_variants_add_one_load(compiled, target):
+    """A bounded variant is its unbounded twin plus one 4-byte load (the last group end) and an
+    early exit: the same loads and stores otherwise, the same registers, no local memory; the end
+    is loaded, and the CTA may exit, before the first load of h13."""
+    kernel, text = spill_free_kernel(compiled, target)
+    _, summaries = compiled
+    (unbounded,) = summaries[target.removesuffix("_bounded")]
+    memory = dict(unbounded.memory)
+    memory["LDG.32"] = memory.get("LDG.32", 0) + 1
+    assert kernel.memory == memory, text
+    assert kernel.registers == unbounded.registers, text
+
+
+@pytest.mark.parametrize("arch,direction", [("sm_90a", "bwd"), ("sm_100a", "fwd")])
+def test_bounded_variant_exits_before_loading_h13(arch, direction):
+    """In the SASS: the end's ``LDG.E`` (32-bit), then an ``EXIT``, then the first wider load."""
+    from cute_kernels.swiglu import SwigluFp8Kernel, SwigluVariant
+    from cute_utils.sass import compile_options, cubin_of, disassemble
+
+    compiled = SwigluFp8Kernel.compile(
+        SwigluVariant(direction, bounded=True), arch, options=compile_options(arch)
+    )
+    lines = [line for line in disassemble(cubin_of(compiled)).splitlines() if "/*" in line]
+    loads = [i for i, line in enumerate(lines) if " LDG." in line]
+    first_exit = next(i for i, line in enumerate(lines) if "EXIT" in line)
+    assert "LDG.E " in lines[loads[0]] and loads[0] < first_exit < loads[1], "\n".join(lines[:60])
 
 
 def test_instruction_hashes_are_the_recorded_ones(compiled):
@@ -64,14 +98,15 @@ def test_variant_and_config_validate():
     assert not SwigluFp8Kernel.can_implement(12, True, 0)
 
 
+@pytest.mark.parametrize("bounded", [False, True])
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
-def test_warp_per_row_config_builds_without_local_memory(direction):
+def test_warp_per_row_config_builds_without_local_memory(direction, bounded):
     """The other launch shape of the config (a warp per row), which no default takes."""
     from cute_kernels.swiglu import SwigluConfig, SwigluFp8Kernel, SwigluVariant
     from cute_utils.sass import compile_options, cubin_of, resource_usage
 
     config = SwigluConfig(threads=128, unroll=2, ctas_per_sm=4, row_per_cta=False)
     compiled = SwigluFp8Kernel.compile(
-        SwigluVariant(direction), "sm_90a", config=config, options=compile_options("sm_90a")
+        SwigluVariant(direction, bounded=bounded), "sm_90a", config=config, options=compile_options("sm_90a")
     )
     assert not any(f["local_bytes"] for f in resource_usage(cubin_of(compiled)).values())

@@ -1,6 +1,8 @@
 """The SwiGLU + FP8 rowwise reference on CPU (docs/contract.md, "SwiGLU with FP8 rowwise"): the
 exact-op silu against float64 on every bf16 gate value, special values, the bf16 outputs against
-float64, the quantization being ``quantize_fp8_2d`` of the bf16 outputs, shapes and the errors."""
+float64, the quantization being ``quantize_fp8_2d`` of the bf16 outputs, shapes and the errors;
+the rows bounded by the last group end (``group_end_offsets``): the reference, the checks, the
+custom ops' fakes and the launcher's kernel keys and arguments."""
 
 from __future__ import annotations
 
@@ -346,7 +348,7 @@ def test_launcher_variants_and_empty_shapes(backward):
 
     def call(h13, grad=None):
         args = (grad if grad is not None else torch.zeros(h13.shape[0], h13.shape[1] // 2, dtype=BF16), h13)
-        return op.run(target, *args, True) if backward else op.run(target, h13, True)
+        return op.run(target, *args, None, True) if backward else op.run(target, h13, None, True)
 
     aligned = torch.zeros(4, 2 * 64, dtype=BF16)
     odd = torch.zeros(4, 2 * 20, dtype=BF16)
@@ -376,3 +378,193 @@ def test_bench_bytes_and_exit_without_a_gpu(capsys):
     if not torch.cuda.is_available():
         assert bench_swiglu.main(["--quick"]) == 2
         assert capsys.readouterr().err.count("\n") == 1
+
+
+# ---- rows bounded by the last group end (group_end_offsets) --------------------------------------
+
+I32 = torch.int32
+
+
+def _ends(*values: int) -> torch.Tensor:
+    return torch.tensor(values, dtype=I32)
+
+
+#: End offsets over 300 rows: bounds 0, 1, M and mid-CTA (mid-warp for a warp-per-row config),
+#: empty groups, one group, many groups.
+BOUNDED_ENDS = {
+    "bound 0": (0,),
+    "bound 0, G = 3": (0, 0, 0),
+    "bound 1": (1,),
+    "bound M": (300,),
+    "mid CTA": (64, 64, 203),
+    "empty groups": (0, 10, 10, 10, 131, 131),
+    "large G": tuple(e // 8 for e in range(2048)),  # bound 255
+}
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def _assert_bounded(got: tuple, whole: tuple, bound: int) -> None:
+    """Rows below ``bound`` byte for byte the unbounded call's; past it the padding rows (out 0,
+    q 0, scale 1.0); shapes, dtypes and strides the unbounded call's."""
+    for a, b in zip(got, whole, strict=True):
+        assert (a.shape, a.dtype, a.stride()) == (b.shape, b.dtype, b.stride())
+        assert torch.equal(_bytes(a[:bound]), _bytes(b[:bound]))
+    out, q, scales = got
+    assert not _bytes(out[bound:]).any() and not _bytes(q[bound:]).any()
+    assert torch.all(scales[bound:] == 1.0)
+
+
+@pytest.mark.parametrize("rounding", [True, False])
+@pytest.mark.parametrize("case", sorted(BOUNDED_ENDS))
+def test_bounded_reference_rows_below_the_bound(case, rounding):
+    ends = BOUNDED_ENDS[case]
+    h13 = _random_h13(300, 36, len(ends))
+    grad = _random_h13(300, 18, 3)[:, :36].contiguous()
+    fwd = R.swiglu_quantize_fp8(h13, group_end_offsets=_ends(*ends), round_scales_to_power_of_2=rounding)
+    _assert_bounded(fwd, R.swiglu_quantize_fp8(h13, round_scales_to_power_of_2=rounding), ends[-1])
+    bwd = R.swiglu_backward_quantize_fp8(
+        grad, h13, group_end_offsets=_ends(*ends), round_scales_to_power_of_2=rounding
+    )
+    whole = R.swiglu_backward_quantize_fp8(grad, h13, round_scales_to_power_of_2=rounding)
+    _assert_bounded(bwd, whole, ends[-1])
+
+
+def test_bounded_reference_special_rows_and_empty_shapes():
+    """NaN / Inf rows below the bound keep their bytes (NaN scale, 0x7F bytes); rows of no columns
+    get the scale 1.0 everywhere; no rows, no work."""
+    h13 = torch.tensor([[INF, 1.0, 1.0, 1.0], [0.0, 1.0, INF, 1.0], [NAN, 0.0, 1.0, 1.0]]).bfloat16()
+    h, q, scales = R.swiglu_quantize_fp8(h13, group_end_offsets=_ends(1, 2))
+    assert scales[0] == INF and torch.isnan(scales[1]) and scales[2] == 1.0
+    assert q[1].view(torch.uint8).tolist() == [0x7F, 0x7F] and not _bytes(q[2]).any()
+    assert not _bytes(h[2]).any()
+    _, _, scales = R.swiglu_quantize_fp8(torch.zeros(5, 0, dtype=BF16), group_end_offsets=_ends(2))
+    assert scales.tolist() == [1.0] * 5
+    out, q, scales = R.swiglu_backward_quantize_fp8(
+        torch.zeros(0, 8, dtype=BF16), torch.zeros(0, 16, dtype=BF16), group_end_offsets=_ends(0)
+    )
+    assert out.shape == (0, 16) and q.shape == (0, 16) and scales.shape == (0,)
+
+
+@pytest.mark.parametrize("ends", [(301,), (5, 3), (-1,), (-1, 200)])
+def test_bounded_reference_validates_the_offsets(ends):
+    """The reference syncs and validates the offsets (the kernels clamp the last end instead)."""
+    h13 = _random_h13(300, 8, 1)
+    with pytest.raises(ValueError, match="group_end_offsets"):
+        R.swiglu_quantize_fp8(h13, group_end_offsets=_ends(*ends))
+    with pytest.raises(ValueError, match="group_end_offsets"):
+        R.swiglu_backward_quantize_fp8(h13[:, :8].contiguous(), h13, group_end_offsets=_ends(*ends))
+
+
+BAD_OFFSETS = [
+    (_ends(4).long(), TypeError, "group_end_offsets must be a 1-D torch.int32 tensor"),
+    (_ends(4).float(), TypeError, "group_end_offsets must be a 1-D torch.int32 tensor"),
+    ([4], TypeError, "group_end_offsets must be a 1-D torch.int32 tensor"),
+    (torch.tensor(4, dtype=I32), ValueError, "group_end_offsets must be a 1-D torch.int32 tensor"),
+    (_ends(2, 4)[None], ValueError, "group_end_offsets must be a 1-D torch.int32 tensor"),
+    (_ends(), ValueError, "group_end_offsets must hold at least one group"),
+    (_ends(4).to("meta"), ValueError, "group_end_offsets must be on the same device as the data"),
+    (torch.arange(8, dtype=I32)[::2], ValueError, "group_end_offsets must be contiguous"),
+]
+
+
+@pytest.mark.parametrize("offsets,error,match", BAD_OFFSETS)
+def test_bounded_offsets_errors(offsets, error, match):
+    h13 = torch.zeros(4, 16, dtype=BF16)
+    grad = torch.zeros(4, 8, dtype=BF16)
+    for run in (R.swiglu_quantize_fp8, torch_bindings.swiglu_quantize_fp8):
+        with pytest.raises(error, match=f"^swiglu_quantize_fp8: {match}"):
+            run(h13, group_end_offsets=offsets)
+    for run in (R.swiglu_backward_quantize_fp8, torch_bindings.swiglu_backward_quantize_fp8):
+        with pytest.raises(error, match=f"^swiglu_backward_quantize_fp8: {match}"):
+            run(grad, h13, group_end_offsets=offsets)
+
+
+def test_bounded_checks_come_after_the_data_checks():
+    """A bad h13 is reported before bad offsets, in both ops."""
+    with pytest.raises(TypeError, match="swiglu_quantize_fp8: h13 must be"):
+        torch_bindings.swiglu_quantize_fp8(torch.zeros(4, 16), group_end_offsets=[4])
+    with pytest.raises(ValueError, match="swiglu_backward_quantize_fp8: grad_h must have the shape"):
+        torch_bindings.swiglu_backward_quantize_fp8(
+            torch.zeros(4, 9, dtype=BF16), torch.zeros(4, 16, dtype=BF16), group_end_offsets=[4]
+        )
+
+
+def test_bounded_public_ops_on_cpu_run_the_reference():
+    h13 = _random_h13(9, 40, 7)
+    grad = _random_h13(9, 20, 8)
+    ends = _ends(2, 5)
+    for backend in ("auto", "reference"):
+        got = torch_bindings.swiglu_quantize_fp8(h13, group_end_offsets=ends, backend=backend)
+        for a, b in zip(got, R.swiglu_quantize_fp8(h13, group_end_offsets=ends), strict=True):
+            assert torch.equal(_bytes(a), _bytes(b))
+        got = torch_bindings.swiglu_backward_quantize_fp8(
+            grad, h13, group_end_offsets=ends, round_scales_to_power_of_2=False, backend=backend
+        )
+        want = R.swiglu_backward_quantize_fp8(
+            grad, h13, group_end_offsets=ends, round_scales_to_power_of_2=False
+        )
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(_bytes(a), _bytes(b))
+    with pytest.raises(RuntimeError, match="swiglu_backward_quantize_fp8: backend='cute' cannot run here"):
+        torch_bindings.swiglu_backward_quantize_fp8(grad, h13, group_end_offsets=ends, backend="cute")
+
+
+def test_bounded_fake_implementations():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        h13 = torch.empty(300, 2 * 72, dtype=BF16)
+        ends = torch.empty(6, dtype=I32)
+        h, q, s = torch.ops.cute_kernels.swiglu_quantize_fp8_bounded(h13, ends, True)
+        g13, q2, s2 = torch.ops.cute_kernels.swiglu_backward_quantize_fp8_bounded(
+            torch.empty(300, 72, dtype=BF16), h13, ends, False
+        )
+    assert [(t.shape, t.dtype) for t in (h, q, s)] == [
+        ((300, 72), BF16),
+        ((300, 72), torch.float8_e4m3fn),
+        ((300,), torch.float32),
+    ]
+    assert [(t.shape, t.dtype) for t in (g13, q2, s2)] == [
+        ((300, 144), BF16),
+        ((300, 144), torch.float8_e4m3fn),
+        ((300,), torch.float32),
+    ]
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_bounded_launcher_keys_and_arguments(backward):
+    """The bounded variants' keys (the unbounded key plus "bounded") and arguments (the offsets
+    last); no launch for rows of no columns (every scale 1.0) or no rows; without offsets the
+    unbounded key."""
+    from torch_bindings import swiglu, targets
+
+    target = targets.DeviceTarget("sm_90a", 132, device=torch.device("cpu"))
+    target.kernels = _Recorder()
+    op = swiglu._SWIGLU_BWD if backward else swiglu._SWIGLU_FWD
+    ends = _ends(1, 3)
+
+    def call(h13, offsets):
+        grad = torch.zeros(h13.shape[0], h13.shape[1] // 2, dtype=BF16)
+        return op.run(target, grad, h13, offsets, False) if backward else op.run(target, h13, offsets, False)
+
+    direction = "bwd" if backward else "fwd"
+    for h13, vector in (
+        (torch.zeros(4, 2 * 64, dtype=BF16), True),
+        (torch.zeros(4, 2 * 20, dtype=BF16), False),
+    ):
+        out, q, scales = call(h13, ends)
+        key, args = target.kernels.calls.pop()
+        assert key == ("swiglu_fp8", direction, False, vector, "bounded")
+        assert args[0] is h13 and args[1] is out and args[2] is q and args[3] is scales and args[5] is ends
+        assert len(args) == 6 and (args[4] is not None) == backward
+        call(h13, None)
+        assert target.kernels.calls.pop()[0] == ("swiglu_fp8", direction, False, vector)
+    assert swiglu._variant(("swiglu_fp8", direction, False, True, "bounded"), target).bounded
+    assert not swiglu._variant(("swiglu_fp8", direction, False, True), target).bounded
+    _, _, scales = call(torch.zeros(3, 0, dtype=BF16), ends)
+    assert scales.tolist() == [1.0] * 3 and not target.kernels.calls
+    out, _, scales = call(torch.zeros(0, 16, dtype=BF16), ends)
+    assert out.shape[0] == 0 and scales.shape == (0,) and not target.kernels.calls

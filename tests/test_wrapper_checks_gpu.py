@@ -87,6 +87,12 @@ def cases() -> list[tuple[str, Any, Callable[[], tuple]]]:
                 pad_quantize._PAD_QUANTIZE,
                 lambda o=offs: (_x(), o(), 32, "rceil"),
             ),
+            (f"SwiGLU bounded, offsets {what}", swiglu._SWIGLU_FWD, lambda o=offs: (_x(), o(), True)),
+            (
+                f"SwiGLU bwd bounded, offsets {what}",
+                swiglu._SWIGLU_BWD,
+                lambda o=offs: (_x()[:, :128].contiguous(), _x(), o(), True),
+            ),
         ]
     three = [0, 128, 256]
     out += [
@@ -128,12 +134,22 @@ VIEWS: list[tuple[str, Any, Callable[[], tuple]]] = [
     ("FP8 dual, rows padded", quantize_fp8._QUANTIZE_DUAL, lambda: (_rows_padded(_x()), None, True)),
     ("FP8 3D K, every other expert", quantize_fp8._QUANTIZE_3D, lambda: (_w_sliced(), "K", True)),
     ("FP8 3D N, every other expert", quantize_fp8._QUANTIZE_3D, lambda: (_w_sliced(), "N", True)),
-    ("SwiGLU, h13 rows padded", swiglu._SWIGLU_FWD, lambda: (_rows_padded(_x()), True)),
-    ("SwiGLU bwd, grad_h rows padded", swiglu._SWIGLU_BWD, lambda: (_rows_padded(_x()[:, :128]), _x(), True)),
+    ("SwiGLU, h13 rows padded", swiglu._SWIGLU_FWD, lambda: (_rows_padded(_x()), None, True)),
+    ("SwiGLU bounded, h13 rows padded", swiglu._SWIGLU_FWD, lambda: (_rows_padded(_x()), _ends(), True)),
+    (
+        "SwiGLU bwd, grad_h rows padded",
+        swiglu._SWIGLU_BWD,
+        lambda: (_rows_padded(_x()[:, :128]), _x(), None, True),
+    ),
     (
         "SwiGLU bwd, h13 rows padded",
         swiglu._SWIGLU_BWD,
-        lambda: (_x()[:, :128].contiguous(), _rows_padded(_x()), True),
+        lambda: (_x()[:, :128].contiguous(), _rows_padded(_x()), None, True),
+    ),
+    (
+        "SwiGLU bwd bounded, h13 rows padded",
+        swiglu._SWIGLU_BWD,
+        lambda: (_x()[:, :128].contiguous(), _rows_padded(_x()), _ends(), True),
     ),
 ]
 
@@ -221,6 +237,6 @@ def _valid_args(op: Any) -> tuple:
         quantize_fp8._QUANTIZE_2D.name: (_x(), "row", None, True),
         quantize_fp8._QUANTIZE_DUAL.name: (_x(), None, True),
         quantize_fp8._QUANTIZE_3D.name: (_w_sliced().contiguous(), "K", True),
-        swiglu._SWIGLU_FWD.name: (_x(), True),
-        swiglu._SWIGLU_BWD.name: (_x()[:, :128].contiguous(), _x(), True),
+        swiglu._SWIGLU_FWD.name: (_x(), ends, True),  # the bounded variants (the offsets cases')
+        swiglu._SWIGLU_BWD.name: (_x()[:, :128].contiguous(), _x(), ends, True),
     }[op.name]

@@ -567,17 +567,29 @@ def _check_h13(h13: Any, op: str) -> None:
         )
 
 
-def check_swiglu_quantize_fp8(h13: Any, round_scales: Any, *, op: str = "swiglu_quantize_fp8") -> None:
-    """``swiglu_quantize_fp8``: h13 (M, 2H) bf16 contiguous; ``round_scales_to_power_of_2`` a bool."""
+def check_swiglu_quantize_fp8(
+    h13: Any, group_end_offsets: Any, round_scales: Any, *, op: str = "swiglu_quantize_fp8"
+) -> None:
+    """``swiglu_quantize_fp8``: h13 (M, 2H) bf16 contiguous; ``round_scales_to_power_of_2`` a bool;
+    optional row group end offsets (int32 (G,), G >= 1, contiguous, on h13's device: they bound the
+    rows computed)."""
     _check_h13(h13, op)
     check_bool("round_scales_to_power_of_2", round_scales, op=op)
+    if group_end_offsets is not None:
+        check_offsets("group_end_offsets", group_end_offsets, h13.device, op=op)
 
 
 def check_swiglu_backward_quantize_fp8(
-    grad_h: Any, h13: Any, round_scales: Any, *, op: str = "swiglu_backward_quantize_fp8"
+    grad_h: Any,
+    h13: Any,
+    group_end_offsets: Any,
+    round_scales: Any,
+    *,
+    op: str = "swiglu_backward_quantize_fp8",
 ) -> None:
     """``swiglu_backward_quantize_fp8``: grad_h (M, H) and h13 (M, 2H), bf16 contiguous, on one
-    device; ``round_scales_to_power_of_2`` a bool."""
+    device; ``round_scales_to_power_of_2`` a bool; optional row group end offsets as
+    :func:`check_swiglu_quantize_fp8`'s."""
     check_tensor("grad_h", grad_h, ndim=2, dtypes=SWIGLU_DTYPES, op=op)
     _check_h13(h13, op)
     if grad_h.device != h13.device:
@@ -589,6 +601,8 @@ def check_swiglu_backward_quantize_fp8(
             f"{tuple(h13.shape)}, got {tuple(grad_h.shape)}"
         )
     check_bool("round_scales_to_power_of_2", round_scales, op=op)
+    if group_end_offsets is not None:
+        check_offsets("group_end_offsets", group_end_offsets, h13.device, op=op)
 
 
 GROUPED_MM_RECIPES = ("fp8_rowwise", "mxfp8", "bf16")

@@ -886,28 +886,64 @@ def swiglu_backward(grad_h: Tensor, h13: Tensor) -> Tensor:
     return out
 
 
+def _swiglu_bound(group_end_offsets: Tensor | None, rows: int) -> int:
+    """The rows the SwiGLU ops compute: all ``rows``, or the last group end after the syncing
+    validation (:func:`check_group_end_offsets`: last end <= ``rows``)."""
+    if group_end_offsets is None:
+        return rows
+    check_group_end_offsets(group_end_offsets, rows)
+    return int(group_end_offsets[-1])
+
+
+def _swiglu_padded(outputs: tuple[Tensor, Tensor, Tensor], rows: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(out, q, scales)`` of the rows below a bound grown to ``rows`` rows with padding rows: bf16
+    out 0, q 0, scale 1.0 (what the bounded FP8 row reference, ``quantize_fp8_2d(axis="row",
+    group_end_offsets=...)``, gives its rows past the bound)."""
+    out, q, scales = outputs
+    bound = out.shape[0]
+    if bound == rows:
+        return outputs
+    out_all = out.new_zeros((rows, out.shape[1]))
+    q_all = torch.zeros((rows, q.shape[1]), dtype=torch.uint8, device=q.device)  # float8: bytes
+    scales_all = scales.new_ones(rows)
+    out_all[:bound], q_all[:bound], scales_all[:bound] = out, q.view(torch.uint8), scales
+    return out_all, q_all.view(torch.float8_e4m3fn), scales_all
+
+
 def swiglu_quantize_fp8(
-    h13: Tensor, *, round_scales_to_power_of_2: bool = True
+    h13: Tensor, *, group_end_offsets: Tensor | None = None, round_scales_to_power_of_2: bool = True
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(h, q, scales)``: h = :func:`swiglu` of h13 (M, 2H) bf16, and its FP8 rowwise operand,
     exactly ``quantize_fp8_2d(h, axis="row")``: q (M, H) e4m3 row-major, scales (M,) fp32 (the
-    dequantization multipliers; a row of no columns has the scale 1.0)."""
-    checks.check_swiglu_quantize_fp8(h13, round_scales_to_power_of_2)
-    h = swiglu(h13)
+    dequantization multipliers; a row of no columns has the scale 1.0).
+
+    With row group end offsets (int32 (G,), validated, syncing: last <= M) only the rows below the
+    last end are computed; the rows past it are unspecified by contract (the kernel leaves them
+    unwritten), here h 0, q 0 and scale 1.0 (the bounded FP8 row reference's padding rows)."""
+    checks.check_swiglu_quantize_fp8(h13, group_end_offsets, round_scales_to_power_of_2)
+    bound = _swiglu_bound(group_end_offsets, h13.shape[0])
+    h = swiglu(h13[:bound])
     q, scales = quantize_fp8_2d(h, axis="row", round_scales_to_power_of_2=round_scales_to_power_of_2)
-    return h, q, scales
+    return _swiglu_padded((h, q, scales), h13.shape[0])
 
 
 def swiglu_backward_quantize_fp8(
-    grad_h: Tensor, h13: Tensor, *, round_scales_to_power_of_2: bool = True
+    grad_h: Tensor,
+    h13: Tensor,
+    *,
+    group_end_offsets: Tensor | None = None,
+    round_scales_to_power_of_2: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(grad_h13, q, scales)``: grad_h13 = :func:`swiglu_backward` (M, 2H) bf16 and its FP8
     rowwise operand along the 2H dimension, exactly ``quantize_fp8_2d(grad_h13, axis="row")``: q (M,
-    2H) e4m3, scales (M,) fp32 (the amax runs over both halves of a row)."""
-    checks.check_swiglu_backward_quantize_fp8(grad_h, h13, round_scales_to_power_of_2)
-    grad_h13 = swiglu_backward(grad_h, h13)
+    2H) e4m3, scales (M,) fp32 (the amax runs over both halves of a row). With row group end
+    offsets, the rows past the last end as in :func:`swiglu_quantize_fp8` (grad_h13 0, q 0, scale
+    1.0)."""
+    checks.check_swiglu_backward_quantize_fp8(grad_h, h13, group_end_offsets, round_scales_to_power_of_2)
+    bound = _swiglu_bound(group_end_offsets, h13.shape[0])
+    grad_h13 = swiglu_backward(grad_h[:bound], h13[:bound])
     q, scales = quantize_fp8_2d(grad_h13, axis="row", round_scales_to_power_of_2=round_scales_to_power_of_2)
-    return grad_h13, q, scales
+    return _swiglu_padded((grad_h13, q, scales), h13.shape[0])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 
 The numerics are ``torch_bindings.reference.swiglu`` / ``swiglu_backward`` (exact fp32 operations,
 docs/contract.md) followed by ``quantize_fp8_2d(axis="row")`` of the bf16 result; the kernels match
-them bit for bit.
+them bit for bit. With ``group_end_offsets`` the kernels' bounded variants compute only the rows
+below the last group end (read on the device) and leave the rows past it unwritten.
 """
 
 from __future__ import annotations
@@ -17,20 +18,32 @@ _OP_FWD, _OP_BWD = "swiglu_quantize_fp8", "swiglu_backward_quantize_fp8"
 _KERNEL = "swiglu_fp8"  # cute_kernels.registry name
 _BF16 = torch.bfloat16
 _Tensor = torch.Tensor
+_ANY_GROUPS = 1 << 62  # the bounded kernels read only the last end: any number of groups
 
 
 def _variant(key: tuple, target: targets.DeviceTarget):
-    """``key = ("swiglu_fp8", direction, round_pow2, vector)`` -> the kernel's variant."""
+    """``key = ("swiglu_fp8", direction, round_pow2, vector[, "bounded"])`` -> the kernel's variant."""
     from cute_kernels.swiglu import SwigluVariant
 
-    _, direction, round_pow2, vector = key
-    return SwigluVariant(direction, round_pow2, vector)
+    _, direction, round_pow2, vector, *bounded = key
+    return SwigluVariant(direction, round_pow2, vector, bool(bounded))
 
 
-def _launch(target: targets.DeviceTarget, h13, grad_h, round_pow2: bool, rows: int, half: int, out_cols: int):
+def _launch(
+    target: targets.DeviceTarget,
+    h13,
+    grad_h,
+    round_pow2: bool,
+    rows: int,
+    half: int,
+    out_cols: int,
+    ends=None,
+):
     """Allocate the outputs (bf16 (M, out_cols), e4m3 (M, out_cols), fp32 (M,)) and launch once on
-    h13 (M, 2 half) (``grad_h`` None: the forward); rows of no columns get the scale 1.0 and no
-    launch, as do no rows."""
+    h13 (M, 2 half) (``grad_h`` None: the forward), the bounded variant with the group end offsets
+    ``ends`` (G,) int32 (checked, or left to the kernel's wrapper when it surely launches): the rows
+    past the last end are left unwritten. Rows of no columns get the scale 1.0 (every row, bounded
+    or not) and no launch, as do no rows."""
     out = h13.new_empty((rows, out_cols))
     q = target.e4m3.new_empty(rows, out_cols)
     scales = target.f32.new_empty(rows)
@@ -39,38 +52,61 @@ def _launch(target: targets.DeviceTarget, h13, grad_h, round_pow2: bool, rows: i
     if rows:
         unaligned = h13.data_ptr() & 15 or (grad_h is not None and grad_h.data_ptr() & 15)
         key = (_KERNEL, "fwd" if grad_h is None else "bwd", round_pow2, not (half & 7 or unaligned))
-        kernel = target.kernels.get(key) or target.kernel(key, _variant)
-        kernel(h13, out, q, scales, grad_h)  # outputs: fresh, 512-byte aligned
+        if ends is None:
+            kernel = target.kernels.get(key) or target.kernel(key, _variant)
+            kernel(h13, out, q, scales, grad_h)  # outputs: fresh, 512-byte aligned
+        else:
+            key = (*key, "bounded")
+            kernel = target.kernels.get(key) or target.kernel(key, _variant)
+            kernel(h13, out, q, scales, grad_h, ends)
     return out, q, scales
 
 
-def _run_fwd(target: targets.DeviceTarget, h13: torch.Tensor, round_pow2: bool):
+def _run_fwd(target: targets.DeviceTarget, h13: torch.Tensor, ends: torch.Tensor | None, round_pow2: bool):
     rows, cols = h13.shape
-    return _launch(target, h13, None, round_pow2, rows, cols >> 1, cols >> 1)
+    return _launch(target, h13, None, round_pow2, rows, cols >> 1, cols >> 1, ends)
 
 
-def _run_bwd(target: targets.DeviceTarget, grad_h: torch.Tensor, h13: torch.Tensor, round_pow2: bool):
+def _run_bwd(
+    target: targets.DeviceTarget,
+    grad_h: torch.Tensor,
+    h13: torch.Tensor,
+    ends: torch.Tensor | None,
+    round_pow2: bool,
+):
     rows, cols = h13.shape
-    return _launch(target, h13, grad_h, round_pow2, rows, cols >> 1, cols)
+    return _launch(target, h13, grad_h, round_pow2, rows, cols >> 1, cols, ends)
+
+
+def _fast_ends(ends: object, target: targets.DeviceTarget, launches: int) -> bool:
+    """Group end offsets a fast path may pass on: ``checks.check_offsets`` from metadata reads where
+    no kernel launches (no rows or no columns), else the part the bounded kernel's TVM-FFI wrapper
+    does not check (an int32 tensor of G >= 1 elements: ``checks.fast_launch_groups``)."""
+    if launches:
+        return checks.fast_launch_groups(ends, _ANY_GROUPS) > 0
+    return checks.fast_group_count(ends, target.device, _ANY_GROUPS) > 0
 
 
 def _fast_fwd(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_swiglu_quantize_fp8` from metadata reads (a contiguous
-    2-D bf16 h13 with an even last dim, a bool rounding flag)."""
-    h13, round_pow2 = args
+    2-D bf16 h13 with an even last dim, a bool rounding flag; offsets as :func:`_fast_ends`)."""
+    h13, ends, round_pow2 = args
     if h13.dtype is _BF16 and (round_pow2 is True or round_pow2 is False) and h13.is_contiguous():
         shape = h13.shape
         if len(shape) == 2 and not shape[1] & 1:
             half = shape[1] >> 1
-            return _launch(target, h13, None, round_pow2, shape[0], half, half)
+            if ends is None:
+                return _launch(target, h13, None, round_pow2, shape[0], half, half)
+            if _fast_ends(ends, target, shape[0] and half):
+                return _launch(target, h13, None, round_pow2, shape[0], half, half, ends)
     return None
 
 
 def _fast_bwd(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_swiglu_backward_quantize_fp8` from metadata reads
     (h13's device compared here: a call with no rows or columns launches no kernel whose wrapper
-    would)."""
-    grad_h, h13, round_pow2 = args
+    would; offsets as :func:`_fast_ends`)."""
+    grad_h, h13, ends, round_pow2 = args
     if (
         grad_h.dtype is _BF16
         and isinstance(h13, _Tensor)
@@ -83,7 +119,10 @@ def _fast_bwd(target: targets.DeviceTarget, args: tuple):
         if len(shape) == 2 and len(grad_shape) == 2 and grad_shape[0] == shape[0]:
             half = grad_shape[1]
             if 2 * half == shape[1] and h13.device == target.device:
-                return _launch(target, h13, grad_h, round_pow2, shape[0], half, shape[1])
+                if ends is None:
+                    return _launch(target, h13, grad_h, round_pow2, shape[0], half, shape[1])
+                if _fast_ends(ends, target, shape[0] and half):
+                    return _launch(target, h13, grad_h, round_pow2, shape[0], half, shape[1], ends)
     return None
 
 
@@ -94,7 +133,7 @@ def _fast_bwd(target: targets.DeviceTarget, args: tuple):
 
 @torch.library.custom_op("cute_kernels::swiglu_quantize_fp8", mutates_args=())
 def _fwd_op(h13: torch.Tensor, round_pow2: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _run_fwd(targets.select(_OP_FWD, "cute", h13), h13, round_pow2)
+    return _run_fwd(targets.select(_OP_FWD, "cute", h13), h13, None, round_pow2)
 
 
 @_fwd_op.register_fake
@@ -105,11 +144,25 @@ def _fwd_fake(h13: torch.Tensor, round_pow2: bool) -> tuple[torch.Tensor, torch.
     return h13.new_empty(shape), q, h13.new_empty(rows, dtype=torch.float32)
 
 
+@torch.library.custom_op("cute_kernels::swiglu_quantize_fp8_bounded", mutates_args=())
+def _fwd_bounded_op(
+    h13: torch.Tensor, group_end_offsets: torch.Tensor, round_pow2: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _run_fwd(targets.select(_OP_FWD, "cute", h13), h13, group_end_offsets, round_pow2)
+
+
+@_fwd_bounded_op.register_fake
+def _fwd_bounded_fake(
+    h13: torch.Tensor, group_end_offsets: torch.Tensor, round_pow2: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _fwd_fake(h13, round_pow2)
+
+
 @torch.library.custom_op("cute_kernels::swiglu_backward_quantize_fp8", mutates_args=())
 def _bwd_op(
     grad_h: torch.Tensor, h13: torch.Tensor, round_pow2: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _run_bwd(targets.select(_OP_BWD, "cute", h13), grad_h, h13, round_pow2)
+    return _run_bwd(targets.select(_OP_BWD, "cute", h13), grad_h, h13, None, round_pow2)
 
 
 @_bwd_op.register_fake
@@ -121,24 +174,54 @@ def _bwd_fake(
     return h13.new_empty(h13.shape), q, h13.new_empty(rows, dtype=torch.float32)
 
 
-def _reference_fwd(h13, round_pow2):
-    return reference.swiglu_quantize_fp8(h13, round_scales_to_power_of_2=round_pow2)
+@torch.library.custom_op("cute_kernels::swiglu_backward_quantize_fp8_bounded", mutates_args=())
+def _bwd_bounded_op(
+    grad_h: torch.Tensor, h13: torch.Tensor, group_end_offsets: torch.Tensor, round_pow2: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _run_bwd(targets.select(_OP_BWD, "cute", h13), grad_h, h13, group_end_offsets, round_pow2)
 
 
-def _reference_bwd(grad_h, h13, round_pow2):
-    return reference.swiglu_backward_quantize_fp8(grad_h, h13, round_scales_to_power_of_2=round_pow2)
+@_bwd_bounded_op.register_fake
+def _bwd_bounded_fake(
+    grad_h: torch.Tensor, h13: torch.Tensor, group_end_offsets: torch.Tensor, round_pow2: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _bwd_fake(grad_h, h13, round_pow2)
+
+
+def _custom_fwd(h13, ends, round_pow2):
+    return _fwd_op(h13, round_pow2) if ends is None else _fwd_bounded_op(h13, ends, round_pow2)
+
+
+def _custom_bwd(grad_h, h13, ends, round_pow2):
+    if ends is None:
+        return _bwd_op(grad_h, h13, round_pow2)
+    return _bwd_bounded_op(grad_h, h13, ends, round_pow2)
+
+
+def _reference_fwd(h13, ends, round_pow2):
+    return reference.swiglu_quantize_fp8(h13, group_end_offsets=ends, round_scales_to_power_of_2=round_pow2)
+
+
+def _reference_bwd(grad_h, h13, ends, round_pow2):
+    return reference.swiglu_backward_quantize_fp8(
+        grad_h, h13, group_end_offsets=ends, round_scales_to_power_of_2=round_pow2
+    )
 
 
 _SWIGLU_FWD = KernelOp(
-    _OP_FWD, checks.check_swiglu_quantize_fp8, _run_fwd, _reference_fwd, _fwd_op, fast=_fast_fwd
+    _OP_FWD, checks.check_swiglu_quantize_fp8, _run_fwd, _reference_fwd, _custom_fwd, fast=_fast_fwd
 )
 _SWIGLU_BWD = KernelOp(
-    _OP_BWD, checks.check_swiglu_backward_quantize_fp8, _run_bwd, _reference_bwd, _bwd_op, fast=_fast_bwd
+    _OP_BWD, checks.check_swiglu_backward_quantize_fp8, _run_bwd, _reference_bwd, _custom_bwd, fast=_fast_bwd
 )
 
 
 def swiglu_quantize_fp8(
-    h13: torch.Tensor, *, round_scales_to_power_of_2: bool = True, backend: str = "auto"
+    h13: torch.Tensor,
+    *,
+    group_end_offsets: torch.Tensor | None = None,
+    round_scales_to_power_of_2: bool = True,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """SwiGLU and its FP8 rowwise operand in one pass: h13 (M, 2H) bf16 contiguous, gate columns
     [0, H), up [H, 2H) (the ``gate_up_proj`` layout) -> ``(h, q, scales)``.
@@ -148,14 +231,20 @@ def swiglu_quantize_fp8(
     ``quantize_fp8_2d(h, axis="row", round_scales_to_power_of_2=...)``. One launch, no host sync,
     no recompile when M or H change (H % 8 == 0 with 16-byte aligned h13 takes 8-column steps,
     any other H one column at a time).
+
+    ``group_end_offsets`` (int32 (G,), G >= 1, on h13's device): only the rows below the last end
+    (read on the device, clamped to [0, M]; no sync) are computed, byte for byte as without; the
+    rows past it of h, q and scales are unspecified (left unwritten): an expert-parallel dispatch's
+    static worst-case row count costs only the rows it filled.
     """
-    return _SWIGLU_FWD.dispatch(backend, h13, round_scales_to_power_of_2)
+    return _SWIGLU_FWD.dispatch(backend, h13, group_end_offsets, round_scales_to_power_of_2)
 
 
 def swiglu_backward_quantize_fp8(
     grad_h: torch.Tensor,
     h13: torch.Tensor,
     *,
+    group_end_offsets: torch.Tensor | None = None,
     round_scales_to_power_of_2: bool = True,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -166,5 +255,9 @@ def swiglu_backward_quantize_fp8(
     silu(g))`` (exact fp32 operations, ``reference.swiglu_backward``); q (M, 2H) e4m3 and scales
     (M,) are exactly ``quantize_fp8_2d(grad_h13, axis="row", ...)`` (one scale over all 2H columns
     of a row). One launch, no host sync, no recompile when M or H change.
+
+    ``group_end_offsets`` (int32 (G,), G >= 1, on h13's device): only the rows below the last end
+    are computed, as in :func:`swiglu_quantize_fp8`; the rows past it of grad_h13, q and scales are
+    unspecified.
     """
-    return _SWIGLU_BWD.dispatch(backend, grad_h, h13, round_scales_to_power_of_2)
+    return _SWIGLU_BWD.dispatch(backend, grad_h, h13, group_end_offsets, round_scales_to_power_of_2)
