@@ -136,15 +136,18 @@ class Fp8Rowwise:
         return _mm._fp8_gemm(a.q.t(), b.q, a.s, b.s, ends, self.step)
 
     def swiglu(self, h13: Tensor, ends: Tensor, cols: bool) -> tuple[Operand, Operand | None]:
-        """h's row operand from the fused ``swiglu_quantize_fp8`` (one pass over h13) and, for w2's
-        wgrad, its column operand from the bf16 h that pass wrote."""
-        h, q, s = swiglu_quantize_fp8(h13, backend=self.step.backend)
+        """h's row operand from the fused ``swiglu_quantize_fp8`` (one pass over h13's rows up to the
+        last group end: a dispatch's static row count is mostly past it) and, for w2's wgrad, its
+        column operand from the bf16 h that pass wrote."""
+        h, q, s = swiglu_quantize_fp8(h13, group_end_offsets=ends, backend=self.step.backend)
         return Operand(q, s), (self.cols(h, ends) if cols else None)
 
     def swiglu_backward(self, grad_h: Tensor, h13: Tensor, ends: Tensor, rows: bool, cols: bool):
         """grad_h13's row operand from the fused ``swiglu_backward_quantize_fp8`` and its column
         operand (w13's wgrad) from the bf16 grad_h13 it wrote."""
-        g13, q, s = swiglu_backward_quantize_fp8(grad_h, h13.contiguous(), backend=self.step.backend)
+        g13, q, s = swiglu_backward_quantize_fp8(
+            grad_h, h13.contiguous(), group_end_offsets=ends, backend=self.step.backend
+        )
         return (Operand(q, s) if rows else None), (self.cols(g13, ends) if cols else None)
 
 
