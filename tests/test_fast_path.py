@@ -281,6 +281,7 @@ OPS: dict[str, tuple[Any, Callable[[], list[list[Any]]], Callable[[tuple], bool]
         # (E, 1, K) rows: run gives the size-1 dim a row stride first
         lambda args: isinstance(args[0], torch.Tensor) and args[0].dim() == 3 and args[0].shape[1] == 1,
     ),
+    "quantize_fp8_3d_dual": (quantize_fp8._QUANTIZE_DUAL_3D, lambda: [weights(), FLAGS], None),
 }
 
 

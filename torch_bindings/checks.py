@@ -52,6 +52,7 @@ __all__ = [
     "check_quantize_fp8_2d",
     "check_quantize_fp8_2d_dual",
     "check_quantize_fp8_3d",
+    "check_quantize_fp8_3d_dual",
     "FP8_AXES_2D",
     "FP8_AXES_3D",
     "MAX_KERNEL_GROUPS",
@@ -545,6 +546,13 @@ def check_quantize_fp8_3d(w: Any, axis: Any, round_scales: Any, *, op: str = "qu
     """``quantize_fp8_3d``: w (E, N, K) bf16/fp32 contiguous; ``axis`` "K" or "N"."""
     check_tensor("w", w, ndim=3, dtypes=QUANT_DTYPES, op=op)
     check_choice("axis", axis, FP8_AXES_3D, op=op)
+    check_bool("round_scales_to_power_of_2", round_scales, op=op)
+
+
+def check_quantize_fp8_3d_dual(w: Any, round_scales: Any, *, op: str = "quantize_fp8_3d_dual") -> None:
+    """``quantize_fp8_3d_dual``: w (E, N, K) bf16/fp32 contiguous; ``round_scales_to_power_of_2`` a
+    bool."""
+    check_tensor("w", w, ndim=3, dtypes=QUANT_DTYPES, op=op)
     check_bool("round_scales_to_power_of_2", round_scales, op=op)
 
 
