@@ -127,6 +127,7 @@ VIEWS: list[tuple[str, Any, Callable[[], tuple]]] = [
     ("FP8 dual, rows padded", quantize_fp8._QUANTIZE_DUAL, lambda: (_rows_padded(_x()), None, True)),
     ("FP8 3D K, every other expert", quantize_fp8._QUANTIZE_3D, lambda: (_w_sliced(), "K", True)),
     ("FP8 3D N, every other expert", quantize_fp8._QUANTIZE_3D, lambda: (_w_sliced(), "N", True)),
+    ("FP8 3D dual, every other expert", quantize_fp8._QUANTIZE_DUAL_3D, lambda: (_w_sliced(), True)),
 ]
 
 
@@ -213,4 +214,5 @@ def _valid_args(op: Any) -> tuple:
         quantize_fp8._QUANTIZE_2D.name: (_x(), "row", None, True),
         quantize_fp8._QUANTIZE_DUAL.name: (_x(), None, True),
         quantize_fp8._QUANTIZE_3D.name: (_w_sliced().contiguous(), "K", True),
+        quantize_fp8._QUANTIZE_DUAL_3D.name: (_w_sliced().contiguous(), True),
     }[op.name]
