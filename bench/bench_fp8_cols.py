@@ -16,9 +16,15 @@ The dual (``quantize_fp8_2d_dual``, same 2-D shapes): bytes moved = 2 reads of x
 scales; beside it ``unfused_us`` (our row op then our column op: x read three times) and torchao's
 ``triton_fp8_rowwise_2d_scale_and_cast`` + ``triton_fp8_per_group_colwise_scales``.
 
-Run (GPU machine, project root on PYTHONPATH)::
+The 3-D dual (``quantize_fp8_3d_dual``, part ``3d_dual``, the 3-D shapes): bytes moved = 2 reads of
+w + q_k + q_n + s_k + s_n; ``copy_us`` the copy of those bytes (the floor), ``ratio`` = copy_us /
+us; beside it ``singles_us``: ``quantize_fp8_3d(axis="K")`` then ``(axis="N")`` (w read three
+times), ``speedup`` = singles_us / us, and ``same_bytes``: the dual's four outputs against the two
+single calls'.
 
-    python -m bench.bench_fp8_cols [--quick] [--rows M ...] [--parts cols,3d,dual] [--out DIR]
+Run (GPU machine, project root on PYTHONPATH; exits 2 without a GPU)::
+
+    python -m bench.bench_fp8_cols [--quick] [--rows M ...] [--parts cols,3d,dual,3d_dual] [--out DIR]
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch
 import torch_bindings
 from bench.common.baselines import copy_baseline_best
 from bench.common.cli import make_parser, output_paths, progress
+from bench.common.device import cuda_or_none
 from bench.common.groups import skewed_group_ends
 from bench.common.report import report
 from bench.common.rows import gbps
@@ -159,11 +166,53 @@ def bench_3d(shape: tuple[int, int, int], torchao_fn) -> dict:
     return row
 
 
-def main(argv: list[str] | None = None) -> None:
+def bench_3d_dual(shape: tuple[int, int, int]) -> dict:
+    """``quantize_fp8_3d_dual`` (two reads of w) beside ``quantize_fp8_3d`` with ``axis="K"`` then
+    ``axis="N"`` (three reads), on bf16 w (E, N, K) rotated past L2."""
+    device = torch.device("cuda")
+    experts, n, k = shape
+    sets = make_rotating_inputs(
+        lambda: (torch.randn(experts, n, k, device=device, dtype=torch.bfloat16),),
+        bytes_per_set=4 * experts * n * k,  # w and both q
+    )
+
+    def run(w):
+        return torch_bindings.quantize_fp8_3d_dual(w)
+
+    def singles(w):
+        return (*torch_bindings.quantize_fp8_3d(w, axis="K"), *torch_bindings.quantize_fp8_3d(w, axis="N"))
+
+    w0 = sets[0][0]
+    got, want = run(w0), singles(w0)
+    same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(got, want, strict=True))
+    q_k, s_k, _, s_n = got
+    moved = 2 * w0.numel() * w0.element_size() + 2 * q_k.numel() + 4 * (s_k.numel() + s_n.numel())
+    us = time_cuda(run, sets)
+    copy_us = copy_baseline_best(moved, device)[0].us
+    singles_us = time_cuda(singles, sets)
+    return {
+        "shape": "x".join(map(str, shape)),
+        "MB": moved / 1e6,
+        "copy_us": copy_us,
+        "us": us,
+        "GB/s": gbps(moved, us),
+        "ratio": copy_us / us,
+        "singles_us": singles_us,
+        "speedup": singles_us / us,
+        "same_bytes": "yes" if same else "NO",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point: 0, or 2 without a GPU."""
     parser = make_parser(__doc__.splitlines()[0])  # --quick: K = 7168, M = 16384, 131072
     parser.add_argument("--rows", type=int, nargs="+", help="these M only (default: all, or --quick's)")
-    parser.add_argument("--parts", default="cols,3d,dual", help="comma list of cols, 3d, dual")
+    parser.add_argument(
+        "--parts", default="cols,3d,dual,3d_dual", help="comma list of cols, 3d, dual, 3d_dual"
+    )
     args = parser.parse_args(argv)
+    if cuda_or_none("bench_fp8_cols") is None:
+        return 2
     parts = set(args.parts.split(","))
     colwise, transpose_rhs, rowwise = _torchao()
     rows_list = args.rows or ((16384, 131072) if args.quick else ROWS)
@@ -186,16 +235,23 @@ def main(argv: list[str] | None = None) -> None:
                 progress(f"dual {rows}x{cols} G={groups}")
                 duals.append(bench_dual(rows, cols, groups, (rowwise, colwise)))
                 torch.cuda.empty_cache()
+    duals_3d = []
+    for shape in EXPERTS if "3d_dual" in parts else ():
+        progress(f"3d dual {shape}")
+        duals_3d.append(bench_3d_dual(shape))
+        torch.cuda.empty_cache()
     print(f"device: {torch.cuda.get_device_name()}")
     for title, stem, rows_ in (
         ("FP8 column scales, two passes (bf16, power-of-2 scales)", "fp8_cols", results),
         ("FP8 dual (row and column scales), two passes (bf16, power-of-2 scales)", "fp8_dual", duals),
+        ("FP8 3-D dual (K and N scales of w), two passes (bf16, power-of-2 scales)", "fp8_dual_3d", duals_3d),
     ):
         if not rows_:
             continue
         keys = list(dict.fromkeys(k for r in rows_ for k in r))
         report(rows_, keys, title, json_path=output_paths(args.out, stem)[0], panel_key=None)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

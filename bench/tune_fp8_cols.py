@@ -7,7 +7,8 @@ cast pass: x read, q written) on bf16 inputs rotated past L2 (G skewed row group
 config of the sweep that compiles without spilling; prints us and the ratio to a copy of the same
 bytes, checks each config's output bytes against the first one's, and keeps the fastest per pass.
 ``--write FILE`` merges the winners into FILE under this arch and device name. ``--dual`` tunes
-the dual variants' classes (2-D layouts; ``"<layout>+dual"`` in the class) instead.
+the dual variants' classes (every layout, experts for ``quantize_fp8_3d_dual``; ``"<layout>+dual"``
+in the class) instead.
 
     python -m bench.tune_fp8_cols [--quick] [--dual] [--write cute_kernels/configs/tuned.json]
 """
@@ -63,9 +64,10 @@ class Case:
         if self.layout == "groups":
             offsets = torch.tensor(skewed_group_ends(rows, self.groups), dtype=torch.int32, device="cuda")
         q, scales, _, _ = _col_outputs(x, offsets)
-        amax = torch.zeros(self.groups * cols + (rows if self.dual else 0), device="cuda", dtype=torch.int32)
-        q_rows = torch.empty((rows, cols), device="cuda", dtype=torch.float8_e4m3fn) if self.dual else None
-        row_scales = torch.empty(rows, device="cuda", dtype=torch.float32) if self.dual else None
+        row_words = x.numel() // cols if self.dual else 0  # M, or E N
+        amax = torch.zeros(self.groups * cols + row_words, device="cuda", dtype=torch.int32)
+        q_rows = torch.empty(self.shape, device="cuda", dtype=torch.float8_e4m3fn) if self.dual else None
+        row_scales = torch.empty(self.shape[:-1], device="cuda", dtype=torch.float32) if self.dual else None
         return x, offsets, q, scales, amax, q_rows, row_scales
 
     def run(self, name: str, kernel, x, offsets, q, scales, amax, q_rows, row_scales) -> tuple:
@@ -134,9 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick and args.write:
         raise SystemExit("--quick measures at M = 16384, not the classes' M = 65536: not written")
     chosen = QUICK if args.quick else CASES
-    cases = [
-        Case(lay, shape, g, args.dual) for lay, shape, g in chosen if not (args.dual and lay == "experts")
-    ]
+    cases = [Case(lay, shape, g, args.dual) for lay, shape, g in chosen]
     print(f"device: {device} ({arch}), {len(cases)} cases")
     kernels = {}  # (pass, layout) -> {config: kernel}
     winners: dict[str, dict] = {AMAX: {}, CAST: {}}

@@ -24,14 +24,15 @@ A column's amax spans up to M rows: far more than a chip holds, so two passes (n
    group quantize to 0. The CTAs of row tile ``t`` also write the dequantization scales
    ``1 / q_scale`` of groups ``t, t + T, ...`` (1.0 for an empty group).
 
-The dual (``quantize_fp8_2d_dual``, variants with ``dual``) adds the row side to both passes, so x
-is read twice, not three times: the amax pass also reduces each 32-row block's rows over the CTA's
-256 columns (a 31-shuffle warp transpose-max, ``cute_utils.mx.warp_transpose_max``, then the 4
-warps' maxima through shared memory) and folds them into M row words after the column words (one
-atomic max per row and CTA); the cast pass computes the row tile's 128 row ``q_scale`` once per CTA
-into shared memory and writes q (M, K) row-major (2 bytes per lane and row with vector loads, else
-bytes) beside q^T, and the CTAs
-of column chunk 0 write the row scales.
+The dual (``quantize_fp8_2d_dual`` and ``quantize_fp8_3d_dual``, variants with ``dual``) adds the
+row side to both passes, so x is read twice, not three times: the amax pass also reduces each
+32-row block's rows over the CTA's 256 columns (a 31-shuffle warp transpose-max,
+``cute_utils.mx.warp_transpose_max``, then the 4 warps' maxima through shared memory) and folds
+them into one row word per row after the column words (M words, or E N for experts: row (e, n) at
+``E K + e N + n``; one atomic max per row and CTA); the cast pass computes the row tile's 128 row
+``q_scale`` once per CTA into shared memory and writes q row-major ((M, K) or (E, N, K): 2 bytes
+per lane and row with vector loads, else bytes) beside q^T, and the CTAs of column chunk 0 write
+the row scales ((M,) or (E, N)).
 
 Groups are found with no scan: a thread looks up the group of its first row with a binary search
 of the end offsets in global memory and follows the rows in order; a 32-row block inside the
@@ -70,7 +71,6 @@ BLOCK = 32  # rows per block (one 32-byte run of q^T per column)
 TILE_M = 4 * BLOCK  # rows per cast row tile
 DTYPES = {"bfloat16": BFloat16, "float32": Float32}
 LAYOUTS = ("plain", "groups", "experts")
-LAYOUTS_2D = LAYOUTS[:2]  # the dual's
 
 
 @dataclass(frozen=True)
@@ -79,9 +79,10 @@ class Fp8ColVariant:
     ``"groups"`` (x (M, K), int32 end offsets (G,), scales (G K,) group-major) or ``"experts"``
     (w (E, N, K), scales (E, K)); ``vector_loads``: K even and x aligned to a column pair (4 bytes
     bf16, 8 bytes fp32); ``vector_stores`` (cast pass): R % 16 == 0 (R = M, or N for experts);
-    ``dual`` (2-D layouts): also one scale per row (``quantize_fp8_2d_dual``): the amax pass folds
-    each row's max into row words after the column words, the cast pass writes q (M, K) row-major
-    and the row scales beside q^T."""
+    ``dual``: also one scale per row (``quantize_fp8_2d_dual``; for experts ``quantize_fp8_3d_dual``,
+    a row being (e, n)): the amax pass folds each row's max into row words after the column words,
+    the cast pass writes q (M, K) or (E, N, K) row-major and the row scales ((M,) or (E, N)) beside
+    q^T."""
 
     dtype: str
     layout: str
@@ -94,8 +95,6 @@ class Fp8ColVariant:
             raise ValueError(
                 f"layout {self.layout!r} / dtype {self.dtype!r}: not one of {LAYOUTS} / {tuple(DTYPES)}"
             )
-        if self.dual and self.layout == "experts":
-            raise ValueError("dual: 2-D layouts only (plain or groups)")
 
     @property
     def grouped(self) -> bool:
@@ -131,12 +130,12 @@ class Fp8ColCastConfig:
 
 
 def _variants(stores: tuple[bool, ...]) -> list[Fp8ColVariant]:
-    """Every dtype x layout x load width (x ``stores``), and the dual's 2-D layouts."""
+    """Every dual x dtype x layout x load width (x ``stores``)."""
     return [
         Fp8ColVariant(d, layout, v, s, dual)
         for dual in (False, True)
         for d in DTYPES
-        for layout in (LAYOUTS_2D if dual else LAYOUTS)
+        for layout in LAYOUTS
         for v in (True, False)
         for s in stores
     ]
@@ -186,8 +185,8 @@ class CastSource:
 
 @dataclass(frozen=True)
 class DualRows:
-    """The dual's row side in the cast pass: ``q`` (1, M, K) row-major E4M3, ``q_scales`` the row
-    tile's 128 row ``q_scale`` in shared memory."""
+    """The dual's row side in the cast pass: ``q`` (1, M, K) or (E, N, K) row-major E4M3,
+    ``q_scales`` the row tile's 128 row ``q_scale`` in shared memory."""
 
     q: cute.Tensor
     q_scales: cute.Tensor
@@ -244,6 +243,15 @@ class _ColumnPass:
         g, _, _ = self._group_at(offsets, at, cutlass.min(row0 + BLOCK, last) - 1, steps)
         return g
 
+    def _row_words(self, offsets, experts: Int32, e: Int32, rows: Int32, cols: Int32) -> Int32:
+        """Dual: index of the row amax word of row 0 (of expert ``e``): after the ``n K`` column
+        words (n = G, E or 1), experts' rows (e, n) in order (``E K + e N``)."""
+        if cutlass.const_expr(self.variant.layout == "experts"):
+            return experts * cols + e * rows
+        if offsets is None:
+            return cols
+        return offsets.shape[0] * cols
+
     def _real(self, g: Int32, offsets):
         """Whether group ``g`` is a group (not the rows past every group)."""
         if cutlass.const_expr(self.variant.grouped):
@@ -294,13 +302,6 @@ def _scale_column(raw, j: cutlass.Constexpr, row0: Int32, start: Int32, end: Int
     _to_e4m3(scaled, q_words, j)
 
 
-def _row_words(offsets, cols: Int32) -> Int32:
-    """Index of the first row amax word (dual): after the ``n K`` column words (n = G, or 1)."""
-    if offsets is None:
-        return cols
-    return offsets.shape[0] * cols
-
-
 @cute.jit
 def _fold_row_maxima(raw: cute.Tensor, amax: cute.Tensor, row_words: Int32, row0: Int32, last: Int32, stage):
     """Dual: each block row's max over the CTA's 256 columns (``raw`` (32, 2) per lane, zero past
@@ -333,7 +334,7 @@ def _dequant_scale(amax_bits: Int32, mask: Int32, nonempty) -> Float32:
 
 class Fp8ColAmaxKernel(_ColumnPass, Kernel):
     """Amax pass (module docstring). Launch: ``kernel(x, amax, offsets, steps)``: ``amax`` int32
-    (n K,) zeroed (n = G, E or 1; dual: (n K + M,), the row words last), ``steps =
+    (n K,) zeroed (n = G, E or 1; dual: (n K + M,) or (E K + E N,), the row words last), ``steps =
     G.bit_length()`` (groups; else ignored)."""
 
     name = "quantize_fp8_col_amax"
@@ -401,7 +402,8 @@ class Fp8ColAmaxKernel(_ColumnPass, Kernel):
             self._load_block(x, at, row0, last, raw)
             if cutlass.const_expr(self.variant.dual):
                 stage = stages[None, None, (row0 - first) // BLOCK % 2]
-                _fold_row_maxima(raw, amax, _row_words(offsets, at.cols), row0, last, stage)
+                row_words = self._row_words(offsets, x.shape[0], at.e, at.rows, at.cols)
+                _fold_row_maxima(raw, amax, row_words, row0, last, stage)
             if cutlass.const_expr(not self.variant.grouped):
                 _masked_amax(raw, row0, row0, row0 + BLOCK, acc)
             else:
@@ -443,9 +445,10 @@ class Fp8ColAmaxKernel(_ColumnPass, Kernel):
 
 class Fp8ColCastKernel(_ColumnPass, Kernel):
     """Cast pass (module docstring). Launch: ``kernel(x, q, amax, scales, offsets, mask, steps,
-    q_rows, row_scales)`` (the last two: the dual's row outputs, else None):
-    q (M, K) strides (1, M) or (E, N, K) strides (N K, 1, N); ``amax`` the amax pass's words;
-    scales fp32 (K,), (G K,) or (E, K); ``mask`` the rounding (``cute_utils.fp8.POW2_MASK`` or -1)."""
+    q_rows, row_scales)`` (the last two: the dual's row outputs, else None: q_rows E4M3 (M, K) or
+    (E, N, K) row-major, row_scales fp32 (M,) or (E, N)): q (M, K) strides (1, M) or (E, N, K)
+    strides (N K, 1, N); ``amax`` the amax pass's words; scales fp32 (K,), (G K,) or (E, K);
+    ``mask`` the rounding (``cute_utils.fp8.POW2_MASK`` or -1)."""
 
     name = "quantize_fp8_col_cast"
 
@@ -460,7 +463,8 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
     @classmethod
     def fake_arguments(cls, variant: Fp8ColVariant) -> tuple:
         """x, q (q^T rows 16-byte aligned for ``vector_stores``), amax, scales, offsets, mask,
-        steps, (dual) q_rows (M, K) row-major and row_scales (M,), the env stream."""
+        steps, (dual) q_rows (M, K) or (E, N, K) row-major and row_scales (M,) or (E, N), the env
+        stream."""
         rows = cute.sym_int(divisibility=16 if variant.vector_stores else 1)
         cols = cute.sym_int(divisibility=PAIR if variant.vector_loads else 1)
         x = _fake_x(variant, rows, cols)
@@ -475,15 +479,20 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
         amax = _fake(Int32, (cute.sym_int(),), (0,), 4)
         q_rows = row_scales = None
         if variant.dual:
-            q_rows = _fake(Float8E4M3FN, (rows, cols), (1, 0), PAIR if variant.vector_loads else 1)
-            row_scales = _fake(Float32, (rows,), (0,), 4)
+            pair_align = PAIR if variant.vector_loads else 1
+            if variant.rank == 3:
+                q_rows = _fake(Float8E4M3FN, (x.shape[0], rows, cols), (2, 1, 0), pair_align)
+                row_scales = _fake(Float32, (x.shape[0], rows), (1, 0), 4)
+            else:
+                q_rows = _fake(Float8E4M3FN, (rows, cols), (1, 0), pair_align)
+                row_scales = _fake(Float32, (rows,), (0,), 4)
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         mask, steps = Int32(-1), Int32(1)
         return x, q, amax, scales, _fake_offsets(variant), mask, steps, q_rows, row_scales, stream
 
     @cute.jit
     def __call__(self, x, q, amax, scales, offsets, mask: Int32, steps: Int32, q_rows, row_scales, stream):
-        if cutlass.const_expr(self.variant.dual):  # q_rows (M, K) row-major as (1, M, K)
+        if cutlass.const_expr(self.variant.dual and self.variant.rank == 2):  # q_rows (M, K) as (1, M, K)
             q_rows = _one_expert(q_rows, PAIR if self.variant.vector_loads else 1)
         if cutlass.const_expr(self.variant.rank == 2):  # q (M, K) column-major: its transpose row-major
             qt = _one_expert(q, 16 if self.variant.vector_stores else 1, transpose=True)
@@ -509,11 +518,12 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
     def kernel(self, x, qt, amax, scales, offsets, mask, steps, tiles_per_cta: Int32, q_rows, row_scales):
         tid, _, _ = cute.arch.thread_idx()
         row_tile, chunk, e = cute.arch.block_idx()
-        _, rows, cols = x.shape
+        experts, rows, cols = x.shape
         src = CastSource(amax, offsets, mask, steps)
         dual = None
         if cutlass.const_expr(self.variant.dual):
-            dual = DualRows(q_rows, self._row_q_scales(src, row_scales, row_tile * TILE_M, rows, cols))
+            rows_at = Columns(e, tid, rows, cols)
+            dual = DualRows(q_rows, self._row_q_scales(src, row_scales, row_tile * TILE_M, rows_at, experts))
         first_tile = chunk * tiles_per_cta
         last_tile = cutlass.min(first_tile + tiles_per_cta, ceil_div(cols, TILE_K))
         for tile in cutlass.range(first_tile, last_tile, unroll=1):
@@ -522,20 +532,24 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
             self._row_tile(x, qt, src, at, row_tile * TILE_M, dual)
 
     @cute.jit
-    def _row_q_scales(self, src: CastSource, row_scales, first_row: Int32, rows: Int32, cols: Int32):
-        """Dual: the ``q_scale`` of each of the row tile's 128 rows (thread ``t``: row ``first_row +
-        t``; 0 past M) into shared memory, returned as a (128,) tensor; the CTAs of column chunk 0
-        also store the rows' dequantization scales ``1 / q_scale`` in ``row_scales`` (M,). Ends with
-        a CTA barrier."""
+    def _row_q_scales(self, src: CastSource, row_scales, first_row: Int32, at: Columns, experts: Int32):
+        """Dual: the ``q_scale`` of each of the row tile's 128 rows of expert ``at.e`` (thread ``t``:
+        row ``first_row + t``; 0 past R) into shared memory, returned as a (128,) tensor; the CTAs
+        of column chunk 0 also store the rows' dequantization scales ``1 / q_scale`` in
+        ``row_scales`` (M,) or (E, N). Ends with a CTA barrier."""
         tid, _, _ = cute.arch.thread_idx()
         _, chunk, _ = cute.arch.block_idx()
         row_q_scales = SmemAllocator().allocate_tensor(Float32, cute.make_layout(TILE_M), 16)
         row = first_row + tid
         q_scale = Float32(0.0)
-        if row < rows:
-            q_scale = fp8_quant_scale_masked(src.amax[_row_words(src.offsets, cols) + row], src.mask)
+        if row < at.rows:
+            row_words = self._row_words(src.offsets, experts, at.e, at.rows, at.cols)
+            q_scale = fp8_quant_scale_masked(src.amax[row_words + row], src.mask)
             if chunk == 0:
-                row_scales[row] = reciprocal_rn(q_scale)
+                if cutlass.const_expr(self.variant.rank == 3):
+                    row_scales[at.e, row] = reciprocal_rn(q_scale)
+                else:
+                    row_scales[row] = reciprocal_rn(q_scale)
         row_q_scales[tid] = q_scale
         cute.arch.barrier()
         return row_q_scales
@@ -627,9 +641,9 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
 
     @cute.jit
     def _store_rows(self, raw, dual: DualRows, at: Columns, row0: Int32, first_row: Int32):
-        """Dual: the block's rows below R times their row ``q_scale`` as E4M3 into q (1, M, K)
-        row-major: each lane's column pair, one 2-byte store per row (``vector_loads``; else per
-        column)."""
+        """Dual: the block's rows below R times their row ``q_scale`` as E4M3 into q (1, M, K) or
+        (E, N, K) row-major: each lane's column pair, one 2-byte store per row (``vector_loads``;
+        else per column)."""
         pair = cute.make_rmem_tensor(cute.make_layout(PAIR), Float32)
         q_pair = cute.make_rmem_tensor(cute.make_layout(PAIR), Float8E4M3FN)
         k0 = at.pair * PAIR

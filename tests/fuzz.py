@@ -1,4 +1,4 @@
-"""Seeded fuzzing of every op that takes group offsets (and the 3D op) against the reference.
+"""Seeded fuzzing of every op that takes group offsets (and the 3D ops) against the reference.
 
 Generator: `hypothesis <https://hypothesis.readthedocs.io>`_ draws each case (op arguments, shape,
 dtype, group pattern) from strategies that favour the edges: empty first/last groups, runs of empty
@@ -328,15 +328,14 @@ def _fp8_cols_case(draw, limits: Limits, op: str) -> Case:
 
 
 @st.composite
-def _fp8_3d_case(draw, limits: Limits) -> Case:
-    """FP8 expert weights (E, N, K) of any N and K, scales along K or N."""
+def _fp8_3d_case(draw, limits: Limits, op: str) -> Case:
+    """FP8 expert weights (E, N, K) of any N and K: scales along K or N (``fp8_3d``) or both
+    (``fp8_3d_dual``)."""
     experts = draw(_edge_int(1, 33, (1, 2, 8, 16, 32)))
     n, k = draw(matrix_shape(Limits(limits.max_elems // experts, 9000), col_multiple=1))
-    kwargs = (
-        ("axis", draw(st.sampled_from(("K", "N")))),
-        ("round_scales_to_power_of_2", draw(st.booleans())),
-    )
-    return Case("fp8_3d", (experts, n, k), draw(_QUANT_DTYPES), draw(_SEEDS), None, kwargs)
+    axis = (("axis", draw(st.sampled_from(("K", "N")))),) if op == "fp8_3d" else ()  # drawn first, as before
+    kwargs = (*axis, ("round_scales_to_power_of_2", draw(st.booleans())))
+    return Case(op, (experts, n, k), draw(_QUANT_DTYPES), draw(_SEEDS), None, kwargs)
 
 
 def case_strategy(op: str, limits: Limits = Limits()) -> st.SearchStrategy[Case]:
@@ -354,7 +353,8 @@ def case_strategy(op: str, limits: Limits = Limits()) -> st.SearchStrategy[Case]
         "quantize_3d": lambda: _quantize_3d_case(limits),
         "fp8_cols": lambda: _fp8_cols_case(limits, "fp8_cols"),
         "fp8_dual": lambda: _fp8_cols_case(limits, "fp8_dual"),
-        "fp8_3d": lambda: _fp8_3d_case(limits),
+        "fp8_3d": lambda: _fp8_3d_case(limits, "fp8_3d"),
+        "fp8_3d_dual": lambda: _fp8_3d_case(limits, "fp8_3d_dual"),
     }
     return strategies[op]()
 
@@ -434,6 +434,8 @@ def _call(module, case: Case, inputs: Inputs, backend: dict) -> tuple:
         return module.quantize_fp8_2d_dual(x, group_end_offsets=offsets, **kw, **backend)
     if case.op == "fp8_3d":
         return module.quantize_fp8_3d(x, **kw, **backend)
+    if case.op == "fp8_3d_dual":
+        return module.quantize_fp8_3d_dual(x, **kw, **backend)
     q, s = module.quantize_mxfp8_3d(x, **kw, **backend)
     return (q.transpose(1, 2) if kw["block"] == "32x1" else q), s
 
@@ -493,7 +495,7 @@ def _garbage_kwargs(op: str) -> tuple:
     return tuple(kw.items())  # fp8_cols / fp8_dual: the defaults
 
 
-#: Ops fuzzed (all that take group offsets, and the 3D op) and the ops the garbage check covers.
+#: Ops fuzzed (all that take group offsets, and the 3D ops) and the ops the garbage check covers.
 OPS = (
     "swizzle_m",
     "swizzle_k",
@@ -507,8 +509,9 @@ OPS = (
     "fp8_cols",
     "fp8_dual",
     "fp8_3d",
+    "fp8_3d_dual",
 )
-GROUPED_OPS = tuple(op for op in OPS if op not in ("quantize_3d", "fp8_3d"))
+GROUPED_OPS = tuple(op for op in OPS if op not in ("quantize_3d", "fp8_3d", "fp8_3d_dual"))
 
 
 # ----------------------------------------------------------------------------------------------

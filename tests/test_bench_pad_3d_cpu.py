@@ -1,5 +1,5 @@
 """CPU-only tests of bench_pad, bench_quantize_3d and bench_overhead's pure parts (bytes, cases,
-checks through the reference, summaries, exit codes without a GPU)."""
+checks through the reference, summaries, exit codes without a GPU; bench_fp8_cols' exit code)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 import torch_bindings
 import torch_bindings.reference as ref_mod
-from bench import bench_overhead, bench_pad, bench_quantize_3d
+from bench import bench_fp8_cols, bench_overhead, bench_pad, bench_quantize_3d
 from bench.common.rows import make_row
 
 # ------------------------------------------------------------------------------------------
@@ -157,7 +157,7 @@ def test_quant3d_goals() -> None:
 # ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module", [bench_pad, bench_quantize_3d, bench_overhead])
+@pytest.mark.parametrize("module", [bench_pad, bench_quantize_3d, bench_overhead, bench_fp8_cols])
 def test_main_without_cuda_exits_2(module: object, capsys: pytest.CaptureFixture[str]) -> None:
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
@@ -165,7 +165,7 @@ def test_main_without_cuda_exits_2(module: object, capsys: pytest.CaptureFixture
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", [bench_pad, bench_quantize_3d, bench_overhead])
+@pytest.mark.parametrize("module", [bench_pad, bench_quantize_3d, bench_overhead, bench_fp8_cols])
 def test_help_works(module: object) -> None:
     with pytest.raises(SystemExit) as exc:
         module.main(["--help"])  # type: ignore[attr-defined]

@@ -313,6 +313,7 @@ OPS: dict[str, tuple[Any, Callable[[], list[list[Any]]], Callable[[tuple], bool]
         lambda: [swiglu_grads(), swiglu_h13(), offsets(), FLAGS],
         None,
     ),
+    "quantize_fp8_3d_dual": (quantize_fp8._QUANTIZE_DUAL_3D, lambda: [weights(), FLAGS], None),
 }
 
 

@@ -1,4 +1,4 @@
-"""Fixed-seed fuzz of every op that takes group offsets (and the 3D op) against the reference on the
+"""Fixed-seed fuzz of every op that takes group offsets (and the 3D ops) against the reference on the
 GPU (tests/fuzz.py: edge-favouring group patterns, dirty memory, byte comparison, no sync), and the
 garbage-offset patterns (negative, decreasing, past the end, INT_MAX, INT_MIN): no fault.
 ``make fuzz`` runs the same generator for minutes with any seed."""
@@ -12,7 +12,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 SEEDS = (0, 1, 2, 3)
-EXAMPLES = 25  # per (op, seed): 900 cases in all
+EXAMPLES = 25  # per (op, seed): 1300 cases in all (13 ops)
 
 
 @pytest.mark.parametrize("fuzz_seed", SEEDS)

@@ -2,7 +2,8 @@
 machine with the SASS we expect: no local memory, one 4-byte (bf16) / 8-byte (fp32) load per row
 and column pair in the vector-load variants, the atomic max of the amax pass, the saturating E4M3
 conversion and the fp64 scale division of the cast pass, 16-byte q stores in its vector-store
-variants; the registry lists every variant."""
+variants, and in the dual variants (2-D and experts) the row side: a CTA barrier, the row q's
+2-byte stores with vector loads; the registry lists every variant."""
 
 from __future__ import annotations
 
@@ -39,19 +40,18 @@ def test_compiles_with_expected_sass(compiled, target):
         assert any(m.startswith(("DMUL", "DFMA")) for m in kernel.counts), "q_scale divides in fp64"
         if "_s16" in target:
             assert kernel.global_stores(128) >= 4, text
+    if "_dual_" in target:  # the row side: row maxima / row q_scales through shared memory
+        assert kernel.opcode("BAR") >= 1, text
+        if "_cast_" in target and "_v2" in target:
+            assert kernel.global_stores(16) >= 32, "one 2-byte row q store per row and lane"
 
 
 def test_every_variant_is_registered():
     names = {
-        f"{d}_{layout}_{v}"
+        f"{d}_{layout}{dual}_{v}"
         for d in ("bfloat16", "float32")
-        for layout in ("plain", "groups", "experts")
-        for v in ("v2", "v1")
-    }
-    names |= {
-        f"{d}_{layout}_dual_{v}"
-        for d in ("bfloat16", "float32")
-        for layout in ("plain", "groups")
+        for layout in ("plain", "groups", "experts")  # experts dual: quantize_fp8_3d_dual
+        for dual in ("", "_dual")
         for v in ("v2", "v1")
     }
     expected = {f"quantize_fp8_col_amax_{n}" for n in names}

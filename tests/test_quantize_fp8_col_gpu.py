@@ -1,8 +1,9 @@
 """FP8 column scales on the GPU (SPEC section 7): quantize_fp8_2d(axis="col") with and without row
-groups, quantize_fp8_2d_dual and quantize_fp8_3d(axis="N"), bit-exact to the reference (q bytes,
-strides and fp32 scale bits) on random data (per-row and per-column magnitudes) and special values,
-both roundings, every load/store variant (K odd, M % 16 != 0, unaligned x), empty groups and rows
-past the last group, no sync, no recompile when M, K or the offsets change, CUDA graphs, fullgraph
+groups, quantize_fp8_2d_dual, quantize_fp8_3d(axis="N") and quantize_fp8_3d_dual, bit-exact to the
+reference (q bytes, strides and fp32 scale bits; the 3-D dual also to the two single kernel calls)
+on random data (per-row and per-column magnitudes) and special values, both roundings, every
+load/store variant (K odd, M or N % 16 != 0, unaligned x), empty groups and rows past the last
+group, no sync, no recompile when M, K or the offsets change, CUDA graphs, fullgraph
 torch.compile. The group patterns are fuzzed in tests/test_fuzz_gpu.py (ops fp8_cols, fp8_dual,
 fp8_3d)."""
 
@@ -189,6 +190,113 @@ def test_no_recompiles_across_shapes_and_offsets():
     assert torch_bindings.compile_stats.compiles + torch_bindings.compile_stats.disk_loads == before
 
 
+# --- quantize_fp8_3d_dual: both layouts of an expert weight from the experts dual variants ---
+
+
+def _check_3d_dual(w: torch.Tensor, rounding: bool = True) -> None:
+    """quantize_fp8_3d_dual (no host sync) against the two single kernel calls and the reference:
+    strides and every byte of q_k, s_k, q_n, s_n."""
+    kw = {"round_scales_to_power_of_2": rounding}
+    with no_sync():
+        got = torch_bindings.quantize_fp8_3d_dual(w, backend="cute", **kw)
+    singles = (
+        *torch_bindings.quantize_fp8_3d(w, axis="K", backend="cute", **kw),
+        *torch_bindings.quantize_fp8_3d(w, axis="N", backend="cute", **kw),
+    )
+    want = reference.quantize_fp8_3d_dual(w, **kw)
+    for name, g, one, ref in zip(("q_k", "s_k", "q_n", "s_n"), got, singles, want, strict=True):
+        assert same_strides(g, ref), (name, g.stride(), ref.stride())
+        assert torch.equal(g.view(torch.uint8), one.view(torch.uint8)), f"{name}: not the single call's bytes"
+        assert_same_bytes(g, ref, name)
+
+
+def _by_expert_column(shape, dtype, gen) -> torch.Tensor:
+    """w (E, N, K) whose magnitude varies per (expert, column) (10^U(-30, 30))."""
+    experts, n, k = shape
+    return _random_x((experts * k, n), dtype, gen).view(experts, k, n).transpose(1, 2).contiguous()
+
+
+EXPERT_SHAPES = [
+    (1, 1, 8),  # E = 1, one row
+    (1, 300, 7),  # E = 1, K odd: element loads and stores
+    (3, 50, 64),  # N % 16 != 0: byte stores of q_n
+    (2, 129, 96),
+    (2, 7, 13),  # K odd, N < 16
+    (2, 48, 258),  # a second column tile of two columns
+    (3, 33, 1000),
+    (4, 256, 7168),
+    (9, 160, 520),  # 9 experts: the bucket of 64
+]
+
+
+@pytest.mark.parametrize("rounding", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("experts,n,k", EXPERT_SHAPES)
+def test_3d_dual_matches_single_calls_and_reference(experts, n, k, dtype, rounding, poison_cuda_allocator):
+    gen = torch.Generator().manual_seed(experts * 1000 + n + k)
+    by_row = _random_x((experts * n, k), dtype, gen).view(experts, n, k)
+    for w in (by_row, _by_expert_column((experts, n, k), dtype, gen)):
+        poison_cuda_allocator()
+        _check_3d_dual(w, rounding)
+
+
+@pytest.mark.parametrize("rounding", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_3d_dual_special_values(dtype, rounding, poison_cuda_allocator):
+    blocks = _special_blocks(dtype).cuda()  # (17, 32) rows: Inf, NaN, 0, -0, subnormals, bf16 max
+    columns = blocks.t().contiguous()  # (32, 17): each special run down a column
+    odd = torch.cat([columns, columns[:, :2]], 1)  # K = 19: element loads
+    for w in (
+        blocks.view(1, 17, 32),  # each special run along a row (the K side)
+        torch.stack([blocks, blocks.flip(0)]),
+        columns.view(2, 16, 17),  # and down the columns of each expert (the N side)
+        odd.view(2, 16, 19),
+        torch.zeros(2, 40, 64, dtype=dtype, device="cuda"),
+    ):
+        poison_cuda_allocator()
+        _check_3d_dual(w, rounding)
+
+
+def test_3d_dual_unaligned_w_takes_the_element_loads():
+    base = _random_x((1, 3 * 40 * 64 + 1), torch.bfloat16, torch.Generator().manual_seed(8))
+    _check_3d_dual(base[0, 1:].view(3, 40, 64))  # 2 bytes past a 4-byte boundary
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 64), (2, 5, 0), (0, 4, 8), (3, 1, 16)])
+def test_3d_dual_empty_dims_and_one_row(shape):
+    _check_3d_dual(torch.randn(shape, dtype=torch.bfloat16, device="cuda"))
+
+
+def test_3d_dual_one_row_with_a_free_row_stride():
+    w = torch.randn(1, 3, 16, device="cuda").transpose(0, 1)  # (3, 1, 16), strides (16, 48, 1)
+    assert w.is_contiguous()
+    _check_3d_dual(w)
+
+
+def test_3d_dual_no_recompiles_and_torch_compile_fullgraph():
+    """One call per compile class (N % 16, K's class and parity, E's bucket) compiles nothing for
+    other N, K and E of those classes; ``torch.compile(fullgraph=True, dynamic=True)`` runs the
+    custom op (bytes against the reference)."""
+    gen = torch.Generator().manual_seed(9)
+    classes = [((2, 32, 64), (8, 80, 48)), ((3, 50, 7168), (5, 7, 5120)), ((2, 9, 13), (6, 21, 7))]
+    for shape, _ in classes:
+        _check_3d_dual(_random_x((shape[0] * shape[1], shape[2]), torch.bfloat16, gen).view(shape))
+    before = torch_bindings.compile_stats.compiles + torch_bindings.compile_stats.disk_loads
+    for _, shape in classes:
+        _check_3d_dual(_random_x((shape[0] * shape[1], shape[2]), torch.bfloat16, gen).view(shape))
+    assert torch_bindings.compile_stats.compiles + torch_bindings.compile_stats.disk_loads == before
+
+    @torch.compile(fullgraph=True, dynamic=True)
+    def dual(w):
+        return torch_bindings.quantize_fp8_3d_dual(w)
+
+    for experts, n in ((2, 96), (3, 300)):
+        w = _random_x((experts * n, 128), torch.float32, gen).view(experts, n, 128)
+        for g, want in zip(dual(w), reference.quantize_fp8_3d_dual(w), strict=True):
+            assert same_strides(g, want)
+            assert_same_bytes(g, want)
+
+
 def test_cuda_graph_replay_with_new_offsets():
     x = _random_x((512, 2048), torch.bfloat16, torch.Generator().manual_seed(6))
     offsets = torch.tensor([100, 300, 512], dtype=torch.int32, device="cuda")
@@ -238,6 +346,7 @@ def test_more_experts_than_the_grid_takes_is_a_clear_error():
     w = torch.zeros(65536, 32, 32, dtype=torch.bfloat16, device="cuda")
     for op in (
         lambda: torch_bindings.quantize_fp8_3d(w, axis="N", backend="cute"),
+        lambda: torch_bindings.quantize_fp8_3d_dual(w, backend="cute"),
         lambda: torch_bindings.quantize_mxfp8_3d(w, block="32x1", backend="cute"),
     ):
         with pytest.raises(ValueError, match="65535"):

@@ -83,6 +83,39 @@ def test_dual_is_the_two_single_calls():
     assert q_col.stride() == q2.stride() and _bits(q_col) == _bits(q2) and torch.equal(s_col, s2)
 
 
+@pytest.mark.parametrize("shape", [(3, 40, 24), (1, 17, 9), (2, 0, 8), (2, 5, 0), (0, 4, 8)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_dual_3d_is_the_two_single_calls(shape, dtype):
+    torch.manual_seed(5)
+    w = (torch.randn(shape) * torch.logspace(-6, 6, shape[1])[:, None]).to(dtype)
+    for rounding in (True, False):
+        q_k, s_k, q_n, s_n = R.quantize_fp8_3d_dual(w, round_scales_to_power_of_2=rounding)
+        q1, s1 = R.quantize_fp8_3d(w, axis="K", round_scales_to_power_of_2=rounding)
+        q2, s2 = R.quantize_fp8_3d(w, axis="N", round_scales_to_power_of_2=rounding)
+        assert q_k.stride() == q1.stride() and _bits(q_k) == _bits(q1) and torch.equal(s_k, s1)
+        assert q_n.stride() == q2.stride() and _bits(q_n) == _bits(q2) and torch.equal(s_n, s2)
+        assert s_k.shape == shape[:2] and s_n.shape == (shape[0], shape[2])
+
+
+def test_dual_3d_bad_arguments_name_the_op_and_argument():
+    import torch_bindings as tb
+
+    w = torch.zeros(2, 4, 8)
+    for fn in (R.quantize_fp8_3d_dual, tb.quantize_fp8_3d_dual):
+        with pytest.raises(ValueError, match=r"quantize_fp8_3d_dual: w must be a 3-D tensor"):
+            fn(w[0])
+        with pytest.raises(TypeError, match=r"quantize_fp8_3d_dual: w must be a 3-D tensor of dtype"):
+            fn(w.half())
+        with pytest.raises(ValueError, match=r"quantize_fp8_3d_dual: w must be contiguous"):
+            fn(w.transpose(1, 2))
+        with pytest.raises(TypeError, match=r"quantize_fp8_3d_dual: round_scales_to_power_of_2"):
+            fn(w, round_scales_to_power_of_2=1)
+    with pytest.raises(TypeError):
+        tb.quantize_fp8_3d_dual(w, axis="K")  # no axis: both are returned
+    with pytest.raises(ValueError, match=r"quantize_fp8_3d_dual: backend"):
+        tb.quantize_fp8_3d_dual(w, backend="triton")
+
+
 def test_empty_vectors_have_scale_one():
     assert R.quantize_fp8_2d(torch.zeros(0, 8))[1].shape == (0,)
     assert torch.equal(R.quantize_fp8_2d(torch.zeros(3, 0))[1], torch.ones(3))
@@ -173,6 +206,11 @@ def test_public_functions_on_cpu_run_the_reference():
     assert w.is_contiguous()
     got, want = tb.quantize_fp8_3d(w), R.quantize_fp8_3d(w.contiguous())
     assert _bits(got[0]) == _bits(want[0]) and torch.equal(got[1], want[1])
+    got, want = tb.quantize_fp8_3d_dual(w), R.quantize_fp8_3d_dual(w.contiguous())
+    for g, w_ in zip(got, want, strict=True):
+        assert g.stride() == w_.stride() and _bits(g) == _bits(w_)
+    with pytest.raises(RuntimeError, match="backend='cute'"):
+        tb.quantize_fp8_3d_dual(w, backend="cute")
 
 
 @pytest.mark.parametrize("shape", [(5, 24), (0, 8), (4, 0)])
@@ -190,6 +228,22 @@ def test_fakes_match_the_kernel_path_layout(shape):
     assert q.numel() == 0 or q.stride() == (shape[1], 1)
     assert s.shape == (shape[0],) and s.dtype == torch.float32
     assert qw.shape == (2, *shape) and sw.shape == (2, shape[0])
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 24), (3, 1, 8), (2, 0, 8), (2, 4, 0), (0, 4, 8)])
+def test_dual_3d_fake_matches_the_kernel_path_layout(shape):
+    """The custom op's fake gives the reference's shapes, dtypes and strides (the kernel path
+    allocates the same: row-major q_k, q_n with strides (N K, 1, N))."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torch_bindings import quantize_fp8 as binding
+
+    want = R.quantize_fp8_3d_dual(torch.zeros(shape))
+    with FakeTensorMode():
+        got = binding._dual_3d_fake(torch.empty(shape, dtype=torch.bfloat16), True)
+    for g, w in zip(got, want, strict=True):
+        assert (g.shape, g.dtype) == (w.shape, w.dtype)
+        assert g.numel() == 0 or g.stride() == w.stride(), (g.stride(), w.stride())
 
 
 def test_expert_rows_sets_the_row_stride():

@@ -151,6 +151,7 @@ VIEWS: list[tuple[str, Any, Callable[[], tuple]]] = [
         swiglu._SWIGLU_BWD,
         lambda: (_x()[:, :128].contiguous(), _rows_padded(_x()), _ends(), True),
     ),
+    ("FP8 3D dual, every other expert", quantize_fp8._QUANTIZE_DUAL_3D, lambda: (_w_sliced(), True)),
 ]
 
 
@@ -239,4 +240,5 @@ def _valid_args(op: Any) -> tuple:
         quantize_fp8._QUANTIZE_3D.name: (_w_sliced().contiguous(), "K", True),
         swiglu._SWIGLU_FWD.name: (_x(), ends, True),  # the bounded variants (the offsets cases')
         swiglu._SWIGLU_BWD.name: (_x()[:, :128].contiguous(), _x(), ends, True),
+        quantize_fp8._QUANTIZE_DUAL_3D.name: (_w_sliced().contiguous(), True),
     }[op.name]

@@ -19,7 +19,7 @@ from .pad_quantize import pad_and_quantize_mxfp8_2d
 from .quantize import quantize_mxfp8_2d
 from .quantize_3d import quantize_mxfp8_3d
 from .quantize_dual import quantize_mxfp8_2d_dual
-from .quantize_fp8 import quantize_fp8_2d, quantize_fp8_2d_dual, quantize_fp8_3d
+from .quantize_fp8 import quantize_fp8_2d, quantize_fp8_2d_dual, quantize_fp8_3d, quantize_fp8_3d_dual
 from .reference import check_group_end_offsets
 from .swiglu import swiglu_backward_quantize_fp8, swiglu_quantize_fp8
 from .swizzle import swizzle_scales
@@ -40,6 +40,7 @@ __all__ = [
     "quantize_fp8_2d",
     "quantize_fp8_2d_dual",
     "quantize_fp8_3d",
+    "quantize_fp8_3d_dual",
     "quantize_mxfp8_2d",
     "quantize_mxfp8_2d_dual",
     "quantize_mxfp8_3d",

@@ -21,6 +21,7 @@ KERNEL_OPS = (
     "quantize_fp8_2d",
     "quantize_fp8_2d_dual",
     "quantize_fp8_3d",
+    "quantize_fp8_3d_dual",
     "swizzle_scales",
     "pad_token_groups",
     "unpad_token_groups",

@@ -55,6 +55,7 @@ __all__ = [
     "check_swiglu_backward_quantize_fp8",
     "check_swiglu_quantize_fp8",
     "SWIGLU_DTYPES",
+    "check_quantize_fp8_3d_dual",
     "FP8_AXES_2D",
     "FP8_AXES_3D",
     "MAX_KERNEL_GROUPS",
@@ -603,6 +604,11 @@ def check_swiglu_backward_quantize_fp8(
     check_bool("round_scales_to_power_of_2", round_scales, op=op)
     if group_end_offsets is not None:
         check_offsets("group_end_offsets", group_end_offsets, h13.device, op=op)
+def check_quantize_fp8_3d_dual(w: Any, round_scales: Any, *, op: str = "quantize_fp8_3d_dual") -> None:
+    """``quantize_fp8_3d_dual``: w (E, N, K) bf16/fp32 contiguous; ``round_scales_to_power_of_2`` a
+    bool."""
+    check_tensor("w", w, ndim=3, dtypes=QUANT_DTYPES, op=op)
+    check_bool("round_scales_to_power_of_2", round_scales, op=op)
 
 
 GROUPED_MM_RECIPES = ("fp8_rowwise", "mxfp8", "bf16")

@@ -1,11 +1,12 @@
 """FP8 rowwise quantization (SPEC section 7): ``quantize_fp8_2d``, ``quantize_fp8_2d_dual``,
-``quantize_fp8_3d``.
+``quantize_fp8_3d``, ``quantize_fp8_3d_dual``.
 
 Kernels: one scale per row (``cute_kernels.quantize_fp8.Fp8RowKernel``, one launch) for
 ``quantize_fp8_2d(axis="row")`` and ``quantize_fp8_3d(axis="K")``; column scales
 (``cute_kernels.quantize_fp8_col``: a zero fill, the amax pass, the cast pass) for
 ``quantize_fp8_2d(axis="col")`` with and without row groups and ``quantize_fp8_3d(axis="N")``; the
-dual runs the column passes' dual variants, which also produce the row outputs (x read twice).
+duals run the column passes' dual variants (layouts plain / groups for 2-D, experts for 3-D), which
+also produce the row outputs (x or w read twice).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .op import KernelOp
 from .quantize_3d import expert_rows
 
 _OP_2D, _OP_DUAL, _OP_3D = "quantize_fp8_2d", "quantize_fp8_2d_dual", "quantize_fp8_3d"
+_OP_DUAL_3D = "quantize_fp8_3d_dual"
 _KERNEL = "quantize_fp8_row"  # cute_kernels.registry names
 _COL_AMAX, _COL_CAST = "quantize_fp8_col_amax", "quantize_fp8_col_cast"
 _E4M3 = torch.float8_e4m3fn
@@ -120,14 +122,15 @@ def _col_passes(target: targets.DeviceTarget, key: tuple) -> tuple:
 
 def _launch_cols(target: targets.DeviceTarget, x, offsets, round_pow2: bool, cols_out: tuple, rows_out=None):
     """The amax pass then the cast pass on x with at least one row and column: ``cols_out`` the
-    ``(q, scales, layout, n)`` of :func:`_col_outputs`; ``rows_out`` (dual) ``(q_row, s_row)``,
-    whose row amax words follow the n K column words."""
+    ``(q, scales, layout, n)`` of :func:`_col_outputs`; ``rows_out`` (dual) ``(q_row, s_row)`` ((M, K)
+    and (M,), or (E, N, K) and (E, N)), whose row amax words (M, or E N) follow the n K column words."""
     q, scales, layout, groups = cols_out
     rows, cols = x.shape[-2:]
     vector_loads = not (cols & 1 or x.data_ptr() % (2 * x.element_size()))
     vector_stores = not rows & 15  # q: fresh, 256-byte aligned
     dual = rows_out is not None
-    amax = torch.zeros(groups * cols + (rows if dual else 0), dtype=torch.int32, device=x.device)
+    row_words = x.numel() // cols if dual else 0  # M, or E N
+    amax = torch.zeros(groups * cols + row_words, dtype=torch.int32, device=x.device)
     steps = groups.bit_length()
     amax_pass, cast_pass = _col_passes(
         target, (x.dtype, layout, vector_loads, vector_stores, dual, cols, groups)
@@ -426,3 +429,74 @@ def quantize_fp8_3d(
     class (the next power of 2) or, with ``axis="N"``, E within its bucket (<= 8, <= 64, ...).
     """
     return _QUANTIZE_3D.dispatch(backend, w, axis, round_scales_to_power_of_2)
+
+
+# ----------------------------------------------------------------------------------------------
+# quantize_fp8_3d_dual
+# ----------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("cute_kernels::quantize_fp8_3d_dual", mutates_args=())
+def _dual_3d_op(
+    w: torch.Tensor, round_pow2: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _run_dual_3d(targets.select(_OP_DUAL_3D, "cute", w), w, round_pow2)
+
+
+@_dual_3d_op.register_fake
+def _dual_3d_fake(
+    w: torch.Tensor, round_pow2: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (*_rows_3d_fake(w, round_pow2), *_cols_3d_fake(w, round_pow2))
+
+
+def _fast_dual_3d(target: targets.DeviceTarget, args: tuple):
+    """``KernelOp.fast``: :func:`checks.check_quantize_fp8_3d_dual` from metadata reads."""
+    w, round_pow2 = args
+    shape = _fast_shape(w, round_pow2)
+    if shape is None or len(shape) != 3:
+        return None
+    return _run_dual_3d(target, w, round_pow2)
+
+
+def _run_dual_3d(target: targets.DeviceTarget, w, round_pow2):
+    """Both quantizations of w (E, N, K) from two reads of w: the column passes' experts dual
+    variants (the amax pass also folds each row (e, n)'s max into a row word, the cast pass also
+    writes q_k (E, N, K) row-major and s_k (E, N))."""
+    experts, n, k = w.shape
+    q_k, s_k = target.e4m3.new_empty(experts, n, k), target.f32.new_empty(experts, n)
+    cols_out = _col_outputs(w, None)
+    q_n, s_n = cols_out[:2]
+    if not w.numel():  # rows of no elements: scale 1.0; no rows: every expert's columns are empty
+        return q_k, s_k.fill_(1.0), q_n, s_n.fill_(1.0)
+    checks.check_kernel_experts(_OP_DUAL_3D, experts)
+    _launch_cols(target, w, None, round_pow2, cols_out, (q_k, s_k))
+    return q_k, s_k, q_n, s_n
+
+
+def _reference_dual_3d(w, round_pow2):
+    return reference.quantize_fp8_3d_dual(w, round_scales_to_power_of_2=round_pow2)
+
+
+_QUANTIZE_DUAL_3D = KernelOp(
+    _OP_DUAL_3D,
+    checks.check_quantize_fp8_3d_dual,
+    _run_dual_3d,
+    _reference_dual_3d,
+    _dual_3d_op,
+    fast=_fast_dual_3d,
+)
+
+
+def quantize_fp8_3d_dual(
+    w: torch.Tensor, *, round_scales_to_power_of_2: bool = True, backend: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q_k, s_k, q_n, s_n)``: :func:`quantize_fp8_3d` of expert weights w (E, N, K), bf16 or fp32,
+    contiguous, with ``axis="K"`` (q_k ``float8_e4m3fn`` (E, N, K) row-major, s_k fp32 (E, N)) and
+    with ``axis="N"`` (q_n (E, N, K) with strides (N*K, 1, N), s_n fp32 (E, K)), bit for bit (SPEC
+    section 7), from two reads of w instead of three: a zero fill, an amax pass (column and row
+    maxima) and a cast pass writing both q (the column passes' experts dual variants; at most 65535
+    experts on the kernel path). Scales are ``1 / q_scale``. No host sync; no recompile when N
+    changes (within N % 16), nor K within its class (the next power of 2; K even or odd) or E within
+    its bucket (<= 8, <= 64, ...)."""
+    return _QUANTIZE_DUAL_3D.dispatch(backend, w, round_scales_to_power_of_2)

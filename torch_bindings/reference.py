@@ -65,6 +65,7 @@ __all__ = [
     "quantize_fp8_2d",
     "quantize_fp8_2d_dual",
     "quantize_fp8_3d",
+    "quantize_fp8_3d_dual",
     "quantize_mxfp8_2d",
     "quantize_mxfp8_2d_dual",
     "quantize_mxfp8_3d",
@@ -758,6 +759,18 @@ def quantize_fp8_3d(
         qi, scales[i] = _fp8_cols(w[i], round_scales_to_power_of_2)
         q[i].copy_(qi.view(torch.uint8))
     return q.view(torch.float8_e4m3fn), scales
+
+
+def quantize_fp8_3d_dual(
+    w: Tensor, *, round_scales_to_power_of_2: bool = True
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(q_k, s_k, q_n, s_n)``: :func:`quantize_fp8_3d` with ``axis="K"`` (q_k (E, N, K) row-major,
+    s_k (E, N)) and with ``axis="N"`` (q_n (E, N, K) with strides (N*K, 1, N), s_n (E, K)), bit for
+    bit (SPEC section 7)."""
+    checks.check_quantize_fp8_3d_dual(w, round_scales_to_power_of_2)
+    q_k, s_k = quantize_fp8_3d(w, axis="K", round_scales_to_power_of_2=round_scales_to_power_of_2)
+    q_n, s_n = quantize_fp8_3d(w, axis="N", round_scales_to_power_of_2=round_scales_to_power_of_2)
+    return q_k, s_k, q_n, s_n
 
 
 # ----------------------------------------------------------------------------------------------
