@@ -141,32 +141,37 @@ def test_only_the_gradients_asked_for(device, recipe, monkeypatch):
 def test_weight_cache_reuses_and_invalidates(device, monkeypatch):
     """Weights quantize once per value: a second call (micro-batch, recomputation) reuses the
     operands, an in-place update (an optimizer step) recomputes them; results equal the uncached
-    module's; opt-out quantizes every call."""
-    calls = {"n": 0}
-    original = experts.Fp8Rowwise.weight
+    module's; opt-out quantizes every call. Cached trainable weights get both layouts from one
+    dual pass; uncached ones one layout per GEMM."""
+    calls = {"single": 0, "both": 0}
+    single, both = experts.Fp8Rowwise.weight, experts.Fp8Rowwise.weight_both
 
-    def counted(self, w, layout):
-        calls["n"] += 1
-        return original(self, w, layout)
+    def counted_single(self, w, layout):
+        calls["single"] += 1
+        return single(self, w, layout)
 
-    monkeypatch.setattr(experts.Fp8Rowwise, "weight", counted)
+    def counted_both(self, w):
+        calls["both"] += 1
+        return both(self, w)
+
+    monkeypatch.setattr(experts.Fp8Rowwise, "weight", counted_single)
+    monkeypatch.setattr(experts.Fp8Rowwise, "weight_both", counted_both)
     cached, plain = _module(device, "fp8_rowwise"), _module(device, "fp8_rowwise", weight_cache=False)
     x, grad, ends = _batch(device)
     first = _run(cached, x, grad, ends)
-    assert calls["n"] == 4 and cached.weight_cache_bytes() > 0  # w13, w2 x (forward, dgrad)
+    assert calls == {"single": 0, "both": 2} and cached.weight_cache_bytes() > 0  # w13, w2
     second = _run(cached, x, grad, ends)
-    assert calls["n"] == 4
+    assert calls == {"single": 0, "both": 2}
     for a, b in zip(first, second, strict=True):
         _same(a, b, "cached call")
     with torch.no_grad():
         cached.w2.mul_(0.5)  # the optimizer's in-place update
     third = _run(cached, x, grad, ends)
-    assert calls["n"] == 6  # w2's two layouts again, w13's from the cache
+    assert calls == {"single": 0, "both": 3}  # w2 again, w13 from the cache
     with torch.no_grad():
         plain.w2.mul_(0.5)
-    before = calls["n"]
     reference = _run(plain, x, grad, ends)
-    assert calls["n"] == before + 4 and plain.weight_cache_bytes() == 0
+    assert calls == {"single": 4, "both": 3} and plain.weight_cache_bytes() == 0
     for a, b in zip(third, reference, strict=True):
         _same(a, b, "cached against uncached")
 

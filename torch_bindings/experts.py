@@ -35,7 +35,7 @@ from .grouped_mm import output_dtype
 from .pad import pad_token_groups, unpad_token_groups
 from .quantize import quantize_mxfp8_2d
 from .quantize_3d import quantize_mxfp8_3d
-from .quantize_fp8 import quantize_fp8_2d, quantize_fp8_3d
+from .quantize_fp8 import quantize_fp8_2d, quantize_fp8_3d, quantize_fp8_3d_dual
 from .swiglu import swiglu_backward_quantize_fp8, swiglu_quantize_fp8
 from .tokens import QuantizedTokens
 
@@ -125,6 +125,10 @@ class Fp8Rowwise:
 
     def weight(self, w: Tensor, layout: str) -> tuple:
         return quantize_fp8_3d(w, axis="K" if layout == "fwd" else "N", backend=self.step.backend)
+
+    def weight_both(self, w: Tensor) -> tuple:
+        """``(q_k, s_k, q_n, s_n)``: both layouts from one pass pair (``quantize_fp8_3d_dual``)."""
+        return quantize_fp8_3d_dual(w, backend=self.step.backend)
 
     def forward_mm(self, a: Operand, w: tuple, ends: Tensor) -> Tensor:
         return _mm._fp8_gemm(a.q, w[0].transpose(-2, -1), a.s, w[1], ends, self.step)
@@ -216,8 +220,15 @@ class ExpertsCall:
 
 
 def _weight(call: ExpertsCall, ops, name: str, w: Tensor, layout: str) -> tuple:
+    """w's operands for the ``layout`` GEMM (``"fwd"``: along K; ``"dgrad"``: along N). Cached: a
+    weight that will need both (it requires a gradient) and a recipe with a dual pass get both
+    layouts from one pass pair (w read twice, not three times) the first time either is asked for."""
     if call.cache is None:
         return ops.weight(w, layout)
+    if w.requires_grad and hasattr(ops, "weight_both"):
+        form = ("both", call.step.recipe, call.step.emulated)
+        both = call.cache.get(name, form, w, ops.weight_both)
+        return both[:2] if layout == "fwd" else both[2:]
     form = (layout, call.step.recipe, call.step.emulated)  # the operands' format
     return call.cache.get(name, form, w, lambda t: ops.weight(t, layout))
 
