@@ -25,6 +25,7 @@ quantize_fp8_col_amax = sm90.quantize_fp8_col_amax
 quantize_fp8_col_cast = sm90.quantize_fp8_col_cast
 quantize_fp8_col_amax_for_shape = sm90.quantize_fp8_col_amax_for_shape
 quantize_fp8_col_cast_for_shape = sm90.quantize_fp8_col_cast_for_shape
+dequantize_fp8_rows = sm90.dequantize_fp8_rows
 
 
 # --- swizzle ---
