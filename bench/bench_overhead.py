@@ -8,7 +8,8 @@ microseconds, so the host is the bottleneck), one call of each in turn, median o
 Ops: ``swizzle_scales`` (plain, M-groups, K-groups), ``quantize_mxfp8_2d`` (1x32 plain scales,
 blocked, M-groups; 32x1), ``quantize_mxfp8_2d_dual``, ``quantize_mxfp8_3d`` (1x32, 32x1),
 ``pad_token_groups``, ``unpad_token_groups`` (with ``num_tokens``, the no-sync form),
-``pad_and_quantize_mxfp8_2d``, ``quantize_fp8_2d(axis="row")`` and ``quantize_fp8_3d(axis="K")``.
+``pad_and_quantize_mxfp8_2d``, ``quantize_fp8_2d(axis="row")`` (also bounded by row groups),
+``quantize_fp8_3d(axis="K")`` and ``dequantize_fp8_rows``.
 An op that raises gets a row saying so. The last rows time the
 ``torch.ops`` custom-op dispatch (the ``torch.compile`` path) and bare allocations, for scale.
 """
@@ -82,6 +83,8 @@ def op_cases(device: torch.device) -> dict[str, Callable[[], object]]:
     x = torch.randn(256, 256, dtype=torch.bfloat16, device=device)
     w = torch.randn(2, 128, 256, dtype=torch.bfloat16, device=device)
     padded, start, _ = tb.pad_token_groups(x, ends)
+    q8 = torch.zeros(256, 256, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+    s8 = torch.ones(256, dtype=torch.float32, device=device)
     return {
         "swizzle_scales plain": lambda: tb.swizzle_scales(scales),
         "swizzle_scales M-groups": lambda: tb.swizzle_scales(scales, group_end_offsets=ends),
@@ -98,6 +101,8 @@ def op_cases(device: torch.device) -> dict[str, Callable[[], object]]:
         "pad_and_quantize_mxfp8_2d": lambda: tb.pad_and_quantize_mxfp8_2d(x, ends),
         "quantize_fp8_2d row": lambda: tb.quantize_fp8_2d(x),
         "quantize_fp8_3d K": lambda: tb.quantize_fp8_3d(w),
+        "quantize_fp8_2d row bounded": lambda: tb.quantize_fp8_2d(x, group_end_offsets=ends),
+        "dequantize_fp8_rows": lambda: tb.dequantize_fp8_rows(q8, s8, ends),
     }
 
 

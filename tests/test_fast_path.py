@@ -48,6 +48,8 @@ GROUP_ARGS: dict[str, tuple[int, ...]] = {
     quantize.KERNEL: (3, 4, 5),
     "quantize_32x1": (3,),
     "quantize_dual": (5,),
+    "quantize_fp8_row": (3,),  # the bounded variants' offsets (the others take three arguments)
+    "dequantize_fp8_rows": (2,),
 }
 #: How the mock kernels below refuse an argument (the real wrappers' words: "Mismatched ...").
 MOCK_REFUSAL = "Mismatched"
@@ -74,7 +76,7 @@ class _WrapperChecks(_Noop):
                 raise RuntimeError("Cannot pack tensors on meta")
             if t.device != tensors[0].device or (t.dim() == 1 and t.shape[0] > 1 and t.stride(0) != 1):
                 raise ValueError(f"{MOCK_REFUSAL} Tensor device or stride")
-        groups = [args[i] for i in self.group_args if isinstance(args[i], torch.Tensor)]
+        groups = [args[i] for i in self.group_args if i < len(args) and isinstance(args[i], torch.Tensor)]
         if any(t.dim() != 1 for t in groups):
             raise ValueError(f"{MOCK_REFUSAL} Tensor rank")
         if self.shared_groups and len({t.shape[0] for t in groups}) > 1:

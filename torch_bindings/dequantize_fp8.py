@@ -13,6 +13,9 @@ _OP = _KERNEL = "dequantize_fp8_rows"  # the public name and the cute_kernels.re
 _E4M3, _F32, _BF16 = torch.float8_e4m3fn, torch.float32, torch.bfloat16
 _Tensor = torch.Tensor
 _ANY_GROUPS = 1 << 62  # the kernel reads only the last end: any number of groups
+#: An empty bf16 tensor per device target: ``new_empty(rows, cols)`` on it allocates x without a
+#: dtype argument to parse (notes/host-overhead.md; DeviceTarget keeps only the quantizers' dtypes).
+_EMPTY_BF16: dict[targets.DeviceTarget, _Tensor] = {}
 
 
 def _variant(key: tuple, target: targets.DeviceTarget):
@@ -26,8 +29,11 @@ def _run(target: targets.DeviceTarget, q: _Tensor, scales: _Tensor, ends: _Tenso
     """x (M, K) bf16 from q (M, K) e4m3 and scales (M,) (checked) for the rows below the last of
     ``ends`` (G,) int32 (checked, or left to the wrapper of the kernel that surely launches); the
     other rows are left unwritten. One launch; none when q has no elements."""
+    empty = _EMPTY_BF16.get(target)
+    if empty is None:
+        empty = _EMPTY_BF16[target] = torch.empty(0, dtype=_BF16, device=target.device)
     rows, cols = q.shape
-    x = q.new_empty((rows, cols), dtype=_BF16)
+    x = empty.new_empty(rows, cols)
     if rows and cols:
         vector = not (cols & 15 or q.data_ptr() & 15)  # x: fresh, 512-byte aligned
         key = (_KERNEL, vector)
@@ -37,17 +43,20 @@ def _run(target: targets.DeviceTarget, q: _Tensor, scales: _Tensor, ends: _Tenso
 
 
 def _fast(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``: :func:`checks.check_dequantize_fp8_rows` from metadata reads."""
+    """``KernelOp.fast``: :func:`checks.check_dequantize_fp8_rows` from metadata reads. When the
+    kernel surely launches (M, K > 0) its wrapper checks what is left: the offsets' rank, stride and
+    device, scales' device and stride (tests/test_wrapper_checks_gpu.py)."""
     q, scales, ends = args
-    if (
-        q.dtype is _E4M3
-        and type(scales) is _Tensor
-        and scales.dtype is _F32
-        and q.dim() == 2
-        and scales.dim() == 1
-        and scales.shape[0] == q.shape[0]
-        and scales.device == target.device
-        and q.is_contiguous()
+    if q.dtype is not _E4M3 or type(scales) is not _Tensor or scales.dtype is not _F32:
+        return None
+    shape = q.shape
+    if len(shape) != 2 or scales.shape != shape[:1] or not q.is_contiguous():
+        return None
+    if shape[0] and shape[1]:
+        if checks.fast_launch_groups(ends, _ANY_GROUPS):
+            return _run(target, q, scales, ends)
+    elif (
+        scales.device == target.device
         and scales.is_contiguous()
         and checks.fast_group_count(ends, target.device, _ANY_GROUPS)
     ):

@@ -270,7 +270,11 @@ def _fast_2d(target: targets.DeviceTarget, args: tuple):
     if axis == "row":
         if group_end_offsets is None:
             return _launch_rows(target, x, shape, round_pow2)
-        if checks.fast_group_count(group_end_offsets, target.device, _ANY_GROUPS):
+        if (  # the bounded kernel's wrapper checks the offsets' rank, stride and device when it launches
+            checks.fast_launch_groups(group_end_offsets, _ANY_GROUPS)
+            if shape[0] and shape[1]
+            else checks.fast_group_count(group_end_offsets, target.device, _ANY_GROUPS)
+        ):
             return _launch_bounded_rows(target, x, shape, round_pow2, group_end_offsets)
         return None
     if axis == "col" and (
