@@ -31,7 +31,7 @@ test-gpu: $(STAMP)
 # sm_100a configs (tests/conftest.py; cute_kernels/configs/sm100.py).
 test-gpu-sm100-configs: $(STAMP)
 	CUTE_KERNELS_TEST_CONFIG_ARCH=sm_100a $(PYTHON) -m pytest -q -m gpu \
-	  tests/test_swizzle_gpu.py tests/test_quantize_fp8_gpu.py
+	  tests/test_swizzle_gpu.py tests/test_quantize_fp8_gpu.py tests/test_bounded_rows_gpu.py
 
 # GPU: the fuzz harness for FUZZ_MINUTES minutes (every op, new seeds each round; SEED= picks the first).
 fuzz: $(STAMP)

@@ -10,6 +10,8 @@ blocked, M-groups; 32x1), ``quantize_mxfp8_2d_dual``, ``quantize_mxfp8_3d`` (1x3
 ``pad_token_groups``, ``unpad_token_groups`` (with ``num_tokens``, the no-sync form),
 ``pad_and_quantize_mxfp8_2d``, ``quantize_fp8_2d(axis="row")``, ``quantize_fp8_3d(axis="K")``,
 ``swiglu_quantize_fp8`` and ``swiglu_backward_quantize_fp8``.
+``pad_and_quantize_mxfp8_2d``, ``quantize_fp8_2d(axis="row")`` (also bounded by row groups),
+``quantize_fp8_3d(axis="K")`` and ``dequantize_fp8_rows``.
 An op that raises gets a row saying so. The last rows time the
 ``torch.ops`` custom-op dispatch (the ``torch.compile`` path) and bare allocations, for scale.
 """
@@ -84,6 +86,8 @@ def op_cases(device: torch.device) -> dict[str, Callable[[], object]]:
     w = torch.randn(2, 128, 256, dtype=torch.bfloat16, device=device)
     padded, start, _ = tb.pad_token_groups(x, ends)
     h13 = torch.randn(256, 512, dtype=torch.bfloat16, device=device)
+    q8 = torch.zeros(256, 256, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+    s8 = torch.ones(256, dtype=torch.float32, device=device)
     return {
         "swizzle_scales plain": lambda: tb.swizzle_scales(scales),
         "swizzle_scales M-groups": lambda: tb.swizzle_scales(scales, group_end_offsets=ends),
@@ -102,6 +106,8 @@ def op_cases(device: torch.device) -> dict[str, Callable[[], object]]:
         "quantize_fp8_3d K": lambda: tb.quantize_fp8_3d(w),
         "swiglu_quantize_fp8": lambda: tb.swiglu_quantize_fp8(h13),
         "swiglu_backward_quantize_fp8": lambda: tb.swiglu_backward_quantize_fp8(x, h13),
+        "quantize_fp8_2d row bounded": lambda: tb.quantize_fp8_2d(x, group_end_offsets=ends),
+        "dequantize_fp8_rows": lambda: tb.dequantize_fp8_rows(q8, s8, ends),
     }
 
 

@@ -7,7 +7,8 @@ layout, vector width, ...) and one *config* (launch shape: threads, stages, regi
 - ``default_config(variant, arch)``: the arch's choice, from ``cute_kernels.configs``;
 - ``fake_arguments(variant)``: the symbolic tensors it compiles against (sizes symbolic: one
   compile per variant and arch, never per shape);
-- ``__call__`` (``@cute.jit``, the host launcher) and ``kernel`` (``@cute.kernel``);
+- ``__call__`` (``@cute.jit``, the host launcher) and ``kernel`` (``@cute.kernel``); a class whose
+  variants differ in their arguments returns another ``@cute.jit`` method from ``launcher()``;
 - ``can_implement(...)``: the limits a caller checks before launching.
 
 :meth:`Kernel.compile` ties them together; the registry (``cute_kernels.registry``) calls it.
@@ -49,6 +50,11 @@ class Kernel:
         it is small or not modelled (occupancy estimates, ``cute_kernels.model``)."""
         return 0
 
+    def launcher(self) -> Any:
+        """What ``cute.compile`` traces: the object itself (its ``__call__``), unless a variant
+        takes other arguments and the class returns another ``@cute.jit`` method of it."""
+        return self
+
     @classmethod
     def default_config(cls, variant: Any, arch: str) -> Any:
         """The config ``cute_kernels.configs`` picks for ``variant`` on ``arch``."""
@@ -61,4 +67,4 @@ class Kernel:
         """``cute.compile`` the launcher of ``variant`` for ``arch`` with TVM-FFI on the env stream;
         ``options`` are appended (``cute_utils.sass.compile_options`` keeps the cubin)."""
         kernel = cls(variant, config if config is not None else cls.default_config(variant, arch))
-        return compile_tvm_ffi(kernel, cls.fake_arguments(variant), arch, options)
+        return compile_tvm_ffi(kernel.launcher(), cls.fake_arguments(variant), arch, options)

@@ -1,11 +1,11 @@
 """Global-memory load bytes one CTA keeps in flight, per registered kernel (for a Little's-law model).
 
 What the number means: ``bytes_per_cta`` is how many bytes of x (the input the kernel reads, at its
-own dtype's size: bf16 2 bytes, fp32 4, E8M0 scales 1) one CTA has asked the memory system for and
-not yet used, once every warp of the CTA is in its steady-state loop. A latency model divides the
-bytes it needs in flight per SM (bandwidth x latency) by this to get the CTAs per SM a kernel needs
-(and compares that with the CTAs its config lets reside). Small loads (group offsets, amax and
-scale words) are left out.
+own dtype's size: bf16 2 bytes, fp32 4, E8M0 scales and E4M3 data 1) one CTA has asked the memory
+system for and not yet used, once every warp of the CTA is in its steady-state loop. A latency
+model divides the bytes it needs in flight per SM (bandwidth x latency) by this to get the CTAs per
+SM a kernel needs (and compares that with the CTAs its config lets reside). Small loads (group
+offsets, amax and scale words) are left out.
 
 How it was derived: by reading each kernel's ``kernel`` method and the helpers its main loop calls,
 and counting what a thread issues before it waits for the first of those loads:
@@ -15,9 +15,9 @@ and counting what a thread issues before it waits for the first of those loads:
   for it at once: that one tile);
 - register-staged loads (every other kernel): everything a thread issues before the first use, e.g.
   32 rows of a column pair (``quantize_32x1``, the FP8 column passes, ``load_blocks`` of them in the
-  cast pass), ``unroll`` steps (``quantize_fp8_row``), ``vectors_per_lane`` vectors (pad / unpad),
-  a chunk of ``vectors`` vectors per thread (``ep_send``), or the next row block of a window
-  (``swizzle``, loaded while the current one is stored).
+  cast pass), ``unroll`` steps (``quantize_fp8_row``, ``dequantize_fp8_rows``), ``vectors_per_lane``
+  vectors (pad / unpad), a chunk of ``vectors`` vectors per thread (``ep_send``), or the next row
+  block of a window (``swizzle``, loaded while the current one is stored).
 
 Sizes come from the config's fields and the kernel modules' constants, never restated here. Where
 the count depends on the shape (a row shorter than a load batch or window), it is taken at
@@ -34,6 +34,7 @@ from typing import Any
 from cute_utils.constants import BLOCK_SIZE, TILE_COLS, TILE_ROWS
 
 from . import combine_sum as csum
+from . import dequant_fp8 as dequant
 from . import ep_send as send
 from . import pad as pad_mod
 from . import quantize as q1x32
@@ -189,6 +190,22 @@ def _fp8_row(variant: fp8_row.Fp8RowVariant, config: fp8_row.Fp8RowConfig, cols:
     )
 
 
+def _dequant_rows(
+    variant: dequant.DequantFp8RowsVariant, config: dequant.DequantFp8RowsConfig, cols: int
+) -> LoadsInFlight:
+    """One batch of ``unroll`` steps per lane of each warp's row (1-byte E4M3 elements), capped by
+    the row's steps."""
+    width = dequant.VECTOR if variant.vector else 1
+    rows = config.threads // _WARP
+    steps = min(_WARP * config.unroll, -(-cols // width))
+    return LoadsInFlight(
+        config.threads,
+        rows * steps * width,
+        f"{rows} rows x min({_WARP} lanes x {config.unroll} unroll, K = {cols} / {width}) steps "
+        f"x {width} E4M3 x 1 B",
+    )
+
+
 def _col_pass(dtype: str, blocks: int) -> LoadsInFlight:
     """``blocks`` 32-row blocks of a column pair per thread, all loads before any use."""
     elem = _elem_bytes(fp8_col.DTYPES, dtype)
@@ -242,6 +259,7 @@ _COUNTS: dict[str, Callable[[Any, Any, int], LoadsInFlight]] = {
     "quantize_fp8_row": _fp8_row,
     "quantize_fp8_col_amax": _fp8_col_amax,
     "quantize_fp8_col_cast": _fp8_col_cast,
+    "dequantize_fp8_rows": _dequant_rows,
     "quantize_tma": _quantize_tma,
     "swiglu_fp8": _swiglu,
 }
@@ -275,6 +293,7 @@ def _representatives() -> dict[str, Callable[[], Any]]:
         "quantize_fp8_row": lambda: fp8_row.Fp8RowVariant("bfloat16", round_pow2=True, vector=True, rank=2),
         "quantize_fp8_col_amax": lambda: fp8_col.Fp8ColVariant("bfloat16", "plain"),
         "quantize_fp8_col_cast": lambda: fp8_col.Fp8ColVariant("bfloat16", "plain"),
+        "dequantize_fp8_rows": lambda: dequant.DequantFp8RowsVariant(vector=True),
         "quantize_tma": lambda: tma.TmaVariant("bfloat16", "rceil", q1x32.ScaleLayout.BLOCKED),
         "swiglu_fp8": lambda: swg.SwigluVariant("fwd", round_pow2=True, vector=True),
     }
@@ -285,7 +304,7 @@ def representative_variant(name: str) -> Any:
     ungrouped, 2-D, the scaling mode and scale layout the benches default to (``rceil``, blocked
     scales), vector loads; pad / unpad as their bf16 rows' 16-byte ``int16`` carrier, the row
     scatter as bf16 rows, the EP send as mxfp8 (rceil), SwiGLU + FP8 as its forward with
-    power-of-2 scales."""
+    power-of-2 scales, the FP8 row dequantization (E4M3 in, bf16 out) with 16-byte steps."""
     makers = _representatives()
     if name not in makers:
         raise KeyError(f"no representative variant for kernel {name!r} (known: {', '.join(makers)})")

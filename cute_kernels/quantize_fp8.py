@@ -11,8 +11,12 @@ just read: the second read comes from L2, so DRAM sees the row once), multiplies
 dequantization scale ``1 / q_scale``; a row of no elements gets 1.0.
 
 Variants: ``vector`` (K % 8 == 0, 16-byte aligned rows): 8 elements per step (16-byte loads of
-bf16, two of fp32, 8-byte stores of q); otherwise one element per step, any K. All sizes are
-symbolic: one compile per (dtype, rounding, vector, rank, arch).
+bf16, two of fp32, 8-byte stores of q); otherwise one element per step, any K. ``bounded`` (2-D
+only): the launcher also takes row-group end offsets (G,) int32 and only the rows below the last
+end, ``clamp(ends[G - 1], 0, M)`` read on the device, are quantized; a CTA whose rows are all past
+it exits at once, and rows past it are not written (an expert-parallel dispatch's static
+worst-case row count, notes/bounded-row-passes.md). All sizes are symbolic: one compile per (dtype,
+rounding, vector, rank, bounded, arch).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import ceil_div
 from cute_utils.fp8 import fp8_quant_scale, reciprocal_rn
+from cute_utils.groups import clamped_end
 from cute_utils.mx import lane_group_max, max_abs_bits, scale_values
 
 from .base import Kernel
@@ -57,12 +62,14 @@ class Fp8RowConfig:
 class Fp8RowVariant:
     """``dtype`` (a :data:`DTYPES` name), ``round_pow2`` (power-of-2 scales), ``vector`` (8-element
     steps: K % 8 == 0 and 16-byte aligned rows), ``rank`` (2: x and q (M, K), scales (M,); 3: w and
-    q (E, N, K), scales (E, N))."""
+    q (E, N, K), scales (E, N)), ``bounded`` (rank 2: only the rows below the last of the group end
+    offsets the launcher also takes)."""
 
     dtype: str
     round_pow2: bool = True
     vector: bool = True
     rank: int = 2
+    bounded: bool = False
 
 
 def _rows(t: cute.Tensor) -> cute.Tensor:
@@ -93,7 +100,8 @@ def row_steps(t: cute.Tensor, width: int) -> cute.Tensor:
 
 
 class Fp8RowKernel(Kernel):
-    """One scale per row (module docstring). Launch: ``kernel(x, q, scales)``."""
+    """One scale per row (module docstring). Launch: ``kernel(x, q, scales)``; a ``bounded``
+    variant: ``kernel(x, q, scales, group_end_offsets)``."""
 
     name = "quantize_fp8_row"
 
@@ -106,24 +114,22 @@ class Fp8RowKernel(Kernel):
 
     @classmethod
     def variants(cls) -> list[Fp8RowVariant]:
-        return [
-            Fp8RowVariant(d, r, v, rank)
-            for d in DTYPES
-            for r in (True, False)
-            for v in (True, False)
-            for rank in (2, 3)
-        ]
+        choices = [(d, r, v) for d in DTYPES for r in (True, False) for v in (True, False)]
+        unbounded = [Fp8RowVariant(*c, rank) for c in choices for rank in (2, 3)]
+        return unbounded + [Fp8RowVariant(*c, 2, bounded=True) for c in choices]
 
     @classmethod
     def target_name(cls, variant: Fp8RowVariant) -> str:
         rounding = "pow2" if variant.round_pow2 else "exact"
         step = "v8" if variant.vector else "v1"
-        return f"{cls.name}_{variant.dtype}_{rounding}_{step}" + ("_3d" if variant.rank == 3 else "")
+        suffix = "_3d" if variant.rank == 3 else "_bounded" if variant.bounded else ""
+        return f"{cls.name}_{variant.dtype}_{rounding}_{step}{suffix}"
 
     @classmethod
     def fake_arguments(cls, variant: Fp8RowVariant) -> tuple:
         """x and q (M, K) or (E, N, K) row-major (K a multiple of 8 and 16-byte alignment for the
-        vector variant), scales fp32 (M,) or (E, N), and the env stream."""
+        vector variant), scales fp32 (M,) or (E, N), (bounded) the end offsets int32 (G,), and the
+        env stream."""
         width = VECTOR if variant.vector else 1
         cols = cute.sym_int(divisibility=width)
         lead = (cute.sym_int(), cute.sym_int()) if variant.rank == 3 else (cute.sym_int(),)
@@ -137,12 +143,19 @@ class Fp8RowKernel(Kernel):
         x = fake(DTYPES[variant.dtype], (*lead, cols), order, align)
         q = fake(Float8E4M3FN, (*lead, cols), order, 8 if variant.vector else 1)
         scales = fake(Float32, lead, order[1:] if variant.rank == 3 else (0,), 4)
-        return x, q, scales, cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        if variant.bounded:
+            return x, q, scales, fake(Int32, (cute.sym_int(),), (0,), 4), stream
+        return x, q, scales, stream
 
     @staticmethod
     def can_implement(cols: int, vector: bool, *data_ptrs: int) -> bool:
         """Any K for the element variant; the vector one needs K % 8 == 0 and 16-byte pointers."""
         return not vector or (cols % VECTOR == 0 and all(p % 16 == 0 for p in data_ptrs))
+
+    def launcher(self):
+        """The bounded variants' launcher is :meth:`launch_bounded` (one more argument)."""
+        return self.launch_bounded if self.variant.bounded else self
 
     @cute.jit
     def __call__(
@@ -154,25 +167,56 @@ class Fp8RowKernel(Kernel):
     ):
         if cutlass.const_expr(self.variant.rank == 3):
             x, q, scales = _rows(x), _rows(q), _rows(scales)
+        self._launch(x, q, scales, None, stream)
+
+    @cute.jit
+    def launch_bounded(
+        self,
+        x: cute.Tensor,  # (M, K) bf16/fp32 row-major
+        q: cute.Tensor,  # Float8E4M3FN (M, K) row-major: rows >= the bound left as they are
+        scales: cute.Tensor,  # fp32 (M,): entries >= the bound left as they are
+        ends: cute.Tensor,  # int32 (G,) row-group end offsets: the bound is clamp(ends[G-1], 0, M)
+        stream,
+    ):
+        self._launch(x, q, scales, ends, stream)
+
+    @cute.jit
+    def _launch(self, x: cute.Tensor, q: cute.Tensor, scales: cute.Tensor, ends, stream):
+        """One CTA per ``rows_per_cta`` rows of M (M static in the grid: the bound is on the device).
+        The bounded variants launch their own kernel: the others' kernel (its name and arguments,
+        which the SASS names) stays as it was."""
         grid = cutlass.max(ceil_div(x.shape[0], self.rows_per_cta), 1)
-        self.kernel(x, q, scales).launch(
-            grid=[grid, 1, 1],
-            block=[self.config.threads, 1, 1],
-            stream=stream,
-            min_blocks_per_mp=self.config.ctas_per_sm,
+        launch = {
+            "grid": [grid, 1, 1],
+            "block": [self.config.threads, 1, 1],
+            "stream": stream,
+            "min_blocks_per_mp": self.config.ctas_per_sm,
             # little shared memory (row_per_cta's warp maxima); given, so no device is queried
-            preferred_smem_carveout=0,
-        )
+            "preferred_smem_carveout": 0,
+        }
+        if cutlass.const_expr(ends is None):
+            self.kernel(x, q, scales).launch(**launch)
+        else:
+            self.kernel_bounded(x, q, scales, ends).launch(**launch)
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, q: cute.Tensor, scales: cute.Tensor):
+        self._quantize_rows(x, q, scales, x.shape[0])
+
+    @cute.kernel
+    def kernel_bounded(self, x: cute.Tensor, q: cute.Tensor, scales: cute.Tensor, ends: cute.Tensor):
+        self._quantize_rows(x, q, scales, clamped_end(ends, ends.shape[0] - 1, x.shape[0]))
+
+    @cute.jit
+    def _quantize_rows(self, x: cute.Tensor, q: cute.Tensor, scales: cute.Tensor, rows: Int32):
+        """The rows of this CTA below ``rows`` (M, or the bound): amax, scale, cast."""
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         row = cta * self.rows_per_cta + tid // self.row_threads
         part = tid % self.row_threads  # this thread's place among the row's threads
         smem = SmemAllocator()
         warp_max = smem.allocate_tensor(Int32, cute.make_layout(self.warps), 16)
-        rows, cols = x.shape
+        cols = x.shape[1]
         if row < rows:  # uniform over a CTA that shares a row (the grid has one CTA per row)
             x_steps, q_steps = row_steps(x, self.width), row_steps(q, self.width)
             amax = self._row_amax(x_steps, row, part)

@@ -10,7 +10,8 @@ so a case stays small to print.
 
 Every case runs the op with ``backend="cute"`` under ``torch.cuda.set_sync_debug_mode("error")`` on
 dirty memory (the caching allocator's free blocks filled with random bytes first) and compares every
-output byte with ``torch_bindings.reference``.
+output byte with ``torch_bindings.reference``; for the ops bounded by the last group end
+(:data:`BOUNDED_OPS`), every byte of the rows below it (the rows past it are unspecified).
 
 Used by ``tests/test_fuzz_gpu.py`` (fixed seeds, GPU suite), by ``make fuzz`` (minutes, any seed)
 and by ``make sanitize`` (small shapes and garbage offsets under compute-sanitizer)::
@@ -178,6 +179,19 @@ def random_values(shape: tuple, dtype: torch.dtype, data_seed: int, device: str)
     return x.to(dtype)
 
 
+_SCALE_SPECIALS = (0.1, 3.0, 0.0, -0.0, float("inf"), float("nan"), 2.0**-149, -1.0)
+
+
+def random_row_scales(rows: int, data_seed: int, device: str) -> torch.Tensor:
+    """(rows,) fp32 row scales: powers of 2 from 2^-140 (subnormal products) to 2^126, and in one
+    row of ten a value that rounds (0.1, 3), a zero, an infinity, NaN or a negative."""
+    gen = torch.Generator(device=device).manual_seed(data_seed + 1)
+    scales = torch.exp2(torch.randint(-140, 127, (rows,), generator=gen, device=device).float())
+    picks = torch.randint(0, len(_SCALE_SPECIALS), (rows,), generator=gen, device=device)
+    where = torch.rand(rows, generator=gen, device=device) < 0.1
+    return torch.where(where, torch.tensor(_SCALE_SPECIALS, device=device)[picks], scales)
+
+
 def dirty_memory(nbytes: int, data_seed: int) -> None:
     """Fill free memory of the caching allocator with random bytes: a large block (outputs over 1 MiB
     are split from it) and small ones (the small-allocation pool), freed again."""
@@ -328,6 +342,29 @@ def _fp8_cols_case(draw, limits: Limits, op: str) -> Case:
 
 
 @st.composite
+def _fp8_rows_bounded_case(draw, limits: Limits) -> Case:
+    """FP8 row scales of the rows below the last group end: x (M, K) of any K, row groups of any
+    sizes, power-of-2 or exact scales; x sometimes a few elements into its allocation (element
+    steps)."""
+    rows, cols = draw(matrix_shape(limits, col_multiple=1))
+    ends = tuple(draw(group_ends(rows, tile=128)))
+    dtype = draw(_QUANT_DTYPES)
+    skew = dtype.itemsize * draw(st.sampled_from((0, 0, 1, 3)))
+    kwargs = (("round_scales_to_power_of_2", draw(st.booleans())),)
+    return Case("fp8_rows_bounded", (rows, cols), dtype, draw(_SEEDS), ends, kwargs, skew)
+
+
+@st.composite
+def _fp8_dequant_case(draw, limits: Limits) -> Case:
+    """FP8 row dequantization below the last group end: q (M, K) of any K and random bytes (NaNs
+    included), scales of :func:`random_row_scales`; q sometimes a few bytes into its allocation."""
+    rows, cols = draw(matrix_shape(limits, col_multiple=1))
+    ends = tuple(draw(group_ends(rows, tile=128)))
+    skew = draw(st.sampled_from((0, 0, 1, 8)))
+    return Case("fp8_dequant", (rows, cols), torch.float8_e4m3fn, draw(_SEEDS), ends, (), skew)
+
+
+@st.composite
 def _fp8_3d_case(draw, limits: Limits, op: str) -> Case:
     """FP8 expert weights (E, N, K) of any N and K: scales along K or N (``fp8_3d``) or both
     (``fp8_3d_dual``)."""
@@ -355,11 +392,15 @@ def case_strategy(op: str, limits: Limits = Limits()) -> st.SearchStrategy[Case]
         "fp8_dual": lambda: _fp8_cols_case(limits, "fp8_dual"),
         "fp8_3d": lambda: _fp8_3d_case(limits, "fp8_3d"),
         "fp8_3d_dual": lambda: _fp8_3d_case(limits, "fp8_3d_dual"),
+        "fp8_rows_bounded": lambda: _fp8_rows_bounded_case(limits),
+        "fp8_dequant": lambda: _fp8_dequant_case(limits),
     }
     return strategies[op]()
 
 
 def _data(case: Case, device: str) -> torch.Tensor:
+    if case.op == "fp8_dequant":
+        return random_bits(case.shape, torch.uint8, case.data_seed, device).view(torch.float8_e4m3fn)
     if case.op in ("pad", "unpad"):
         return random_bits(case.shape, case.dtype, case.data_seed, device)
     if case.op.startswith("swizzle"):
@@ -381,13 +422,14 @@ def skewed(t: torch.Tensor, skew: int) -> torch.Tensor:
 @dataclasses.dataclass(frozen=True)
 class Inputs:
     """An op's tensor arguments, made before the no-sync block: ``x`` the data (unpad: the padded
-    tensor), ``offsets`` the group ends (None: ungrouped), and for unpad ``padded_start`` and
-    ``num_tokens``."""
+    tensor; fp8_dequant: q), ``offsets`` the group ends (None: ungrouped), for unpad
+    ``padded_start`` and ``num_tokens``, for fp8_dequant the row ``scales``."""
 
     x: torch.Tensor
     offsets: torch.Tensor | None
     padded_start: torch.Tensor | None = None
     num_tokens: int = 0
+    scales: torch.Tensor | None = None
 
 
 def make_inputs(case: Case, device: str, garbage: bool = False) -> Inputs:
@@ -395,6 +437,9 @@ def make_inputs(case: Case, device: str, garbage: bool = False) -> Inputs:
     tensor and garbage ``padded_start`` too, since the reference cannot pad with such offsets)."""
     x = _data(case, device)
     offsets = None if case.ends is None else torch.tensor(case.ends, dtype=torch.int32, device=device)
+    if case.op == "fp8_dequant":
+        scales = random_row_scales(case.shape[0], case.data_seed, device)
+        return Inputs(skewed(x, case.skew), offsets, scales=scales)
     if case.op != "unpad":
         return Inputs(skewed(x, case.skew), offsets)
     if garbage:
@@ -436,6 +481,10 @@ def _call(module, case: Case, inputs: Inputs, backend: dict) -> tuple:
         return module.quantize_fp8_3d(x, **kw, **backend)
     if case.op == "fp8_3d_dual":
         return module.quantize_fp8_3d_dual(x, **kw, **backend)
+    if case.op == "fp8_rows_bounded":
+        return module.quantize_fp8_2d(x, axis="row", group_end_offsets=offsets, **kw, **backend)
+    if case.op == "fp8_dequant":
+        return (module.dequantize_fp8_rows(x, inputs.scales, offsets, **backend),)
     q, s = module.quantize_mxfp8_3d(x, **kw, **backend)
     return (q.transpose(1, 2) if kw["block"] == "32x1" else q), s
 
@@ -450,8 +499,23 @@ def check_case(case: Case, run: Run = Run()) -> None:
     with no_sync():
         actual = _call(torch_bindings, case, inputs, {"backend": run.backend})
     for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-        assert_same_bytes(a, e, f"{case!r} output {i}")
+        assert a.shape == e.shape, f"{case!r} output {i}: shape {tuple(a.shape)} vs {tuple(e.shape)}"
         assert same_strides(a, e), f"{case!r} output {i}: strides {a.stride()} vs {e.stride()}"
+        a, e = defined_rows(case, a), defined_rows(case, e)
+        assert_same_bytes(a, e, f"{case!r} output {i}")
+
+
+#: Ops whose outputs are defined only on the rows below the last group end (the kernels leave the
+#: other rows unwritten): their comparison stops there.
+BOUNDED_OPS = ("fp8_rows_bounded", "fp8_dequant")
+
+
+def defined_rows(case: Case, output: torch.Tensor) -> torch.Tensor:
+    """``output`` restricted to the rows the contract defines: below the last end for
+    :data:`BOUNDED_OPS` (valid ends: 0 <= last <= M), every row otherwise."""
+    if case.op not in BOUNDED_OPS:
+        return output
+    return output[: case.ends[-1]]
 
 
 def same_strides(actual: torch.Tensor, expected: torch.Tensor) -> bool:
@@ -473,7 +537,13 @@ def check_garbage(op: str, run: Run = Run(), rows: int = 320) -> int:
         ends = tuple(
             rows if v == "total" else rows + int(v[6:]) if isinstance(v, str) else v for v in pattern
         )
-        dtype = {"pad": torch.int16, "unpad": torch.int16, "swizzle_m": torch.uint8, "swizzle_k": torch.uint8}
+        dtype = {
+            "pad": torch.int16,
+            "unpad": torch.int16,
+            "swizzle_m": torch.uint8,
+            "swizzle_k": torch.uint8,
+            "fp8_dequant": torch.float8_e4m3fn,
+        }
         shape = (rows, 64)
         if op.startswith("swizzle"):  # odd sizes: the raw-word (ragged) kernels
             shape = (rows + 1, 41) if calls % 2 else (rows, 40)
@@ -492,7 +562,7 @@ def _garbage_kwargs(op: str) -> tuple:
     kw = {"swizzle_m": {"groups": "M"}, "swizzle_k": {"groups": "K"}}.get(op, {})
     if op in ("pad", "unpad", "pad_and_quantize"):
         kw = {"alignment": 32}
-    return tuple(kw.items())  # fp8_cols / fp8_dual: the defaults
+    return tuple(kw.items())  # fp8_cols / fp8_dual / fp8_rows_bounded / fp8_dequant: the defaults
 
 
 #: Ops fuzzed (all that take group offsets, and the 3D ops) and the ops the garbage check covers.
@@ -510,6 +580,8 @@ OPS = (
     "fp8_dual",
     "fp8_3d",
     "fp8_3d_dual",
+    "fp8_rows_bounded",
+    "fp8_dequant",
 )
 GROUPED_OPS = tuple(op for op in OPS if op not in ("quantize_3d", "fp8_3d", "fp8_3d_dual"))
 

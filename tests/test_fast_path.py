@@ -21,6 +21,7 @@ import torch
 
 from bench.bench_overhead import _Noop, _NoopKernels
 from torch_bindings import (
+    dequantize_fp8,
     pad,
     pad_quantize,
     quantize,
@@ -49,6 +50,8 @@ GROUP_ARGS: dict[str, tuple[int, ...]] = {
     quantize.KERNEL: (3, 4, 5),
     "quantize_32x1": (3,),
     "quantize_dual": (5,),
+    "quantize_fp8_row": (3,),  # the bounded variants' offsets (the others take three arguments)
+    "dequantize_fp8_rows": (2,),
 }
 #: How the mock kernels below refuse an argument (the real wrappers' words: "Mismatched ...").
 MOCK_REFUSAL = "Mismatched"
@@ -187,6 +190,35 @@ def scales() -> list[Any]:
     ]
 
 
+def fp8_rows() -> list[Any]:
+    e4m3 = torch.float8_e4m3fn
+    return [
+        torch.zeros(64, 64, dtype=e4m3),
+        torch.zeros(64, 40, dtype=e4m3),  # element steps
+        torch.zeros(0, 64, dtype=e4m3),
+        torch.zeros(64, 0, dtype=e4m3),
+        torch.zeros(64, 64, dtype=BF16),
+        torch.zeros(2, 32, 64, dtype=e4m3),
+        torch.zeros(64, 64, dtype=e4m3).t(),
+        torch.zeros(64, 96, dtype=e4m3)[:, :64],  # rows padded
+        misaligned(64, 64, dtype=e4m3),
+        [[1.0]],
+    ]
+
+
+def row_scales() -> list[Any]:
+    return [
+        torch.zeros(64, dtype=F32),
+        torch.zeros(0, dtype=F32),
+        torch.zeros(32, dtype=F32),
+        torch.zeros(64, dtype=BF16),
+        torch.zeros(64, 1, dtype=F32),
+        torch.zeros(128, dtype=F32)[::2],
+        torch.zeros(64, dtype=F32, device="meta"),
+        None,
+    ]
+
+
 def _quantized() -> torch.Tensor:
     with warnings.catch_warnings():  # quantized tensors are deprecated; still refused, so tested
         warnings.simplefilter("ignore")
@@ -300,6 +332,7 @@ OPS: dict[str, tuple[Any, Callable[[], list[list[Any]]], Callable[[tuple], bool]
         lambda: [quant_x(), ["row", "col", "K", None], offsets(), FLAGS],
         None,
     ),
+    "dequantize_fp8_rows": (dequantize_fp8._DEQUANTIZE, lambda: [fp8_rows(), row_scales(), offsets()], None),
     "quantize_fp8_2d_dual": (quantize_fp8._QUANTIZE_DUAL, lambda: [quant_x(), offsets(), FLAGS], None),
     "quantize_fp8_3d": (
         quantize_fp8._QUANTIZE_3D,

@@ -53,3 +53,13 @@ def test_strides_compare_only_dims_that_address_memory():
     assert fuzz.same_strides(column, torch.zeros(1, 32).t())  # (1, 1) vs (1, 32): size-1 dim
     assert not fuzz.same_strides(torch.zeros(4, 8), torch.zeros(8, 4).t())
     assert fuzz.same_strides(torch.zeros(0, 8), torch.zeros(8, 0).t())
+
+
+def test_bounded_ops_compare_the_rows_below_the_last_end():
+    """The bounded ops are fuzzed (and run on garbage offsets) and compared only on the rows their
+    contract defines; the other ops on every row."""
+    assert set(fuzz.BOUNDED_OPS) <= set(fuzz.GROUPED_OPS)
+    case = fuzz.Case("fp8_dequant", (10, 4), torch.float8_e4m3fn, 0, (3, 7))
+    assert fuzz.defined_rows(case, torch.zeros(10, 4)).shape == (7, 4)
+    whole = fuzz.Case("fp8_cols", (10, 4), torch.bfloat16, 0, (3, 7))
+    assert fuzz.defined_rows(whole, torch.zeros(10, 4)).shape == (10, 4)

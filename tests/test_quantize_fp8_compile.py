@@ -1,6 +1,7 @@
 """The FP8 rowwise row kernel compiles for sm_90a and sm_100a on a CPU-only machine with the SASS we
 expect: no local memory, 16-byte loads and 8-byte q stores in the vector variants, the saturating
-E4M3 conversion, the fp64 scale division; the registry lists every variant."""
+E4M3 conversion, the fp64 scale division; the bounded variants read the last group end and exit
+before any load of x; the registry lists every variant."""
 
 from __future__ import annotations
 
@@ -26,9 +27,21 @@ def test_every_variant_is_registered():
         for d in ("bfloat16", "float32")
         for r in ("pow2", "exact")
         for v in ("v8", "v1")
-        for suffix in ("", "_3d")
+        for suffix in ("", "_3d", "_bounded")
     }
     assert set(TARGETS) == expected
+
+
+@pytest.mark.parametrize("target", sorted(t for t in TARGETS if t.endswith("_bounded")))
+def test_bounded_variants_add_one_load(compiled, target):
+    """A bounded variant is its unbounded twin plus one 4-byte load (the last group end): the same
+    vector loads and stores, no local memory."""
+    kernel, text = spill_free_kernel(compiled, target)
+    _, summaries = compiled
+    (unbounded,) = summaries[target.removesuffix("_bounded")]
+    memory = dict(unbounded.memory)
+    memory["LDG.32"] = memory.get("LDG.32", 0) + 1
+    assert kernel.memory == memory, text
 
 
 def test_instruction_hashes_are_the_recorded_ones(compiled):

@@ -126,8 +126,8 @@ def test_bad_arguments():
     x = torch.zeros(4, 8)
     with pytest.raises(ValueError, match="axis"):
         R.quantize_fp8_2d(x, axis="K")
-    with pytest.raises(ValueError, match="axis='col'"):
-        R.quantize_fp8_2d(x, group_end_offsets=torch.tensor([4], dtype=torch.int32))
+    with pytest.raises(TypeError, match="group_end_offsets"):  # row groups bound axis="row" now
+        R.quantize_fp8_2d(x, group_end_offsets=torch.tensor([4], dtype=torch.int64))
     with pytest.raises(TypeError, match="round_scales_to_power_of_2"):
         R.quantize_fp8_2d(x, round_scales_to_power_of_2=1)
     with pytest.raises(ValueError, match="axis"):

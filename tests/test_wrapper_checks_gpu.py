@@ -17,6 +17,7 @@ import torch
 
 import torch_bindings as tb
 from torch_bindings import (
+    dequantize_fp8,
     pad,
     pad_quantize,
     quantize,
@@ -56,6 +57,11 @@ def _scales() -> torch.Tensor:
     return torch.zeros(256, 8, dtype=torch.float8_e8m0fnu, device="cuda")
 
 
+def _fp8_rows() -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scales): FP8 rowwise rows of ``_x()``."""
+    return tb.quantize_fp8_2d(_x())
+
+
 def _padded() -> tuple[torch.Tensor, torch.Tensor]:
     padded, start, _ = tb.pad_token_groups(_x(), _ends())
     return padded, start
@@ -93,9 +99,25 @@ def cases() -> list[tuple[str, Any, Callable[[], tuple]]]:
                 swiglu._SWIGLU_BWD,
                 lambda o=offs: (_x()[:, :128].contiguous(), _x(), o(), True),
             ),
+            (
+                f"FP8 row bounded, offsets {what}",
+                quantize_fp8._QUANTIZE_2D,
+                lambda o=offs: (_x(), "row", o(), True),
+            ),
+            (f"FP8 dequant, offsets {what}", dequantize_fp8._DEQUANTIZE, lambda o=offs: (*_fp8_rows(), o())),
         ]
     three = [0, 128, 256]
     out += [
+        (
+            "FP8 dequant, scales on the CPU",
+            dequantize_fp8._DEQUANTIZE,
+            lambda: (_fp8_rows()[0], torch.ones(256), _ends()),
+        ),
+        (
+            "FP8 dequant, scales strided",
+            dequantize_fp8._DEQUANTIZE,
+            lambda: (_fp8_rows()[0], torch.ones(512, device="cuda")[::2], _ends()),
+        ),
         (
             "unpad, padded_start of 3 groups",
             pad._UNPAD_OP,
@@ -241,4 +263,5 @@ def _valid_args(op: Any) -> tuple:
         swiglu._SWIGLU_FWD.name: (_x(), ends, True),  # the bounded variants (the offsets cases')
         swiglu._SWIGLU_BWD.name: (_x()[:, :128].contiguous(), _x(), ends, True),
         quantize_fp8._QUANTIZE_DUAL_3D.name: (_w_sliced().contiguous(), True),
+        dequantize_fp8._DEQUANTIZE.name: (*_fp8_rows(), ends),
     }[op.name]

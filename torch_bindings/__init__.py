@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from . import ep, reference
 from .capabilities import Capabilities, capabilities
+from .dequantize_fp8 import dequantize_fp8_rows
 from .grouped_mm import scaled_grouped_mm
 from .kernel_cache import STATS as compile_stats
 from .kernel_cache import clear_memory_cache
@@ -34,6 +35,7 @@ __all__ = [
     "check_group_end_offsets",
     "clear_memory_cache",
     "compile_stats",
+    "dequantize_fp8_rows",
     "ep",
     "pad_and_quantize_mxfp8_2d",
     "pad_token_groups",

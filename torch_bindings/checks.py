@@ -56,6 +56,7 @@ __all__ = [
     "check_swiglu_quantize_fp8",
     "SWIGLU_DTYPES",
     "check_quantize_fp8_3d_dual",
+    "check_dequantize_fp8_rows",
     "FP8_AXES_2D",
     "FP8_AXES_3D",
     "MAX_KERNEL_GROUPS",
@@ -521,17 +522,13 @@ FP8_AXES_3D: tuple[str, ...] = ("K", "N")
 def check_quantize_fp8_2d(
     x: Any, axis: Any, group_end_offsets: Any, round_scales: Any, *, op: str = "quantize_fp8_2d"
 ) -> None:
-    """``quantize_fp8_2d``: x (M, K) bf16/fp32 contiguous; ``axis`` "row" or "col"; row group end
-    offsets only with ``axis="col"``; ``round_scales_to_power_of_2`` a bool."""
+    """``quantize_fp8_2d``: x (M, K) bf16/fp32 contiguous; ``axis`` "row" or "col"; optional row
+    group end offsets (per-group column scales with ``axis="col"``; with ``axis="row"`` they bound
+    the rows quantized); ``round_scales_to_power_of_2`` a bool."""
     check_tensor("x", x, ndim=2, dtypes=QUANT_DTYPES, op=op)
     check_choice("axis", axis, FP8_AXES_2D, op=op)
     check_bool("round_scales_to_power_of_2", round_scales, op=op)
     if group_end_offsets is not None:
-        if axis != "col":
-            raise ValueError(
-                f"{op}: group_end_offsets (row groups) take axis='col' (per-group column scales); "
-                "a row's scale spans the whole row"
-            )
         check_offsets("group_end_offsets", group_end_offsets, x.device, op=op)
 
 
@@ -604,11 +601,29 @@ def check_swiglu_backward_quantize_fp8(
     check_bool("round_scales_to_power_of_2", round_scales, op=op)
     if group_end_offsets is not None:
         check_offsets("group_end_offsets", group_end_offsets, h13.device, op=op)
+
+
 def check_quantize_fp8_3d_dual(w: Any, round_scales: Any, *, op: str = "quantize_fp8_3d_dual") -> None:
     """``quantize_fp8_3d_dual``: w (E, N, K) bf16/fp32 contiguous; ``round_scales_to_power_of_2`` a
     bool."""
     check_tensor("w", w, ndim=3, dtypes=QUANT_DTYPES, op=op)
     check_bool("round_scales_to_power_of_2", round_scales, op=op)
+
+
+def check_dequantize_fp8_rows(
+    q: Any, scales: Any, group_end_offsets: Any, *, op: str = "dequantize_fp8_rows"
+) -> None:
+    """``dequantize_fp8_rows``: q (M, K) float8_e4m3fn contiguous; scales (M,) fp32 contiguous on
+    q's device; row group end offsets int32 (G,), G >= 1, on q's device."""
+    check_tensor("q", q, ndim=2, dtypes=(torch.float8_e4m3fn,), op=op)
+    check_tensor("scales", scales, ndim=1, dtypes=(torch.float32,), op=op)
+    if scales.device != q.device:
+        raise ValueError(f"{op}: scales must be on q's device ({q.device}), got {scales.device}")
+    if scales.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"{op}: scales must hold one scale per row of q ({q.shape[0]}), got {scales.shape[0]}"
+        )
+    check_offsets("group_end_offsets", group_end_offsets, q.device, op=op)
 
 
 GROUPED_MM_RECIPES = ("fp8_rowwise", "mxfp8", "bf16")

@@ -2,7 +2,8 @@
 ``quantize_fp8_3d``, ``quantize_fp8_3d_dual``.
 
 Kernels: one scale per row (``cute_kernels.quantize_fp8.Fp8RowKernel``, one launch) for
-``quantize_fp8_2d(axis="row")`` and ``quantize_fp8_3d(axis="K")``; column scales
+``quantize_fp8_2d(axis="row")`` (its bounded variants when row groups are given: only the rows
+below the last end) and ``quantize_fp8_3d(axis="K")``; column scales
 (``cute_kernels.quantize_fp8_col``: a zero fill, the amax pass, the cast pass) for
 ``quantize_fp8_2d(axis="col")`` with and without row groups and ``quantize_fp8_3d(axis="N")``; the
 duals run the column passes' dual variants (layouts plain / groups for 2-D, experts for 3-D), which
@@ -29,19 +30,21 @@ _ANY_GROUPS = 1 << 62  # the column kernels take any number of row groups
 
 
 def _variant(key: tuple, target: targets.DeviceTarget):
-    """``key = ("quantize_fp8_row", torch dtype, round_pow2, vector, rank, K)`` -> the kernel's
-    variant (K raw in the key, one lookup per call: the kernels of one K class are one compile)."""
+    """``key = ("quantize_fp8_row", torch dtype, round_pow2, vector, rank, K[, "bounded"])`` -> the
+    kernel's variant (K raw in the key, one lookup per call: the kernels of one K class are one
+    compile)."""
     from cute_kernels.quantize_fp8 import Fp8RowVariant
 
-    _, dtype, round_pow2, vector, rank, _ = key
-    return Fp8RowVariant(str(dtype).removeprefix("torch."), round_pow2, vector, rank)
+    _, dtype, round_pow2, vector, rank, _, *bounded = key
+    return Fp8RowVariant(str(dtype).removeprefix("torch."), round_pow2, vector, rank, bool(bounded))
 
 
 def _row_config(key: tuple, variant, target: targets.DeviceTarget):
-    """The row kernel's config for the K class of the key's K (``cute_kernels.configs.pick_for_shape``)."""
+    """The row kernel's config for the K class of the key's K (``cute_kernels.configs.pick_for_shape``);
+    a bounded variant takes its unbounded twin's."""
     from cute_kernels import configs
 
-    shape_class = f"{variant.dtype}/k{k_class(key[-1])}"
+    shape_class = f"{variant.dtype}/k{k_class(key[5])}"
     return configs.pick_for_shape(_KERNEL, variant, target.arch, target.name, shape_class)
 
 
@@ -176,6 +179,25 @@ def _launch_rows(
     return q, scales
 
 
+def _launch_bounded_rows(
+    target: targets.DeviceTarget, x: torch.Tensor, shape: torch.Size, round_pow2: bool, ends: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_launch_rows` of x (M, K) (checked) on the rows below the last of the group end
+    offsets ``ends`` (G,) int32 (checked, or left to the kernel's wrapper when it surely launches):
+    the rows past it are left unwritten (K = 0: every scale 1.0, no launch)."""
+    q = target.e4m3.new_empty(*shape)
+    scales = target.f32.new_empty(shape[0])
+    cols = shape[1]
+    if not cols:
+        return q, scales.fill_(1.0)
+    if shape[0]:
+        vector = not (cols & 7 or x.data_ptr() & 15)  # q: fresh, 512-byte aligned
+        key = (_KERNEL, x.dtype, round_pow2, vector, 2, cols, "bounded")
+        kernel = target.kernels.get(key) or target.kernel(key, _variant, _row_config)
+        kernel(x, q, scales, ends)
+    return q, scales
+
+
 def _run_rows(
     target: targets.DeviceTarget, x: torch.Tensor, round_pow2: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,6 +232,21 @@ def _rows_2d_fake(x: torch.Tensor, round_pow2: bool) -> tuple[torch.Tensor, torc
     return x.new_empty(x.shape, dtype=_E4M3), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
+@torch.library.custom_op("cute_kernels::quantize_fp8_2d_row_bounded", mutates_args=())
+def _rows_bounded_op(
+    x: torch.Tensor, group_end_offsets: torch.Tensor, round_pow2: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    target = targets.select(_OP_2D, "cute", x)
+    return _launch_bounded_rows(target, x, x.shape, round_pow2, group_end_offsets)
+
+
+@_rows_bounded_op.register_fake
+def _rows_bounded_fake(
+    x: torch.Tensor, group_end_offsets: torch.Tensor, round_pow2: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rows_2d_fake(x, round_pow2)
+
+
 @torch.library.custom_op("cute_kernels::quantize_fp8_2d_col", mutates_args=())
 def _cols_2d_op(
     x: torch.Tensor, group_end_offsets: torch.Tensor | None, round_pow2: bool
@@ -233,8 +270,16 @@ def _fast_2d(target: targets.DeviceTarget, args: tuple):
     shape = _fast_shape(x, round_pow2)
     if shape is None or len(shape) != 2 or type(axis) is not str:
         return None
-    if axis == "row" and group_end_offsets is None:
-        return _launch_rows(target, x, shape, round_pow2)
+    if axis == "row":
+        if group_end_offsets is None:
+            return _launch_rows(target, x, shape, round_pow2)
+        if (  # the bounded kernel's wrapper checks the offsets' rank, stride and device when it launches
+            checks.fast_launch_groups(group_end_offsets, _ANY_GROUPS)
+            if shape[0] and shape[1]
+            else checks.fast_group_count(group_end_offsets, target.device, _ANY_GROUPS)
+        ):
+            return _launch_bounded_rows(target, x, shape, round_pow2, group_end_offsets)
+        return None
     if axis == "col" and (
         group_end_offsets is None or checks.fast_group_count(group_end_offsets, target.device, _ANY_GROUPS)
     ):
@@ -245,6 +290,8 @@ def _fast_2d(target: targets.DeviceTarget, args: tuple):
 def _run_2d(target: targets.DeviceTarget, x, axis, group_end_offsets, round_pow2):
     if axis == "col":
         return _run_cols(target, x, group_end_offsets, round_pow2)
+    if group_end_offsets is not None:
+        return _launch_bounded_rows(target, x, x.shape, round_pow2, group_end_offsets)
     return _run_rows(target, x, round_pow2)
 
 
@@ -257,6 +304,8 @@ def _reference_2d(x, axis, group_end_offsets, round_pow2):
 def _custom_2d(x, axis, group_end_offsets, round_pow2):
     if axis == "col":
         return _cols_2d_op(x, group_end_offsets, round_pow2)
+    if group_end_offsets is not None:
+        return _rows_bounded_op(x, group_end_offsets, round_pow2)
     return _rows_2d_op(x, round_pow2)
 
 
@@ -275,7 +324,11 @@ def quantize_fp8_2d(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 rowwise quantization of x (M, K), bf16 or fp32, contiguous (SPEC section 7).
 
-    ``axis="row"``: one scale per row: q (M, K) ``float8_e4m3fn`` row-major, scales fp32 (M,).
+    ``axis="row"``: one scale per row: q (M, K) ``float8_e4m3fn`` row-major, scales fp32 (M,); with
+    int32 row-group end offsets (G,) only the rows below the last end (read on the device, clamped
+    to [0, M]) are quantized and the rows past it are left unwritten (their q and scales
+    unspecified, as the grouped GEMMs leave theirs; K = 0: every scale 1.0): an expert-parallel
+    dispatch's static worst-case row count costs only the rows it filled.
     ``axis="col"``: one scale per column: q (M, K) with strides (1, M), scales (K,), or with int32
     row-group end offsets (G,) one per (group, column): scales (G*K,) group-major, an empty group's
     1.0 and rows past the last group's end quantize to 0. Scales are the dequantization multipliers

@@ -49,10 +49,13 @@ __all__ = [
     "TILE_BYTES",
     "TILE_COLS",
     "TILE_ROWS",
+    "BF16_NAN_BITS",
+    "bf16_rne",
     "blocked_offsets",
     "blocked_shape",
     "check_group_end_offsets",
     "dequantize_blocks",
+    "dequantize_fp8_rows",
     "e4m3_saturated",
     "e8m0_scale_bits",
     "fp8_quant_scale",
@@ -90,6 +93,8 @@ E4M3_NAN_BITS = 0x7F
 """The one NaN byte the quantizers emit (also for -NaN inputs)."""
 E8M0_NAN = 255
 """E8M0 scale byte for a block whose max |x| is NaN or Inf."""
+BF16_NAN_BITS = 0x7FFF
+"""The one NaN the bf16 conversions of the kernels give (``cvt.rn.bf16x2.f32``), whatever the input NaN."""
 INV_448_BITS = 0x3B124925
 """Bit pattern of fp32(1/448), the constant of the rceil scale rule."""
 TILE_BYTES = TILE_ROWS * TILE_COLS
@@ -693,6 +698,22 @@ def _fp8_group_cols(x: Tensor, ends: list[int], round_scales: bool) -> tuple[Ten
     return q.view(torch.float8_e4m3fn), scales
 
 
+def _last_end(group_end_offsets: Tensor, total: int) -> int:
+    """The last group end after the syncing validation (offsets valid for ``total`` rows)."""
+    check_group_end_offsets(group_end_offsets, total)
+    return int(group_end_offsets[-1])
+
+
+def _fp8_rows_bounded(x: Tensor, group_end_offsets: Tensor, round_scales: bool) -> tuple[Tensor, Tensor]:
+    """Row scales of the rows of x (M, K) below the last group end; the rows past it q 0, scale 1.0."""
+    bound = _last_end(group_end_offsets, x.shape[0])
+    q = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)  # bytes: float8 slices do not compile
+    scales = torch.ones(x.shape[0], dtype=torch.float32, device=x.device)
+    q_rows, scales[:bound] = _fp8_rows(x[:bound], round_scales)
+    q[:bound] = q_rows.view(torch.uint8)
+    return q.view(torch.float8_e4m3fn), scales
+
+
 def _col_major(q: Tensor) -> Tensor:
     """A row-major (M, K) tensor's values with strides (1, M)."""
     return q.t().contiguous().t()
@@ -707,13 +728,18 @@ def quantize_fp8_2d(
 ) -> tuple[Tensor, Tensor]:
     """FP8 rowwise quantization of x (M, K), bf16 or fp32, contiguous (SPEC section 7).
 
-    ``axis="row"``: one scale per row: q (M, K) float8_e4m3fn row-major, scales (M,) fp32.
+    ``axis="row"``: one scale per row: q (M, K) float8_e4m3fn row-major, scales (M,) fp32; with row
+    group end offsets (int32 (G,), last <= M) only the rows below the last end are quantized: the
+    rows past it are unspecified by contract (the kernel leaves them unwritten), here q 0 and scale
+    1.0 (a dispatch's padding rows).
     ``axis="col"``: one scale per column: q (M, K) with strides (1, M), scales (K,); with row group
     end offsets (int32 (G,), any sizes, last <= M) one scale per (group, column): scales (G*K,)
     group-major (``scales[g*K + k]``), an empty group's scales 1.0, and rows past the last group's end
     quantize to 0. Scales are the dequantization multipliers ``1 / q_scale``.
     """
     checks.check_quantize_fp8_2d(x, axis, group_end_offsets, round_scales_to_power_of_2)
+    if axis == "row" and group_end_offsets is not None:
+        return _fp8_rows_bounded(x, group_end_offsets, round_scales_to_power_of_2)
     if axis == "row":
         return _fp8_rows(x, round_scales_to_power_of_2)
     if group_end_offsets is None:
@@ -902,10 +928,7 @@ def swiglu_backward(grad_h: Tensor, h13: Tensor) -> Tensor:
 def _swiglu_bound(group_end_offsets: Tensor | None, rows: int) -> int:
     """The rows the SwiGLU ops compute: all ``rows``, or the last group end after the syncing
     validation (:func:`check_group_end_offsets`: last end <= ``rows``)."""
-    if group_end_offsets is None:
-        return rows
-    check_group_end_offsets(group_end_offsets, rows)
-    return int(group_end_offsets[-1])
+    return rows if group_end_offsets is None else _last_end(group_end_offsets, rows)
 
 
 def _swiglu_padded(outputs: tuple[Tensor, Tensor, Tensor], rows: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -957,6 +980,31 @@ def swiglu_backward_quantize_fp8(
     grad_h13 = swiglu_backward(grad_h[:bound], h13[:bound])
     q, scales = quantize_fp8_2d(grad_h13, axis="row", round_scales_to_power_of_2=round_scales_to_power_of_2)
     return _swiglu_padded((grad_h13, q, scales), h13.shape[0])
+
+
+def bf16_rne(y: Tensor) -> Tensor:
+    """fp32 ``y`` -> bf16, round to nearest even (subnormals kept); every NaN -> ``BF16_NAN_BITS``
+    (PyTorch's CPU conversion gives 0x7FC0, the GPU's ``cvt.rn.bf16x2.f32`` 0x7FFF: fixed here so
+    the result does not depend on the device)."""
+    bits = y.to(torch.bfloat16).view(torch.int16)
+    return torch.where(torch.isnan(y), BF16_NAN_BITS, bits).view(torch.bfloat16)
+
+
+def dequantize_fp8_rows(q: Tensor, scales: Tensor, group_end_offsets: Tensor) -> Tensor:
+    """FP8 rowwise dequantization of the rows below the last group end: q (M, K) float8_e4m3fn
+    row-major, scales (M,) fp32 (the dequantization multipliers of section 7), row group end offsets
+    int32 (G,) (last <= M) -> x (M, K) bf16 row-major with ``x[r] = bf16_rne(fp32(q[r]) * scales[r])``
+    (one fp32 product, rounded once to bf16; exact for power-of-2 scales unless it leaves bf16's
+    range) for r below the last end. The rows past it are unspecified by contract (the kernel leaves
+    them unwritten), here 0."""
+    checks.check_dequantize_fp8_rows(q, scales, group_end_offsets)
+    bound = _last_end(group_end_offsets, q.shape[0])
+    x = torch.zeros(q.shape, dtype=torch.bfloat16, device=q.device)
+    step = max(1, _CHUNK_ELEMS // max(q.shape[1], 1))
+    for r0 in range(0, bound, step):
+        r1 = min(r0 + step, bound)
+        x[r0:r1] = bf16_rne(q[r0:r1].to(torch.float32) * scales[r0:r1, None])
+    return x
 
 
 # ----------------------------------------------------------------------------------------------

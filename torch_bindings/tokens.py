@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from . import reference
+from .dequantize_fp8 import dequantize_fp8_rows
 
 
 def dequant_mx(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -37,9 +38,12 @@ class QuantizedTokens:
     grad_anchor: torch.Tensor | None = None
 
     def dequantized(self) -> torch.Tensor:
-        """(M, K) bf16 ``q * scale`` (exact: the scales are powers of 2 and q has 3 mantissa bits)."""
+        """(M, K) bf16 ``q * scale`` (exact: the scales are powers of 2 and q has 3 mantissa bits).
+        fp8_rowwise: only the rows below the last group end, the rows any GEMM reads
+        (:func:`dequantize_fp8_rows`: the bounded kernel on a GPU, no sync; the rows past the end
+        unspecified); mxfp8: every row, in PyTorch."""
         if self.recipe == "fp8_rowwise":
-            return (self.q.float() * self.scales[:, None]).to(torch.bfloat16)
+            return dequantize_fp8_rows(self.q, self.scales, self.group_end_offsets)
         return dequant_mx(self.q, self.plain_scales)
 
     def anchor(self) -> torch.Tensor:

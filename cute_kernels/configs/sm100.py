@@ -29,6 +29,7 @@ quantize_fp8_col_cast_for_shape = sm90.quantize_fp8_col_cast_for_shape
 # SwiGLU + FP8: forward 3 CTAs per SM x 28 KiB at H = 7168 (1.35x B200's need on paper); the
 # backward keeps 2 x 24 KiB (0.8x; its SwiGLU arithmetic, not its loads, is expected to bind).
 swiglu_fp8 = sm90.swiglu_fp8
+dequantize_fp8_rows = sm90.dequantize_fp8_rows
 
 
 # --- swizzle ---

@@ -125,6 +125,15 @@ def quantize_fp8_row_for_shape(variant, shape_class: str, tuned: dict | None):
     return Fp8RowConfig(threads=threads, unroll=unroll, ctas_per_sm=1, row_per_cta=True)
 
 
+# --- FP8 row dequantization, bounded (notes/bounded-row-passes.md) ---
+# Not measured yet: one warp per row, 8 warps, 8 steps of 16 bytes per lane in flight (4 KiB per
+# warp, 32 KiB per CTA: the FP8 row kernel's bytes in flight at K = 7168 twice over), 4 CTAs per SM.
+def dequantize_fp8_rows(variant):
+    from cute_kernels.dequant_fp8 import DequantFp8RowsConfig
+
+    return DequantFp8RowsConfig()
+
+
 # --- FP8 column scales (notes/fp8-col-kernels.md) ---
 # Amax pass: 128-thread CTAs over 256-column tiles, row spans shrunk until ~8192 CTAs (1.01 of
 # copy at 16384 x 7168 G = 8 on H100; 2048: 0.95); cast pass: 128 rows x a run of 256-column tiles
