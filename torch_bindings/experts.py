@@ -114,8 +114,10 @@ class Fp8Rowwise:
     def __init__(self, step: _mm._Step) -> None:
         self.step = step
 
-    def rows(self, t: Tensor) -> Operand:
-        return Operand(*quantize_fp8_2d(t, axis="row", backend=self.step.backend))
+    def rows(self, t: Tensor, ends: Tensor) -> Operand:
+        """Rows of t up to the last group end (a dispatch's static row count is mostly past it; the
+        GEMMs never read those rows)."""
+        return Operand(*quantize_fp8_2d(t, axis="row", group_end_offsets=ends, backend=self.step.backend))
 
     def cols(self, t: Tensor, ends: Tensor) -> Operand:
         return Operand(*quantize_fp8_2d(t, axis="col", group_end_offsets=ends, backend=self.step.backend))
@@ -241,7 +243,7 @@ def _x_operands(call: ExpertsCall, ops, x: Tensor, ends: Tensor, need_cols: bool
     if isinstance(ops, Mxfp8):
         rows, cols = ops._both(x, ends)
         return rows, (cols if need_cols else None)
-    return ops.rows(x), (ops.cols(x, ends) if need_cols else None)
+    return ops.rows(x, ends), (ops.cols(x, ends) if need_cols else None)
 
 
 class _ExpertsFn(torch.autograd.Function):
@@ -277,7 +279,7 @@ class _ExpertsFn(torch.autograd.Function):
         if isinstance(ops, Mxfp8):
             g_rows, g_cols = ops._both(g, ends)
         else:
-            g_rows = ops.rows(g) if (need_x or need_w13) else None
+            g_rows = ops.rows(g, ends) if (need_x or need_w13) else None
             g_cols = ops.cols(g, ends) if need_w2 else None
         if need_w2:
             grad_w2 = ops.wgrad_mm(g_cols, h_cols, ends).to(w2.dtype)

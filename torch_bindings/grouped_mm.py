@@ -204,7 +204,7 @@ def _fp8_forward(x, w, groups: _Groups, x_aligned, step: _Step, need_w: bool, to
         q, s = tokens.q, tokens.scales
         cols = _fp8_cols(tokens.dequantized(), groups, step) if need_w else (None, None)
     else:
-        q, s = quantize_fp8_2d(x, axis="row", backend=step.backend)
+        q, s = quantize_fp8_2d(x, axis="row", group_end_offsets=groups.ends, backend=step.backend)
         cols = _fp8_cols(x_aligned, groups, step) if need_w else (None, None)
     y = _fp8_gemm(q, q_w.transpose(-2, -1), s, s_w, groups.ends, step)
     return y, cols
@@ -217,7 +217,7 @@ def _fp8_backward(grad_y, w, groups: _Groups, saved, step: _Step, need_x: bool, 
     q_col_x, s_col_x = saved
     grad_x = grad_w = None
     if need_x:
-        q, s = quantize_fp8_2d(grad_y, axis="row", backend=step.backend)
+        q, s = quantize_fp8_2d(grad_y, axis="row", group_end_offsets=groups.ends, backend=step.backend)
         # (E, N, K) column-major: dgrad's right operand
         q_w, s_w = quantize_fp8_3d(w, axis="N", backend=step.backend)
         grad_x = _fp8_gemm(q, q_w, s, s_w, groups.ends, step)
