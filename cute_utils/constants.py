@@ -48,6 +48,9 @@ SCATTER_VARIANTS = (
     ("bfloat16", 4),
     ("int32", 4),
 )
+#: Most experts E the EP routing kernels take (``cute_kernels.ep_route``: shared-memory tables of
+#: this many int32 words); ``torch_bindings.ep`` runs its PyTorch routing for more.
+EP_MAX_EXPERTS = 1024
 
 # --- SwiGLU with exact fp32 operations (cute_utils/swiglu_math.py, torch_bindings.reference) ---
 #: |g| is clamped to this before exp(-|g|): past it silu(g < 0) rounds to -0 and exp(-|g|) is
