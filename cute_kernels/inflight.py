@@ -1,4 +1,5 @@
-"""Global-memory load bytes one CTA keeps in flight, per registered kernel (for a Little's-law model).
+"""Global-memory load bytes one CTA keeps in flight, per registered kernel the model
+covers (``registry.modelled()``: the bandwidth-bound ones), for a Little's-law model.
 
 What the number means: ``bytes_per_cta`` is how many bytes of x (the input the kernel reads, at its
 own dtype's size: bf16 2 bytes, fp32 4, E8M0 scales and E4M3 data 1) one CTA has asked the memory

@@ -1,4 +1,5 @@
-"""Bytes-in-flight model of every registered kernel on H100, H200 and B200 (Little's law).
+"""Bytes-in-flight model of every bandwidth-bound registered kernel (``registry.modelled()``) on
+H100, H200 and B200 (Little's law).
 
 A memory-bound kernel reaches a device copy's bandwidth ``BW`` only if each SM keeps
 ``BW x latency / SMs`` bytes of loads in flight. Per kernel and arch the model takes:
@@ -229,7 +230,7 @@ def _kernel_lines(names: Sequence[str], machine: Machine, model: Fit) -> list[st
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--kernels", nargs="+", default=list(registry.KERNELS), help="registry names (default: all)"
+        "--kernels", nargs="+", default=registry.modelled(), help="registry names (default: all modelled)"
     )
     parser.add_argument("--calibration", type=Path, default=CALIBRATION, help="measured points (JSON)")
     args = parser.parse_args(argv)

@@ -22,12 +22,15 @@ from typing import Any
 class KernelEntry:
     """``name``: registry key and SASS-target prefix; ``module`` / ``class_name``: where the kernel
     class lives; ``production``: whether a public op runs it (experimental kernels are compiled and
-    inspected, never launched by the bindings)."""
+    inspected, never launched by the bindings); ``bandwidth_bound``: whether it streams memory at a
+    copy's speed, so the bytes-in-flight model (``cute_kernels.inflight``, ``cute_kernels.model``)
+    covers it (the EP routing kernels move a few bytes per pair and are not modelled)."""
 
     name: str
     module: str
     class_name: str
     production: bool = True
+    bandwidth_bound: bool = True
 
     def kernel_class(self) -> Any:
         """The kernel class (imports the DSL)."""
@@ -69,6 +72,9 @@ KERNELS: dict[str, KernelEntry] = {
         KernelEntry("row_scatter", "cute_kernels.row_scatter", "RowScatterKernel"),
         KernelEntry("combine_sum", "cute_kernels.combine_sum", "CombineSumKernel"),
         KernelEntry("ep_send", "cute_kernels.ep_send", "QuantizeScatterKernel"),
+        KernelEntry("ep_route", "cute_kernels.ep_route", "EpRouteKernel", bandwidth_bound=False),
+        KernelEntry("ep_layout", "cute_kernels.ep_route", "EpLayoutKernel", bandwidth_bound=False),
+        KernelEntry("ep_zero_fill", "cute_kernels.ep_route", "EpZeroFillKernel", bandwidth_bound=False),
         KernelEntry("quantize_fp8_row", "cute_kernels.quantize_fp8", "Fp8RowKernel"),
         KernelEntry("quantize_fp8_col_amax", "cute_kernels.quantize_fp8_col", "Fp8ColAmaxKernel"),
         KernelEntry("quantize_fp8_col_cast", "cute_kernels.quantize_fp8_col", "Fp8ColCastKernel"),
@@ -85,6 +91,11 @@ def entry(name: str) -> KernelEntry:
         return KERNELS[name]
     except KeyError:
         raise KeyError(f"no kernel {name!r} in the registry (registered: {', '.join(KERNELS)})") from None
+
+
+def modelled() -> list[str]:
+    """Names of the kernels the bytes-in-flight model covers (``KernelEntry.bandwidth_bound``)."""
+    return [name for name, kernel in KERNELS.items() if kernel.bandwidth_bound]
 
 
 def sass_targets() -> dict[str, Callable[[str], object]]:

@@ -1,6 +1,6 @@
-"""``cute_kernels.inflight``: the global-load bytes one CTA keeps in flight, per registered kernel (CPU:
-the counts are Python arithmetic on the configs; one test compiles each representative variant to
-read the CTA size from its cubin)."""
+"""``cute_kernels.inflight``: the global-load bytes one CTA keeps in flight, per kernel the model
+covers (``registry.modelled()``; CPU: the counts are Python arithmetic on the configs; one test
+compiles each representative variant to read the CTA size from its cubin)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _kernel_threads(name: str, variant, config) -> int:
     return __import__(entry.module, fromlist=["THREADS"]).THREADS
 
 
-@pytest.mark.parametrize("name", sorted(registry.KERNELS))
+@pytest.mark.parametrize("name", sorted(registry.modelled()))
 def test_representative_counts(name):
     variant = inflight.representative_variant(name)
     assert variant in registry.entry(name).variants()
@@ -48,7 +48,7 @@ def test_representative_counts(name):
     assert got.derivation and "\n" not in got.derivation
 
 
-@pytest.mark.parametrize("name", sorted(registry.KERNELS))
+@pytest.mark.parametrize("name", sorted(registry.modelled()))
 def test_every_variant_counts(name):
     for variant in registry.entry(name).variants():
         config = configs.pick(name, variant, ARCH)
@@ -112,7 +112,7 @@ def test_unknown_kernel():
         inflight.representative_variant("nope")
 
 
-@pytest.mark.parametrize("name", sorted(registry.KERNELS))
+@pytest.mark.parametrize("name", sorted(registry.modelled()))
 def test_threads_match_the_cubin(name):
     """The CTA size the compiled kernel declares (``.reqntid``) is the one counted."""
     from cute_utils.sass import compile_options, cubin_of, resource_usage

@@ -39,12 +39,12 @@ def test_fit_recovers_latency_and_plateau():
 def test_every_kernel_meets_b200_need_on_paper():
     """The sm_100a configs keep at least B200's Little's-law need in flight per SM (at the latency
     fitted on H200, the model's assumption for B200): the representative variant of every
-    registered kernel (compiles each for sm_100a, and the calibration points)."""
+    modelled kernel (``registry.modelled()``) (compiles each for sm_100a, and the calibration points)."""
     from cute_kernels import model, registry
 
     need = MACHINES["B200"].need_per_sm(model.calibrate()["H200"].latency_ns)
     short = {}
-    for name in registry.KERNELS:
+    for name in registry.modelled():
         config = model.production_config(name, "sm_100a")
         occ = model.occupancy(name, model.representative_variant(name), config, "sm_100a")
         if occ.bytes_per_sm < need:

@@ -101,6 +101,28 @@ def ep_send(variant):
     return SendConfig()
 
 
+# --- EP routing and layout (notes/ep-routing-kernel.md; not measured yet) ---
+# Route: 8 warps (nine 4 KiB shared tables: 36 KiB), 16 steps per warp (4096 pairs per CTA), 16 ids
+# per thread in flight in the prefix count. Layout: 256 threads x 8 pairs. Zero fill: 128 threads,
+# 4 vectors per lane per row chunk (the row scatter's), at most 2 CTAs per SM looping over the rows.
+def ep_route(variant):
+    from ..ep_route import EpRouteConfig
+
+    return EpRouteConfig()
+
+
+def ep_layout(variant):
+    from ..ep_route import EpLayoutConfig
+
+    return EpLayoutConfig()
+
+
+def ep_zero_fill(variant):
+    from ..ep_route import EpZeroFillConfig
+
+    return EpZeroFillConfig()
+
+
 # --- FP8 rowwise, one scale per row (bench/tune_fp8_rowwise.py; notes/fp8-rowwise-row-kernel.md) ---
 # The bindings pick per K class (quantize_fp8_row_for_shape below); without a shape (the SASS
 # targets CI checks, the registry's default) the kernel takes the heuristic of the benchmarks' K
