@@ -8,7 +8,9 @@ rows to ``alignment``, in a tensor of the static worst-case row count
 and sums them per token with the routing weights. Both run with no host sync:
 
 1. *Routing* (sender, local): per-expert counts of this rank's pairs and each pair's position
-   among the pairs of its expert (a stable sort).
+   among the pairs of its expert (stable: pair order). On a GPU steps 1, 3 and 5's zero fill are
+   the kernels of ``cute_kernels.ep_route`` (one launch each, one zero fill per buffer); on CPU
+   (and for more than ``EP_MAX_EXPERTS`` experts) PyTorch ops.
 2. *Exchange*: the (R, E) count matrix, all-gathered over NCCL (a few KB); it also orders this
    call after every rank's previous use of the buffers.
 3. *Layout* (every rank, from the counts alone): each receiver's padded group offsets, and for each
@@ -41,7 +43,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from cute_utils.constants import SCATTER_VARIANTS
+from cute_utils.constants import EP_MAX_EXPERTS, SCATTER_VARIANTS
 
 from . import checks, reference, targets
 from .ep_send import SendBuffers, buffer_specs, quantize_and_send
@@ -146,10 +148,11 @@ class LocalPool:
                 views[r][name] = SharedRows(t, ptrs, ptrs[r : r + 1], tensors)
         return Slot(views)
 
-    def exchange_counts(self, counts: torch.Tensor, slot: Slot) -> torch.Tensor:
+    def exchange_counts(self, routing: Routing, slot: Slot) -> torch.Tensor:
+        """R = 1: this rank's (E,) counts as the (1, E) count matrix."""
         if self.ranks != 1:
             raise RuntimeError("a simulated group's driver exchanges the counts itself")
-        return counts[None]
+        return routing.counts[None]
 
     def barrier(self) -> None:
         """R = 1: one stream, stream order is the barrier. A simulated group's driver orders its
@@ -272,15 +275,20 @@ class SymmetricPool(SlotRing):
         table = self._slot_table.views[self.rank]["ids"].own
         torch._assert_async((table == slot.index).all(), _SLOT_MISMATCH)
 
-    def exchange_counts(self, counts: torch.Tensor, slot: Slot) -> torch.Tensor:
-        """(E,) int32 counts of every rank, (R, E), over NCCL (no host sync). The slot number rides
-        along; every rank must have chosen the same (a device assert otherwise)."""
+    def exchange_counts(self, routing: Routing, slot: Slot) -> torch.Tensor:
+        """The routing's (E,) int32 counts of every rank, (R, E), over NCCL (no host sync). The slot
+        number rides along; every rank must have chosen the same (a device assert otherwise). The
+        routing kernel wrote counts and slot number into the vector sent (``routing.message``: no
+        copy); the PyTorch routing's counts are copied into one."""
         import torch.distributed as dist
 
+        counts = routing.counts
         experts = counts.shape[0]
-        mine = counts.new_empty(experts + 1)
-        mine[:experts].copy_(counts)
-        mine[experts:].fill_(slot.index)
+        mine = routing.message
+        if mine is None:
+            mine = counts.new_empty(experts + 1)
+            mine[:experts].copy_(counts)
+            mine[experts:].fill_(slot.index)
         out = counts.new_empty((self.ranks, experts + 1))
         dist.all_gather_into_tensor(out, mine, group=self.group)
         torch._assert_async((out[:, experts] == slot.index).all(), _SLOT_MISMATCH)
@@ -360,21 +368,59 @@ def _scatter_rows_reference(src, buffers: list, src_rows, dst_index) -> None:
 
 
 # --- Routing and layout (device tensors only, no sync) ----------------------------------------------
+#
+# On a GPU the routing kernels (``cute_kernels.ep_route``: notes/ep-routing-kernel.md) compute it all
+# in one launch per step: ``route`` (counts and ranks), ``layout`` (destinations and this rank's
+# groups) and ``zero_padding`` (one zero fill per buffer). The PyTorch functions below them are the
+# CPU path, the path for more than ``EP_MAX_EXPERTS`` experts, and what the tests compare with.
 
 
 @dataclass(frozen=True)
 class Routing:
-    """A sender's pairs: ``expert`` (P,) int64 (E for a dropped pair: expert outside [0, E)),
-    ``counts`` (E,) int32 pairs per expert, ``position`` (P,) int64 rank of each pair among the
-    pairs of its expert (token, then slot order)."""
+    """A sender's pairs: ``expert`` (P,) the expert of each pair, dropped when outside ``[0, E)``
+    (PyTorch routing: int64 with E for a dropped pair; the kernel: topk_idx's own ids, int32 or
+    int64), ``counts`` (E,) int32 pairs per expert, ``position`` (P,) rank of each pair among the
+    pairs of its expert (token, then slot order; PyTorch: int64; the kernel: int32, -1 for a
+    dropped pair) and ``message``: the (E + 1,) int32 vector the count exchange sends, ``counts``
+    then the slot number (the kernel writes both; None: the exchange builds it)."""
 
     expert: torch.Tensor
     counts: torch.Tensor
     position: torch.Tensor
+    message: torch.Tensor | None = None
 
 
-def route(topk_idx: torch.Tensor, experts: int) -> Routing:
-    """:class:`Routing` of topk_idx (T, k)."""
+_ID_NAMES = {torch.int32: "int32", torch.int64: "int64"}
+
+
+def _routing_target(tensor: torch.Tensor, experts: int):
+    """The kernel target where the routing kernels run for ``experts`` (``tensor`` on a GPU with the
+    kernels, E <= ``EP_MAX_EXPERTS``), else None (the PyTorch routing)."""
+    return _target(tensor) if experts <= EP_MAX_EXPERTS else None
+
+
+def _id_variant(key: tuple, target) -> object:
+    from cute_kernels.ep_route import EpIdVariant
+
+    return EpIdVariant(key[1])
+
+
+def route(topk_idx: torch.Tensor, experts: int, slot_index: int = 0) -> Routing:
+    """:class:`Routing` of topk_idx (T, k) int32/int64 (any strides); on a GPU one launch of the
+    route kernel, which also writes ``slot_index`` after the counts (``Routing.message``)."""
+    target = _routing_target(topk_idx, experts)
+    if target is None:
+        return _route_torch(topk_idx, experts)
+    ids = topk_idx.contiguous().view(-1)  # the kernel reads ids with unit stride
+    message = torch.empty(experts + 1, dtype=torch.int32, device=ids.device)
+    position = message.new_empty(ids.shape[0])
+    kernel = target.kernel(("ep_route", _ID_NAMES[ids.dtype]), _id_variant)
+    kernel(ids, message, position, experts, slot_index)
+    return Routing(ids, message[:experts], position, message)
+
+
+def _route_torch(topk_idx: torch.Tensor, experts: int) -> Routing:
+    """:class:`Routing` of topk_idx (T, k) in PyTorch ops (a stable sort of the expert ids)."""
     e = topk_idx.reshape(-1).to(torch.int64)
     e = torch.where((e >= 0) & (e < experts), e, experts)
     counts = torch.zeros(experts + 1, dtype=torch.int32, device=e.device)
@@ -390,22 +436,52 @@ def route(topk_idx: torch.Tensor, experts: int) -> Routing:
 class Layout:
     """Everything one rank needs after the exchange: as a sender, ``dst_index`` (P,) int32
     (``dest_rank * rows + dest_row``, -1 dropped); as a receiver, its ``padded_start`` /
-    ``padded_end`` / ``sizes`` (E_local,) int32 and ``zero_index`` (rows,) int32: the rows this call
-    must zero (padding rows, and rows below the previous call's end that no pair fills), else -1."""
+    ``padded_end`` / ``sizes`` (E_local,) int32, and the zero fill's inputs: ``filled`` (the slot's
+    (1,) int32 end of the rows the previous call filled; None: fresh buffers) and, where the row
+    scatter zeroes (CPU, or more groups than the zero-fill kernel takes), ``zero_index`` (rows,)
+    int32: the rows this call must zero (padding rows, and rows below the previous call's end that
+    no pair fills), else -1; None where the zero-fill kernel runs (``zero_padding``)."""
 
     dst_index: torch.Tensor
     padded_start: torch.Tensor
     padded_end: torch.Tensor
     sizes: torch.Tensor
-    zero_index: torch.Tensor
+    zero_index: torch.Tensor | None
+    filled: torch.Tensor | None = None
 
 
 def layout(
     routing: Routing, all_counts: torch.Tensor, rank: int, shape: EpShape, filled: torch.Tensor | None
 ) -> Layout:
-    """:class:`Layout` of ``rank`` from its routing and the (R, E) counts of all ranks; ``filled``
-    (1,) int32: the end of the rows the previous call on these buffers filled (``None``: fresh
-    buffers, every row no pair fills is zeroed)."""
+    """:class:`Layout` of ``rank`` from its routing and the (R, E) int32 counts of all ranks (any row
+    stride); ``filled`` (1,) int32: the end of the rows the previous call on these buffers filled
+    (``None``: fresh buffers, every row no pair fills is zeroed). On a GPU one launch of the layout
+    kernel."""
+    target = _routing_target(routing.position, shape.experts)
+    if target is None:
+        return _layout_torch(routing, all_counts, rank, shape, filled)
+    dst = routing.position.new_empty(shape.pairs)
+    start, end, sizes = (dst.new_empty(shape.local_experts) for _ in range(3))
+    kernel = target.kernel(("ep_layout", _ID_NAMES[routing.expert.dtype]), _id_variant)
+    kernel(
+        routing.expert,
+        routing.position,
+        all_counts,
+        dst,
+        start,
+        end,
+        sizes,
+        rank,
+        shape.rows,
+        shape.alignment,
+    )
+    return Layout(dst, start, end, sizes, None, filled)
+
+
+def _layout_torch(
+    routing: Routing, all_counts: torch.Tensor, rank: int, shape: EpShape, filled: torch.Tensor | None
+) -> Layout:
+    """:func:`layout` in PyTorch ops (the routing of :func:`_route_torch`)."""
     ranks, local, align, rows = shape.ranks, shape.local_experts, shape.alignment, shape.rows
     counts = all_counts.to(torch.int64)
     received = counts.sum(0).view(ranks, local)
@@ -416,15 +492,17 @@ def layout(
     e = routing.expert.clamp(max=shape.experts - 1)
     row = padded_start.view(-1)[e] + before[e] + routing.position
     dst = torch.where(routing.expert < shape.experts, (e // local) * rows + row, -1)
-    own_start, own_end, own_sizes = padded_start[rank], padded_end[rank], received[rank]
-    zero = _zero_rows(own_start, own_end, own_sizes, filled, rows)
-    return Layout(
-        dst.to(torch.int32),
-        own_start.to(torch.int32),
-        own_end.to(torch.int32),
-        own_sizes.to(torch.int32),
-        zero,
-    )
+    own_start, own_end, own_sizes = (t[rank].to(torch.int32) for t in (padded_start, padded_end, received))
+    zero = _zero_plan(own_start, own_end, own_sizes, filled, rows)
+    return Layout(dst.to(torch.int32), own_start, own_end, own_sizes, zero, filled)
+
+
+def _zero_plan(start, end, sizes, filled: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+    """``Layout.zero_index``: None where the zero-fill kernel runs (a GPU, at most
+    ``EP_MAX_EXPERTS`` groups), else :func:`_zero_rows`."""
+    if start.shape[0] <= EP_MAX_EXPERTS and _target(start) is not None:
+        return None
+    return _zero_rows(start, end, sizes, filled, rows)
 
 
 def _zero_rows(start, end, sizes, filled: torch.Tensor | None, rows: int) -> torch.Tensor:
@@ -527,7 +605,11 @@ def send_dispatch(
 def zero_padding(lay: Layout, bufs: dict, recipe: str) -> None:
     """Step 5a: zero this rank's padding rows, and rows a previous call filled past the new end, in
     every row buffer (local writes to rows no pair fills: no ordering with the peers' sends). An
-    fp8_rowwise scale row gets 1.0 (the bits of 1.0 read from a row of ones) rather than 0."""
+    fp8_rowwise scale row gets 1.0 (the bits of 1.0 read from a row of ones) rather than 0. On a GPU
+    one zero-fill launch per buffer (``Layout.zero_index`` None), else a row scatter per buffer."""
+    if lay.zero_index is None:
+        _fill_padding(lay, bufs, recipe)
+        return
     none = _minus_ones(lay.zero_index.shape[0], lay.zero_index.device)
     for name, rows in bufs.items():
         if name == "s" and recipe == "fp8_rowwise":
@@ -542,6 +624,30 @@ def _as_int32(rows: SharedRows) -> SharedRows:
     """fp32 scale rows seen as their int32 bits (the row scatter moves 4-byte words)."""
     tensors = None if rows.tensors is None else [t.view(torch.int32) for t in rows.tensors]
     return SharedRows(rows.own.view(torch.int32), rows.ptrs, rows.self_ptr, tensors)
+
+
+#: The bits of fp32 1.0 as an int32: what the zero fill writes into fp8_rowwise scale rows.
+_ONE_BITS = 0x3F800000
+
+
+def _fill_padding(lay: Layout, bufs: dict, recipe: str) -> None:
+    """:func:`zero_padding` by the zero-fill kernel (``cute_kernels.ep_route``): the rows
+    ``_zero_rows`` names, one launch per buffer, reading the offsets and ``filled`` on the device."""
+    target = _target(lay.padded_end)
+    fresh = lay.filled is None
+    filled = lay.padded_end if fresh else lay.filled  # read only when not fresh
+    for name, rows in bufs.items():
+        own = rows.own
+        word = _ONE_BITS if name == "s" and recipe == "fp8_rowwise" else 0
+        vec = _vector_bytes(own.dtype, own.shape[1])
+        kernel = target.kernel(("ep_zero_fill", str(own.dtype).removeprefix("torch."), vec), _fill_variant)
+        kernel(own, lay.padded_start, lay.padded_end, lay.sizes, filled, int(fresh), word, target.num_sms)
+
+
+def _fill_variant(key: tuple, target) -> object:
+    from cute_kernels.ep_route import EpFillVariant
+
+    return EpFillVariant(key[1], key[2])
 
 
 _INDEX_TENSORS: dict[tuple, torch.Tensor] = {}
@@ -701,8 +807,8 @@ def run_dispatch(
     """Steps 1-5 on this rank (module docstring)."""
     rank = pool.rank
     slot = pool.acquire(_family(shape, "dispatch"), _dispatch_kinds(shape))
-    routing = route(topk_idx, shape.experts)
-    all_counts = pool.exchange_counts(routing.counts, slot)
+    routing = route(topk_idx, shape.experts, slot.index)
+    all_counts = pool.exchange_counts(routing, slot)
     lay = layout(routing, all_counts, rank, shape, slot.filled)
     _send_and_land(x, lay, slot, shape, pool, scaling_mode)
     result = finish_dispatch(lay, slot.views[rank], shape, rank)
@@ -731,8 +837,8 @@ def _grad_dispatch(rows: torch.Tensor, result: DispatchResult) -> torch.Tensor:
     shape = replace(result.shape, hidden=rows.shape[-1], recipe="bf16")
     slot = pool.acquire(_family(shape, "grad"), _dispatch_kinds(shape))
     start, end, sizes = result.padded_group_start_offsets, result.padded_group_end_offsets, result.group_sizes
-    zero = _zero_rows(start, end, sizes, slot.filled, shape.rows)
-    lay = Layout(result.dst_index, start, end, sizes, zero)
+    zero = _zero_plan(start, end, sizes, slot.filled, shape.rows)
+    lay = Layout(result.dst_index, start, end, sizes, zero, slot.filled)
     pool.barrier()  # every rank is done with these buffers' previous contents
     if isinstance(pool, SymmetricPool):
         pool.announce(slot)
