@@ -411,7 +411,8 @@ def route(topk_idx: torch.Tensor, experts: int, slot_index: int = 0) -> Routing:
     target = _routing_target(topk_idx, experts)
     if target is None:
         return _route_torch(topk_idx, experts)
-    ids = topk_idx.contiguous().view(-1)  # the kernel reads ids with unit stride
+    # The kernel reads the ids with unit stride: a view when contiguous, else a contiguous copy.
+    ids = topk_idx.view(-1) if topk_idx.is_contiguous() else topk_idx.contiguous().view(-1)
     message = torch.empty(experts + 1, dtype=torch.int32, device=ids.device)
     position = message.new_empty(ids.shape[0])
     kernel = target.kernel(("ep_route", _ID_NAMES[ids.dtype]), _id_variant)
@@ -639,9 +640,22 @@ def _fill_padding(lay: Layout, bufs: dict, recipe: str) -> None:
     for name, rows in bufs.items():
         own = rows.own
         word = _ONE_BITS if name == "s" and recipe == "fp8_rowwise" else 0
-        vec = _vector_bytes(own.dtype, own.shape[1])
-        kernel = target.kernel(("ep_zero_fill", str(own.dtype).removeprefix("torch."), vec), _fill_variant)
+        kernel = target.kernel(_fill_key(own), _fill_variant)
         kernel(own, lay.padded_start, lay.padded_end, lay.sizes, filled, int(fresh), word, target.num_sms)
+
+
+_FILL_KEYS: dict[tuple, tuple] = {}
+
+
+def _fill_key(buf: torch.Tensor) -> tuple:
+    """The zero fill's kernel key of a (rows, W) buffer: its dtype's name and vector width (cached
+    per dtype and W: no string work per call)."""
+    shape_key = (buf.dtype, buf.shape[1])
+    key = _FILL_KEYS.get(shape_key)
+    if key is None:
+        name = str(buf.dtype).removeprefix("torch.")
+        key = _FILL_KEYS[shape_key] = ("ep_zero_fill", name, _vector_bytes(buf.dtype, buf.shape[1]))
+    return key
 
 
 def _fill_variant(key: tuple, target) -> object:
