@@ -12,6 +12,9 @@ rounds so no call waits on a full launch queue) of
 - ``dispatch``: a whole ``ep.dispatch`` call (the routing, the quantization, the row scatters, the
   scale swizzle).
 
+and ``routing GPU``: the GPU microseconds of the routing steps (20 of them captured in one CUDA
+graph, replays timed with events: no launch gaps).
+
 "before" runs the PyTorch routing, layout and row-scatter zero fill (the kernels switched off by
 ``EP_MAX_EXPERTS = 0``: the path the bindings take for more experts than the kernels' tables);
 "after" the kernels. Both paths' routing outputs are compared first (they must be equal, bit for
@@ -70,6 +73,30 @@ def host_us(fn: Callable[[], object], calls: int = 20, rounds: int = 15) -> floa
     return statistics.median(samples) * 1e6
 
 
+def gpu_us(fn: Callable[[], object], per_graph: int = 20, replays: int = 10) -> float:
+    """GPU microseconds of one call of ``fn``: ``per_graph`` calls captured in one CUDA graph, the
+    median of ``replays`` timed replays, divided by ``per_graph``."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(per_graph):
+            fn()
+    graph.replay()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / per_graph)
+    return statistics.median(samples)
+
+
 class _Case:
     """One shape: x (T, D) bf16, ids (T, k) int64 of k distinct uniform experts, the buffers of one
     R = 1 dispatch (allocated once: the routing rows time no allocation of them)."""
@@ -118,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {why}", file=sys.stderr)
         return 2
     print(f"device: {torch.cuda.get_device_name()}; T {args.tokens}, D {args.hidden}, k {args.topk}, R 1")
-    print(f"{'E':>5s} {'step':>9s} {'before us':>10s} {'after us':>9s} {'ratio':>6s}")
+    print(f"{'E':>5s} {'step':>11s} {'before us':>10s} {'after us':>9s} {'ratio':>6s}")
     for experts in args.experts:
         case = _Case(args.tokens, args.hidden, args.topk, experts)
         with _pytorch_routing():
@@ -126,12 +153,15 @@ def main(argv: list[str] | None = None) -> int:
         if not _same_layout(case.routing(), want):
             print(f"error: E = {experts}: the kernels' layout differs from PyTorch's", file=sys.stderr)
             return 1
-        for step in ("routing", "dispatch"):
-            fn = getattr(case, step)
+        for step, fn, timer in (
+            ("routing", case.routing, host_us),
+            ("dispatch", case.dispatch, host_us),
+            ("routing GPU", case.routing, gpu_us),
+        ):
             with _pytorch_routing():
-                before = host_us(fn)
-            after = host_us(fn)
-            print(f"{experts:5d} {step:>9s} {before:10.1f} {after:9.1f} {before / after:6.2f}", flush=True)
+                before = timer(fn)
+            after = timer(fn)
+            print(f"{experts:5d} {step:>11s} {before:10.1f} {after:9.1f} {before / after:6.2f}", flush=True)
     return 0
 
 
