@@ -40,11 +40,11 @@ from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float8E4M3FN, Float8E8M0FNU, Int32, Int64
+from cutlass import BFloat16, Float8E4M3FN, Float8E8M0FNU, Float32, Int32, Int64
 from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import ceil_div
-from cute_utils.constants import EP_MAX_EXPERTS, SCATTER_VARIANTS
+from cute_utils.constants import EP_FILL_VARIANTS, EP_MAX_EXPERTS
 from cute_utils.groups import find_group, search_steps
 from cute_utils.scan import cta_exclusive_scan
 
@@ -54,11 +54,12 @@ _WARP = 32
 _FULL_MASK = 0xFFFFFFFF
 #: Expert id dtypes (torch names) the route and layout kernels read.
 ID_TYPES = {"int32": Int32, "int64": Int64}
-#: Buffer dtypes (torch names) the zero fill writes: the row-scatter's (``SCATTER_VARIANTS``).
+#: Buffer dtypes (torch names) the zero fill writes (``EP_FILL_VARIANTS``: a dispatch's buffers).
 FILL_TYPES = {
     "float8_e4m3fn": Float8E4M3FN,
     "float8_e8m0fnu": Float8E8M0FNU,
     "bfloat16": BFloat16,
+    "float32": Float32,
     "int32": Int32,
 }
 #: Static shared memory a CTA may take without an opt-in.
@@ -521,7 +522,7 @@ class EpZeroFillKernel(Kernel):
 
     @classmethod
     def variants(cls) -> list[EpFillVariant]:
-        return [EpFillVariant(name, width) for name, width in SCATTER_VARIANTS]
+        return [EpFillVariant(name, width) for name, width in EP_FILL_VARIANTS]
 
     @classmethod
     def target_name(cls, variant: EpFillVariant) -> str:

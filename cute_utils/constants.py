@@ -48,6 +48,17 @@ SCATTER_VARIANTS = (
     ("bfloat16", 4),
     ("int32", 4),
 )
+#: (dtype, vector bytes) pairs the EP zero fill (``cute_kernels.ep_route``) is compiled for: every
+#: buffer a dispatch receives into (``torch_bindings.ep_send.buffer_specs``): E4M3 and bf16 rows,
+#: E8M0 scale rows (16 B when D % 512 == 0, else 4 B), fp32 scales and the int32 row tags.
+EP_FILL_VARIANTS = (
+    ("float8_e4m3fn", 16),
+    ("float8_e8m0fnu", 16),
+    ("float8_e8m0fnu", 4),
+    ("bfloat16", 16),
+    ("float32", 4),
+    ("int32", 4),
+)
 #: Most experts E the EP routing kernels take (``cute_kernels.ep_route``: shared-memory tables of
 #: this many int32 words); ``torch_bindings.ep`` runs its PyTorch routing for more.
 EP_MAX_EXPERTS = 1024

@@ -9,7 +9,7 @@ import torch
 from conftest import assert_recorded_hashes, kernel_targets, spill_free_kernel
 
 from cute_kernels import configs, registry
-from cute_utils.constants import EP_MAX_EXPERTS, SCATTER_VARIANTS
+from cute_utils.constants import EP_FILL_VARIANTS, EP_MAX_EXPERTS
 from torch_bindings import ep
 
 TARGETS = kernel_targets("ep_route", "ep_layout", "ep_zero_fill")
@@ -62,7 +62,7 @@ def test_zero_fill_sass(compiled, target):
 
 def test_registry_names():
     ids = {"ep_route_int32", "ep_route_int64", "ep_layout_int32", "ep_layout_int64"}
-    fills = {f"ep_zero_fill_{dtype}_v{width}" for dtype, width in SCATTER_VARIANTS}
+    fills = {f"ep_zero_fill_{dtype}_v{width}" for dtype, width in EP_FILL_VARIANTS}
     assert set(TARGETS) == ids | fills
 
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from cute_utils.constants import EP_MAX_EXPERTS, SCATTER_VARIANTS
+from cute_utils.constants import EP_FILL_VARIANTS, EP_MAX_EXPERTS, SCATTER_VARIANTS
 
 from . import checks, reference, targets
 from .ep_send import SendBuffers, buffer_specs, quantize_and_send
@@ -648,13 +648,17 @@ _FILL_KEYS: dict[tuple, tuple] = {}
 
 
 def _fill_key(buf: torch.Tensor) -> tuple:
-    """The zero fill's kernel key of a (rows, W) buffer: its dtype's name and vector width (cached
-    per dtype and W: no string work per call)."""
+    """The zero fill's kernel key of a (rows, W) buffer: its dtype's name and vector width, 16 bytes
+    where the row allows, else 4 (``EP_FILL_VARIANTS``; cached per dtype and W)."""
     shape_key = (buf.dtype, buf.shape[1])
     key = _FILL_KEYS.get(shape_key)
     if key is None:
         name = str(buf.dtype).removeprefix("torch.")
-        key = _FILL_KEYS[shape_key] = ("ep_zero_fill", name, _vector_bytes(buf.dtype, buf.shape[1]))
+        row_bytes = buf.shape[1] * buf.dtype.itemsize
+        vec = next((v for v in (16, 4) if (name, v) in EP_FILL_VARIANTS and row_bytes % v == 0), None)
+        if vec is None:
+            raise ValueError(f"no zero-fill variant writes rows of {buf.shape[1]} x {buf.dtype}")
+        key = _FILL_KEYS[shape_key] = ("ep_zero_fill", name, vec)
     return key
 
 
