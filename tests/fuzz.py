@@ -355,6 +355,17 @@ def _fp8_rows_bounded_case(draw, limits: Limits) -> Case:
 
 
 @st.composite
+def _swiglu_case(draw, limits: Limits, op: str) -> Case:
+    """SwiGLU + FP8 rows below the last group end, forward (``swiglu``) or backward
+    (``swiglu_bwd``): h13 (M, 2H) bf16 of any H, row groups of any sizes, power-of-2 or exact
+    scales."""
+    rows, cols = draw(matrix_shape(limits, col_multiple=2))
+    ends = tuple(draw(group_ends(rows, tile=128)))
+    kwargs = (("round_scales_to_power_of_2", draw(st.booleans())),)
+    return Case(op, (rows, cols), torch.bfloat16, draw(_SEEDS), ends, kwargs)
+
+
+@st.composite
 def _fp8_dequant_case(draw, limits: Limits) -> Case:
     """FP8 row dequantization below the last group end: q (M, K) of any K and random bytes (NaNs
     included), scales of :func:`random_row_scales`; q sometimes a few bytes into its allocation."""
@@ -394,6 +405,8 @@ def case_strategy(op: str, limits: Limits = Limits()) -> st.SearchStrategy[Case]
         "fp8_3d_dual": lambda: _fp8_3d_case(limits, "fp8_3d_dual"),
         "fp8_rows_bounded": lambda: _fp8_rows_bounded_case(limits),
         "fp8_dequant": lambda: _fp8_dequant_case(limits),
+        "swiglu": lambda: _swiglu_case(limits, "swiglu"),
+        "swiglu_bwd": lambda: _swiglu_case(limits, "swiglu_bwd"),
     }
     return strategies[op]()
 
@@ -440,6 +453,8 @@ def make_inputs(case: Case, device: str, garbage: bool = False) -> Inputs:
     if case.op == "fp8_dequant":
         scales = random_row_scales(case.shape[0], case.data_seed, device)
         return Inputs(skewed(x, case.skew), offsets, scales=scales)
+    if case.op == "swiglu_bwd":  # grad_h (M, H) rides in ``scales``: the gate half of x, reversed
+        return Inputs(x, offsets, scales=x[:, : x.shape[1] // 2].flip(0).contiguous())
     if case.op != "unpad":
         return Inputs(skewed(x, case.skew), offsets)
     if garbage:
@@ -485,6 +500,12 @@ def _call(module, case: Case, inputs: Inputs, backend: dict) -> tuple:
         return module.quantize_fp8_2d(x, axis="row", group_end_offsets=offsets, **kw, **backend)
     if case.op == "fp8_dequant":
         return (module.dequantize_fp8_rows(x, inputs.scales, offsets, **backend),)
+    if case.op == "swiglu":
+        return module.swiglu_quantize_fp8(x, group_end_offsets=offsets, **kw, **backend)
+    if case.op == "swiglu_bwd":
+        return module.swiglu_backward_quantize_fp8(
+            inputs.scales, x, group_end_offsets=offsets, **kw, **backend
+        )
     q, s = module.quantize_mxfp8_3d(x, **kw, **backend)
     return (q.transpose(1, 2) if kw["block"] == "32x1" else q), s
 
@@ -507,7 +528,7 @@ def check_case(case: Case, run: Run = Run()) -> None:
 
 #: Ops whose outputs are defined only on the rows below the last group end (the kernels leave the
 #: other rows unwritten): their comparison stops there.
-BOUNDED_OPS = ("fp8_rows_bounded", "fp8_dequant")
+BOUNDED_OPS = ("fp8_rows_bounded", "fp8_dequant", "swiglu", "swiglu_bwd")
 
 
 def defined_rows(case: Case, output: torch.Tensor) -> torch.Tensor:
@@ -582,6 +603,8 @@ OPS = (
     "fp8_3d_dual",
     "fp8_rows_bounded",
     "fp8_dequant",
+    "swiglu",
+    "swiglu_bwd",
 )
 GROUPED_OPS = tuple(op for op in OPS if op not in ("quantize_3d", "fp8_3d", "fp8_3d_dual"))
 
