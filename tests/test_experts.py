@@ -176,6 +176,123 @@ def test_weight_cache_reuses_and_invalidates(device, monkeypatch):
         _same(a, b, "cached against uncached")
 
 
+def _train_steps(module, x, grad, ends, make_optimizer, steps=3):
+    """``steps`` optimizer steps of ``module``; returns the outputs and gradients of every step."""
+    optimizer = make_optimizer(module.parameters())
+    results = []
+    for _ in range(steps):
+        results.append(_run(module, x, grad, ends))
+        optimizer.step()
+    return results
+
+
+def _optimizers():
+    adamw = torch.optim.AdamW
+    return {
+        "adamw_fused": lambda params: adamw(params, lr=1e-2, fused=True),
+        "adamw_foreach": lambda params: adamw(params, lr=1e-2, foreach=True),
+        "sgd_for_loop": lambda params: torch.optim.SGD(params, lr=1e-1, foreach=False),
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("optimizer", sorted(_optimizers()))
+def test_weight_cache_follows_optimizer_steps(device, optimizer):
+    """Every torch.optim step invalidates the cache, also the fused optimizers, which update the
+    parameters without moving their version counters: a cached module trains bit-identically to an
+    uncached one."""
+    make = _optimizers()[optimizer]
+    x, grad, ends = _batch(device)
+    cached = _train_steps(_module(device, "fp8_rowwise"), x, grad, ends, make)
+    plain = _train_steps(_module(device, "fp8_rowwise", weight_cache=False), x, grad, ends, make)
+    for step, (got, want) in enumerate(zip(cached, plain, strict=True)):
+        for a, b in zip(got, want, strict=True):
+            _same(a, b, f"step {step}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_weight_cache_after_data_writes_needs_invalidation(device):
+    """A write through ``param.data`` moves no version counter and no optimizer step:
+    ``invalidate_weight_caches()`` makes the next call recompute the weights' operands."""
+    cached, plain = _module(device, "fp8_rowwise"), _module(device, "fp8_rowwise", weight_cache=False)
+    x, grad, ends = _batch(device)
+    _run(cached, x, grad, ends)
+    for module in (cached, plain):
+        module.w2.data.mul_(0.5)
+    tb.invalidate_weight_caches()
+    for a, b in zip(_run(cached, x, grad, ends), _run(plain, x, grad, ends), strict=True):
+        _same(a, b, "after invalidate_weight_caches")
+
+
+def test_weight_cache_drops_a_stale_entry_before_recomputing():
+    """The stale operands are released before the new ones are made (never both alive)."""
+    cache = experts.WeightCache()
+    w = torch.ones(4)
+    seen = []
+
+    def compute(t):
+        seen.append(cache.nbytes())
+        return (t * 2,)
+
+    cache.get("w", ("fwd",), w, compute)
+    with torch.no_grad():
+        w.add_(1)
+    cache.get("w", ("fwd",), w, compute)
+    assert seen == [0, 0]
+    assert torch.equal(cache.get("w", ("fwd",), w, compute)[0], torch.full((4,), 4.0))
+    assert len(seen) == 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ["fp8_rowwise", "mxfp8"])
+def test_no_grad_makes_no_backward_operands(device, recipe, monkeypatch):
+    """Under torch.no_grad (evaluation) the forward makes no column (wgrad) operands, and its output
+    equals the training forward's."""
+    module = _module(device, recipe)
+    x, _, ends = _batch(device)
+    calls = {"cols": 0}
+    cls = experts.RECIPES[recipe]
+    original = cls.cols
+
+    def counted(self, t, e):
+        calls["cols"] += 1
+        return original(self, t, e)
+
+    monkeypatch.setattr(cls, "cols", counted)
+    with torch.no_grad():
+        evaluated = module(x, ends)
+    if recipe == "fp8_rowwise":
+        assert calls["cols"] == 0
+    trained = module(x, ends)
+    if recipe == "fp8_rowwise":
+        assert calls["cols"] == 2  # x's for w13, h's for w2
+    owned = int(ends[-1])
+    _same(evaluated[:owned], trained.detach()[:owned], "no_grad forward")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_graph_keeps_no_dispatch_tokens(device):
+    """The block's autograd context holds no reference to a dispatch's quantized tokens: once the
+    forward is done, the dispatched rows are referenced only by the caller."""
+    import gc
+    import weakref
+
+    dim = 64
+    module = tb.GroupedExperts(E, dim, H, recipe="fp8_rowwise", gemm=GEMM[device], device=device)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(64, dim, generator=gen).bfloat16().to(device).requires_grad_()
+    ids = torch.randint(0, E, (64, 2), generator=gen).to(device)
+    r = ep.dispatch(x, ids, num_experts=E, recipe="fp8_rowwise", alignment=16)
+    tokens = r.tokens
+    y = module(tokens, r.padded_group_end_offsets)
+    watch = weakref.ref(tokens)
+    del tokens
+    gc.collect()
+    assert watch() is None, "the graph keeps the dispatch's tokens alive"
+    y.float().sum().backward()
+    assert x.grad is not None
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", ["fp8_rowwise", "mxfp8"])
 def test_aligned_groups_skip_the_pads(device, recipe):

@@ -308,3 +308,28 @@ def test_gpu_torch_compile_fullgraph(recipe, gemm):
         (y[:owned], x.grad[:owned], w.grad), (eager[0][:owned], eager[1][:owned], eager[2]), strict=True
     ):
         assert sqnr_db(got, want) >= 60.0  # the same kernels; inductor may fuse the glue
+
+
+def test_cpu_no_grad_makes_no_wgrad_operand(monkeypatch):
+    """Under torch.no_grad the forward quantizes no wgrad (column) operand of x, though w requires a
+    gradient; the output equals the training forward's."""
+    calls = {"cols": 0}
+    original = grouped_mm._fp8_cols
+
+    def counted(*args):
+        calls["cols"] += 1
+        return original(*args)
+
+    monkeypatch.setattr(grouped_mm, "_fp8_cols", counted)
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(96, 64, generator=gen).bfloat16()
+    w = (torch.randn(3, 32, 64, generator=gen) / 8).bfloat16().requires_grad_()
+    ends = torch.tensor([16, 48, 96], dtype=torch.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.no_grad():
+            evaluated = tb.scaled_grouped_mm(x, w, ends)
+        assert calls["cols"] == 0
+        trained = tb.scaled_grouped_mm(x, w, ends)
+    assert calls["cols"] == 1
+    assert torch.equal(evaluated.view(torch.uint8), trained.detach().view(torch.uint8))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from . import ep, reference
 from .capabilities import Capabilities, capabilities
 from .dequantize_fp8 import dequantize_fp8_rows
+from .experts import invalidate_weight_caches
 from .grouped_mm import scaled_grouped_mm
 from .kernel_cache import STATS as compile_stats
 from .kernel_cache import clear_memory_cache
@@ -37,6 +38,7 @@ __all__ = [
     "compile_stats",
     "dequantize_fp8_rows",
     "ep",
+    "invalidate_weight_caches",
     "pad_and_quantize_mxfp8_2d",
     "pad_token_groups",
     "quantize_fp8_2d",

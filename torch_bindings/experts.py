@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import grouped_mm as _mm
 from .grouped_mm import output_dtype
@@ -45,14 +46,45 @@ Tensor = torch.Tensor
 # --- Weight cache ---------------------------------------------------------------------------------
 
 
+class _Generation:
+    """A counter that every ``torch.optim`` step moves (a global optimizer step post-hook, installed
+    with the first :class:`WeightCache`), and :func:`invalidate_weight_caches` too. It is part of
+    every cache stamp because some in-place updates leave a parameter's version counter where it
+    was: the fused optimizers (``AdamW(fused=True)``) and writes through ``param.data``."""
+
+    value = 0
+    hooked = False
+
+    @classmethod
+    def bump(cls, *_args) -> None:
+        cls.value += 1
+
+    @classmethod
+    def hook(cls) -> None:
+        if not cls.hooked:
+            register_optimizer_step_post_hook(cls.bump)
+            cls.hooked = True
+
+
+def invalidate_weight_caches() -> None:
+    """Make every :class:`WeightCache` recompute its entries on their next use. Optimizer steps of
+    ``torch.optim`` do this by themselves; call it after changing weights any other way that does
+    not move their version counters (``param.data`` writes, an optimizer outside ``torch.optim``,
+    loading a state dict into ``.data``)."""
+    _Generation.bump()
+
+
 class WeightCache:
     """Quantized weights, computed once per value of each weight and reused across micro-batches and
-    recomputation. An entry is keyed by (name, operand format) and holds the weight's version counter,
-    address and shape: an optimizer step (an in-place update), any in-place edit or a new tensor
-    misses and recomputes it. Under ``torch.compile`` the cache is bypassed."""
+    recomputation. An entry is keyed by (name, operand format) and stamped with the weight's version
+    counter, address, shape, dtype and device and the optimizer-step generation
+    (:func:`invalidate_weight_caches`): an optimizer step, any in-place edit or a new tensor misses
+    and recomputes it. A stale entry is dropped before its replacement is computed, so the two never
+    hold memory together. Under ``torch.compile`` the cache is bypassed."""
 
     def __init__(self) -> None:
         self._entries: dict[tuple, tuple[tuple, tuple]] = {}
+        _Generation.hook()
 
     def get(self, name: str, form: tuple, w: Tensor, compute) -> tuple:
         """``compute(w)``'s operands of format ``form`` (layout, recipe, emulated) for ``w`` as it is
@@ -60,12 +92,14 @@ class WeightCache:
         if torch.compiler.is_compiling():
             return compute(w)
         try:
-            stamp = (w._version, w.data_ptr(), tuple(w.shape), w.dtype, w.device)
+            stamp = (_Generation.value, w._version, w.data_ptr(), tuple(w.shape), w.dtype, w.device)
         except RuntimeError:  # an inference tensor has no version counter: never cached
             return compute(w)
-        entry = self._entries.get((name, form))
+        entry = self._entries.pop((name, form), None)
         if entry is not None and entry[0] == stamp:
+            self._entries[(name, form)] = entry
             return entry[1]
+        del entry  # the stale operands go before the new ones are made
         operands = compute(w)
         self._entries[(name, form)] = (stamp, operands)
         return operands
@@ -214,11 +248,13 @@ RECIPES = {"fp8_rowwise": Fp8Rowwise, "mxfp8": Mxfp8}
 @dataclass(frozen=True, eq=False)
 class ExpertsCall:
     """One call's choices: ``step`` (recipe, emulated, backend; groups aligned), ``cache`` (or None:
-    weights quantized every call), ``tokens`` (x quantized already, or None)."""
+    weights quantized every call), ``tokens`` (x quantized already, or None), ``grad_enabled``
+    (grad mode at the call: off, the forward makes no backward operands)."""
 
     step: _mm._Step
     cache: WeightCache | None = None
     tokens: QuantizedTokens | None = None
+    grad_enabled: bool = True
 
 
 def _weight(call: ExpertsCall, ops, name: str, w: Tensor, layout: str) -> tuple:
@@ -249,18 +285,22 @@ def _x_operands(call: ExpertsCall, ops, x: Tensor, ends: Tensor, need_cols: bool
 class _ExpertsFn(torch.autograd.Function):
     """The low-precision expert block (module docstring) on aligned groups ``ends``. Saves h13 (bf16,
     the SwiGLU backward's input), x's and h's column operands (FP8, only for the weights that need a
-    gradient) and the weights (parameters, kept anyway)."""
+    gradient, none under ``torch.no_grad``) and the weights (parameters, kept anyway). The context
+    keeps no reference to quantized input tokens: a dispatch's rows are free once the forward is
+    done (its wgrad operand is the column operand saved here). Each operand the forward or the
+    backward makes is dropped after its last GEMM, so few are alive at once."""
 
     @staticmethod
     def forward(ctx, x, w13, w2, ends, call: ExpertsCall):
         ops = RECIPES[call.step.recipe](call.step)
-        _, need_w13, need_w2 = ctx.needs_input_grad[:3]
+        _, need_w13, need_w2 = _mm.wanted_grads(ctx, 3, call.grad_enabled)
         with torch.autocast(ends.device.type, enabled=False):
             x_rows, x_cols = _x_operands(call, ops, x, ends, need_w13)
             h13 = ops.forward_mm(x_rows, _weight(call, ops, "w13", w13, "fwd"), ends)
+            del x_rows
             h_rows, h_cols = ops.swiglu(h13, ends, cols=need_w2)
             out = ops.forward_mm(h_rows, _weight(call, ops, "w2", w2, "fwd"), ends)
-        ctx.call = call
+        ctx.call = ExpertsCall(call.step, call.cache)  # without the tokens
         ctx.x_dtype = x.dtype
         saved = [t for op in (x_cols, h_cols) for t in ((None, None) if op is None else (op.q, op.s))]
         ctx.save_for_backward(w13, w2, ends, h13, *saved)
@@ -276,21 +316,31 @@ class _ExpertsFn(torch.autograd.Function):
         need_x, need_w13, need_w2 = ctx.needs_input_grad[:3]
         grad_x = grad_w13 = grad_w2 = None
         g = grad_out.to(torch.bfloat16).contiguous()
+        del grad_out
         if isinstance(ops, Mxfp8):
             g_rows, g_cols = ops._both(g, ends)
         else:
-            g_rows = ops.rows(g, ends) if (need_x or need_w13) else None
-            g_cols = ops.cols(g, ends) if need_w2 else None
+            g_rows = g_cols = None
+            if need_w2:
+                g_cols = ops.cols(g, ends)
         if need_w2:
             grad_w2 = ops.wgrad_mm(g_cols, h_cols, ends).to(w2.dtype)
-        if need_x or need_w13:
-            grad_h = ops.dgrad_mm(g_rows, _weight(call, ops, "w2", w2, "dgrad"), ends)
-            d_rows, d_cols = ops.swiglu_backward(grad_h, h13, ends, rows=need_x, cols=need_w13)
-            if need_w13:
-                grad_w13 = ops.wgrad_mm(d_cols, x_cols, ends).to(w13.dtype)
-            if need_x:
-                grad_x = ops.dgrad_mm(d_rows, _weight(call, ops, "w13", w13, "dgrad"), ends)
-                grad_x = grad_x.to(ctx.x_dtype)
+        del g_cols, h_cols
+        if not (need_x or need_w13):
+            return grad_x, grad_w13, grad_w2, None, None
+        if g_rows is None:
+            g_rows = ops.rows(g, ends)
+        del g
+        grad_h = ops.dgrad_mm(g_rows, _weight(call, ops, "w2", w2, "dgrad"), ends)
+        del g_rows
+        d_rows, d_cols = ops.swiglu_backward(grad_h, h13, ends, rows=need_x, cols=need_w13)
+        del grad_h
+        if need_w13:
+            grad_w13 = ops.wgrad_mm(d_cols, x_cols, ends).to(w13.dtype)
+        del d_cols, x_cols
+        if need_x:
+            grad_x = ops.dgrad_mm(d_rows, _weight(call, ops, "w13", w13, "dgrad"), ends)
+            grad_x = grad_x.to(ctx.x_dtype)
         return grad_x, grad_w13, grad_w2, None, None
 
 
@@ -358,23 +408,32 @@ def experts_forward(
     alignment (``QuantizedTokens`` always do). Returns (M, D) in :func:`output_dtype`."""
     tokens = x if isinstance(x, QuantizedTokens) else None
     device = ends.device
+    grad_enabled = torch.is_grad_enabled()
     if tokens is not None:
         anchor = tokens.anchor()
         dtype = output_dtype(torch.bfloat16, device)
-        out = _ExpertsFn.apply(anchor, w13, w2, ends, ExpertsCall(step, cache, tokens))
+        out = _ExpertsFn.apply(anchor, w13, w2, ends, ExpertsCall(step, cache, tokens, grad_enabled))
         return out if out.dtype == dtype else out.to(dtype)
     dtype = output_dtype(x.dtype, device)
     if step.recipe == "bf16":
         out = _bf16_experts(x, w13, w2, ends)
     elif step.aligned:
-        out = _ExpertsFn.apply(x, w13, w2, ends, ExpertsCall(step, cache))
+        out = _ExpertsFn.apply(x, w13, w2, ends, ExpertsCall(step, cache, None, grad_enabled))
     else:
         alignment = _mm.GROUP_ALIGNMENT[step.recipe]
         padded, start, end = _PadGroups.apply(x, ends, alignment, step.backend)
         aligned = _mm._Step(step.recipe, step.emulated, True, step.backend)
-        out = _ExpertsFn.apply(padded, w13, w2, end, ExpertsCall(aligned, cache))
+        call = ExpertsCall(aligned, cache, None, grad_enabled)
+        out = _ExpertsFn.apply(padded, w13, w2, end, call)
         out = _UnpadGroups.apply(out, ends, start, x.shape[0], alignment, step.backend)
     return out if out.dtype == dtype else out.to(dtype)
 
 
-__all__ = ["ExpertsCall", "QuantizedTokens", "WeightCache", "experts_forward", "output_dtype"]
+__all__ = [
+    "ExpertsCall",
+    "QuantizedTokens",
+    "WeightCache",
+    "experts_forward",
+    "invalidate_weight_caches",
+    "output_dtype",
+]

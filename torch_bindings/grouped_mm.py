@@ -306,6 +306,16 @@ _BACKWARD = {"fp8_rowwise": _fp8_backward, "mxfp8": _mx_backward}
 # ----------------------------------------------------------------------------------------------
 
 
+def wanted_grads(ctx, count: int, grad_enabled: bool) -> tuple[bool, ...]:
+    """The first ``count`` of ``ctx.needs_input_grad``, all False when grad mode was off at the
+    call (``grad_enabled``, read by the caller: inside ``forward`` grad mode is always off). Under
+    ``torch.no_grad`` autograd still reports the inputs' ``requires_grad``, but no backward will
+    run, so a forward must not make backward-only operands then."""
+    if not grad_enabled:
+        return (False,) * count
+    return tuple(ctx.needs_input_grad[:count])
+
+
 def _tokens_groups(ends: torch.Tensor) -> _Groups:
     """Quantized tokens come in aligned groups: their ends are the aligned layout's."""
     return _Groups(ends, 0, None, ends)
@@ -326,8 +336,8 @@ class _ScaledGroupedMM(torch.autograd.Function):
     anyway); w's backward quantization (along N) is recomputed, not stored."""
 
     @staticmethod
-    def forward(ctx, x, w, ends, step: _Step, tokens=None):
-        need_w = ctx.needs_input_grad[1]
+    def forward(ctx, x, w, ends, step: _Step, tokens=None, grad_enabled: bool = True):
+        need_w = wanted_grads(ctx, 2, grad_enabled)[1]
         with torch.autocast(ends.device.type, enabled=False):
             groups, x_aligned = _groups(x, ends, step) if tokens is None else (_tokens_groups(ends), x)
             y, saved = _FORWARD[step.recipe](x, w, groups, x_aligned, step, need_w, tokens)
@@ -345,7 +355,7 @@ class _ScaledGroupedMM(torch.autograd.Function):
         grad_x, grad_w = backward(grad_y, w, groups, saved, ctx.step, need_x, need_w)
         grad_x = None if grad_x is None else grad_x.to(ctx.x_dtype)
         grad_w = None if grad_w is None else grad_w.to(w.dtype)
-        return grad_x, grad_w, None, None, None
+        return grad_x, grad_w, None, None, None, None
 
 
 class _Bf16GroupedMM(torch.autograd.Function):
@@ -378,7 +388,7 @@ def grouped_mm_apply(x, w, ends, step: _Step) -> torch.Tensor:
     if step.recipe == "bf16":
         y = _Bf16GroupedMM.apply(x.to(torch.bfloat16), w.to(torch.bfloat16), ends)
     else:
-        y = _ScaledGroupedMM.apply(x, w, ends, step, tokens)
+        y = _ScaledGroupedMM.apply(x, w, ends, step, tokens, torch.is_grad_enabled())
     return y if y.dtype == dtype else y.to(dtype)
 
 
