@@ -31,15 +31,16 @@ test-gpu: $(STAMP)
 # sm_100a configs (tests/conftest.py; cute_kernels/configs/sm100.py).
 test-gpu-sm100-configs: $(STAMP)
 	CUTE_KERNELS_TEST_CONFIG_ARCH=sm_100a $(PYTHON) -m pytest -q -m gpu \
-	  tests/test_swizzle_gpu.py tests/test_quantize_fp8_gpu.py tests/test_bounded_rows_gpu.py
+	  tests/torch_bindings/test_swizzle_gpu.py tests/torch_bindings/test_quantize_fp8_gpu.py \
+	  tests/torch_bindings/test_bounded_rows_gpu.py
 
 # GPU: the fuzz harness for FUZZ_MINUTES minutes (every op, new seeds each round; SEED= picks the first).
 fuzz: $(STAMP)
-	$(PYTHON) tests/fuzz.py --minutes $(FUZZ_MINUTES) $(if $(SEED),--seed $(SEED))
+	$(PYTHON) tests/support/fuzz.py --minutes $(FUZZ_MINUTES) $(if $(SEED),--seed $(SEED))
 
 # GPU: compute-sanitizer memcheck (+ garbage offsets) and racecheck over a small-shape fuzz run.
 sanitize: $(STAMP)
-	PYTHON=$(PYTHON) $(if $(SEED),SEED=$(SEED)) bash tests/sanitize.sh
+	PYTHON=$(PYTHON) $(if $(SEED),SEED=$(SEED)) bash tests/support/sanitize.sh
 
 demo: $(STAMP)
 	$(PYTHON) -m bench.demo
@@ -50,11 +51,11 @@ bench: $(STAMP)
 sass: $(STAMP)
 	$(PYTHON) -m cute_utils.sass all --arch all
 
-# The instruction hashes CI compares every build with (tests/sass_hashes.txt); run when a change of
+# The instruction hashes CI compares every build with (tests/support/sass_hashes.txt); run when a change of
 # SASS is intended.
 sass-hashes: $(STAMP)
 	{ echo "# nvidia-cutlass-dsl $$($(PYTHON) -c 'import cutlass; print(cutlass.__version__)')"; \
-	  CUTE_KERNELS_DISK_CACHE=0 $(PYTHON) -m cute_utils.sass all --hash; } > tests/sass_hashes.txt
+	  CUTE_KERNELS_DISK_CACHE=0 $(PYTHON) -m cute_utils.sass all --hash; } > tests/support/sass_hashes.txt
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

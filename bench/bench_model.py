@@ -3,7 +3,7 @@
 A Qwen3-MoE model (4 layers, hidden 2048, 8 experts top-2, expert hidden 2048, 16 heads of 128,
 vocab 32k; bf16 parameters, AdamW) trains on 16k tokens per step (8 x 2048) with the model's own
 experts (``experts_implementation="grouped_mm"``: bf16 ``torch._grouped_mm``) and ours
-(``"cute_bf16"``, ``"cute_fp8_rowwise"``; ``torch_bindings.hf.register``). Reported: ms per step
+(``"cute_bf16"``, ``"cute_fp8_rowwise"``; ``torch_bindings.moe.hf.register``). Reported: ms per step
 (median of timed steps, each synchronized), the speedup over the model's own experts, peak memory.
 
 Run (GPU machine, project root on PYTHONPATH, transformers installed)::
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     if cuda_or_none("bench_model") is None:
         raise SystemExit(2)
     try:
-        from torch_bindings import hf
+        from torch_bindings.moe import hf
 
         hf.register()
     except ImportError as error:

@@ -112,7 +112,7 @@ def _time_all(steps: dict) -> dict[str, float]:
 
 def _operand_bytes(rows: int, padded: int, cols: int, groups: int) -> int:
     """x (cols = K) or grad_y (cols = N), bf16: the row quantization of the operand, its pad, and
-    the column quantization of the padded copy (torch_bindings.grouped_mm._fp8_operand)."""
+    the column quantization of the padded copy (torch_bindings.moe.grouped_mm._fp8_operand)."""
     row = 3 * rows * cols + 4 * rows
     pad = 2 * rows * cols + 2 * padded * cols
     col = 3 * padded * cols + 4 * groups * cols

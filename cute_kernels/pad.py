@@ -75,8 +75,8 @@ DTYPES = {"uint8": Uint8, "int16": Int16, "int32": Int32, "int64": Int64}
 #: Every element type a kernel may be compiled for (``cute_utils.constants.PAD_KERNEL_DTYPES``, the
 #: list the bindings read): the carriers, plus common dtypes the bindings pass as they are (no
 #: host-side view per call). The data moves as words, so a dtype's instructions are those of its
-#: size's carrier (tests/test_pad_compile.py compares the hashes); SASS inspection compiles the
-#: carriers only.
+#: size's carrier (tests/cute_kernels/test_pad_compile.py compares the hashes); SASS inspection
+#: compiles the carriers only.
 ELEMENT_TYPES = {
     **DTYPES,
     "int8": Int8,

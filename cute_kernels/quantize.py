@@ -366,7 +366,7 @@ class Quantize1x32Variant:
     num_sms: int = 0
     #: 2: x and q (M, K), scales 2-D; 3 (``experts`` and ``plain``): w and q (E, N, K), scales
     #: (E, R, C), flattened to rows inside the launcher, so the 3-D op makes no host-side views
-    #: per call; the device code is the rank-2 variant's (tests/test_quantize_compile.py).
+    #: per call; the device code is the rank-2 variant's (tests/cute_kernels/test_quantize_compile.py).
     rank: int = 2
 
     def __post_init__(self) -> None:

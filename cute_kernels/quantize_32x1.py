@@ -222,7 +222,7 @@ class Quantize32x1Variant:
     layout: ScaleLayout
     #: 3: (E, M, K) operands; 2: one matrix's x (M, K), q (M, K) column-major and 2-D scales, seen
     #: by the launcher as E = 1 operands (no host-side views per call; the device code is the
-    #: rank-3 variant's: tests/test_quantize_32x1_compile.py).
+    #: rank-3 variant's: tests/cute_kernels/test_quantize_32x1_compile.py).
     rank: int = 3
 
     def __post_init__(self) -> None:

@@ -162,10 +162,10 @@ def _archs() -> tuple[str, ...]:
 
 #: ``{(target, arch): instruction hash}`` of every build the ``compiled`` fixture made this run.
 _BUILT_HASHES: dict[tuple[str, str], str] = {}
-#: The recorded instruction hashes: ``tests/sass_hashes.txt`` (``python -m cute_utils.sass '*' --hash``
-#: under a ``# nvidia-cutlass-dsl <version>`` line; regenerate it when a change of SASS is intended
-#: and say why in the commit).
-GOLDEN_HASHES = Path(__file__).with_name("sass_hashes.txt")
+#: The recorded instruction hashes: ``tests/support/sass_hashes.txt``
+#: (``python -m cute_utils.sass '*' --hash`` under a ``# nvidia-cutlass-dsl <version>`` line;
+#: regenerate it when a change of SASS is intended and say why in the commit).
+GOLDEN_HASHES = Path(__file__).parent / "support" / "sass_hashes.txt"
 
 
 @pytest.fixture(scope="module", params=_archs())
@@ -208,7 +208,7 @@ def spill_free_kernel(compiled, target: str):
 
 def assert_recorded_hashes(compiled) -> None:
     """Every target the ``compiled`` fixture built for its arch has the instruction hash recorded in
-    ``tests/sass_hashes.txt`` (skipped under another DSL version: ptxas may schedule differently)."""
+    ``tests/support/sass_hashes.txt`` (skipped under another DSL version: ptxas may schedule differently)."""
     import cutlass
 
     arch, summaries = compiled
@@ -220,4 +220,6 @@ def assert_recorded_hashes(compiled) -> None:
         for name in sorted(summaries)
         if table.get((name, arch)) != _BUILT_HASHES[name, arch]
     ]
-    assert not changed, "SASS changed (regenerate tests/sass_hashes.txt if intended):\n" + "\n".join(changed)
+    assert not changed, "SASS changed (regenerate tests/support/sass_hashes.txt if intended):\n" + "\n".join(
+        changed
+    )

@@ -2,20 +2,22 @@
 
 Every function takes ``backend="auto" | "cute" | "reference"``: ``"auto"`` runs the CuTeDSL kernel
 on a CUDA tensor of a supported GPU and the reference on CPU tensors; on a CUDA tensor where the
-kernel cannot run it raises (``capabilities(device)`` says what runs where). Expert parallelism is
+kernel cannot run it raises (``capabilities(device)`` says what runs where). The training layer
+(grouped GEMM op, expert block, MoE layer, expert parallelism) is the subpackage
+``torch_bindings.moe``; its public names are importable from here, and expert parallelism as
 ``torch_bindings.ep``.
 """
 
 from __future__ import annotations
 
-from . import ep, reference
+import sys
+
+from . import reference
 from .capabilities import Capabilities, capabilities
 from .dequantize_fp8 import dequantize_fp8_rows
-from .experts import invalidate_weight_caches
-from .grouped_mm import scaled_grouped_mm
 from .kernel_cache import STATS as compile_stats
 from .kernel_cache import clear_memory_cache
-from .moe import GroupedExperts, MoELayer
+from .moe import GroupedExperts, MoELayer, QuantizedTokens, ep, invalidate_weight_caches, scaled_grouped_mm
 from .pad import pad_token_groups, unpad_token_groups
 from .pad_quantize import pad_and_quantize_mxfp8_2d
 from .quantize import quantize_mxfp8_2d
@@ -25,7 +27,9 @@ from .quantize_fp8 import quantize_fp8_2d, quantize_fp8_2d_dual, quantize_fp8_3d
 from .reference import check_group_end_offsets
 from .swiglu import swiglu_backward_quantize_fp8, swiglu_quantize_fp8
 from .swizzle import swizzle_scales
-from .tokens import QuantizedTokens
+
+# ``import torch_bindings.ep`` and ``torch_bindings.ep`` name the one module object.
+sys.modules[f"{__name__}.ep"] = ep
 
 __all__ = [
     "Capabilities",

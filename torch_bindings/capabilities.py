@@ -57,7 +57,7 @@ class Capabilities:
 def capabilities(device: torch.device | str | int | None = None) -> Capabilities:
     """The path each public op (``backend="auto"``) and each GEMM recipe (``gemm="auto"``) takes on
     ``device`` (default: the current CUDA device if there is one, else the CPU)."""
-    from .grouped_mm import gemm_path_quiet
+    from .moe.grouped_mm import gemm_path_quiet
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"

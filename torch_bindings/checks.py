@@ -648,7 +648,7 @@ def check_grouped_mm_options(recipe: Any, gemm: Any, backend: Any, *, op: str) -
 def _check_tokens(x: Any, recipe: str, *, op: str) -> tuple[int, int, torch.device]:
     """``x``: a bf16/fp32 (M, K) tensor, or quantized tokens of ``recipe`` in groups aligned at least
     to the recipe's wgrad alignment. Returns (M, K, device)."""
-    from .tokens import QuantizedTokens
+    from .moe.tokens import QuantizedTokens
 
     if not isinstance(x, QuantizedTokens):
         check_tensor("x", x, ndim=2, dtypes=GROUPED_MM_DTYPES, op=op)

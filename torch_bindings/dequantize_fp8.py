@@ -45,7 +45,7 @@ def _run(target: targets.DeviceTarget, q: _Tensor, scales: _Tensor, ends: _Tenso
 def _fast(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``: :func:`checks.check_dequantize_fp8_rows` from metadata reads. When the
     kernel surely launches (M, K > 0) its wrapper checks what is left: the offsets' rank, stride and
-    device, scales' device and stride (tests/test_wrapper_checks_gpu.py)."""
+    device, scales' device and stride (tests/torch_bindings/test_wrapper_checks_gpu.py)."""
     q, scales, ends = args
     if q.dtype is not _E4M3 or type(scales) is not _Tensor or scales.dtype is not _F32:
         return None

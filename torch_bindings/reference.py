@@ -866,8 +866,8 @@ def silu_parts(g: Tensor) -> SiluParts:
 
 def silu_fp32(g: Tensor) -> Tensor:
     """``silu(g) = ((gl * sm) * p1) * p2`` for fp32 ``g`` (:class:`SiluParts`): within 2.1 fp32 ulp
-    of the exact value for every bf16 g (tests/test_swiglu_cpu.py); silu(-Inf) = -0, silu(+Inf) =
-    +Inf, NaN -> NaN."""
+    of the exact value for every bf16 g (tests/torch_bindings/test_swiglu_cpu.py); silu(-Inf) = -0,
+    silu(+Inf) = +Inf, NaN -> NaN."""
     parts = silu_parts(g)
     return _scaled(parts.gl * parts.sm, parts.p1, parts.p2)
 

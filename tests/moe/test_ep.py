@@ -1,0 +1,229 @@
+"""``torch_bindings.ep`` (SPEC section 9) against ``reference.ep_dispatch`` / ``ep_combine``.
+
+R ranks are simulated in one process (``ep.simulate_dispatch``: the real path's steps and kernels,
+R local buffers addressed through the same pointer table); the real multi-GPU run is
+``tests/support/ep_multigpu.py`` under torchrun (``test_multigpu_under_torchrun``, where >= 2 GPUs exist).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import no_sync
+from tests.support.ep_cases import KINDS, assert_dispatch_matches, routing
+from tests.support.ep_cases import assert_same as _same
+from torch_bindings import ep
+from torch_bindings import reference as ref
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _run_case(device, ranks, tokens, hidden, topk, experts, recipe, alignment, kind, rng, calls=2):
+    """``calls`` dispatch + combine rounds on one simulated pool (buffers reused: stale rows must
+    be cleared), each checked byte for byte."""
+    pool = ep.LocalPool(ranks, torch.device(device))
+    for _ in range(calls):
+        gen = torch.Generator().manual_seed(rng.randrange(2**31))
+        xs = [(torch.randn(tokens, hidden, generator=gen) * 4).bfloat16().to(device) for _ in range(ranks)]
+        ids = routing(kind, ranks, tokens, topk, experts, rng, device)
+        got = ep.simulate_dispatch(xs, ids, experts, pool, recipe=recipe, alignment=alignment)
+        want = ref.ep_dispatch(xs, ids, experts, recipe=recipe, alignment=alignment)
+        for r in range(ranks):
+            assert_dispatch_matches(got[r], want[r], f"rank {r}")
+        width = 64
+        ys = [
+            torch.randn(got[0].q.shape[0], width, generator=gen).bfloat16().to(device) for _ in range(ranks)
+        ]
+        ws = [torch.rand(tokens, topk, generator=gen).to(device) for _ in range(ranks)]
+        outs = ep.simulate_combine(ys, got, ws)
+        for r, expected in enumerate(ref.ep_combine(ys, want[0]["pair_rows"], ws)):
+            _same(outs[r], expected, f"rank {r} combine")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise", "bf16"])
+@pytest.mark.parametrize(
+    "ranks,tokens,hidden,topk,experts,alignment,kind",
+    [
+        (1, 64, 256, 2, 4, 32, "random"),
+        (1, 100, 128, 8, 16, 16, "one_expert"),
+        (2, 50, 128, 3, 8, 32, "random"),
+        (2, 40, 384, 4, 4, 128, "same_rank"),
+        (4, 33, 256, 8, 8, 32, "dropped"),
+        (4, 17, 128, 2, 16, 64, "empty_runs"),
+        (3, 129, 512, 1, 3, 32, "one_expert"),
+    ],
+)
+def test_dispatch_combine_match_reference(
+    device, recipe, ranks, tokens, hidden, topk, experts, alignment, kind
+):
+    _run_case(device, ranks, tokens, hidden, topk, experts, recipe, alignment, kind, random.Random(tokens))
+
+
+def fuzz_cases(seed: int, count: int):
+    """Seeded EP cases favouring the edges: R up to 8, one-row and tile-sized groups, skewed routing."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        ranks = rng.choice([1, 1, 2, 3, 4, 8])
+        local = rng.choice([1, 2, 3, 8, 32])
+        tokens = rng.choice([1, 2, 31, 32, 33, 127, 128, 129, 300])
+        yield dict(
+            ranks=ranks,
+            tokens=tokens,
+            hidden=rng.choice([128, 256, 640]),
+            topk=rng.choice([1, 2, 4, 8]),
+            experts=ranks * local,
+            recipe=rng.choice(["mxfp8", "fp8_rowwise", "bf16"]),
+            alignment=rng.choice([16, 32, 64, 128]),
+            kind=rng.choice(KINDS),
+        )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fuzzed_routing(device):
+    count = int(os.environ.get("EP_FUZZ_CASES", "24" if device == "cuda" else "8"))
+    for i, case in enumerate(fuzz_cases(2026, count)):
+        try:
+            _run_case(device, **case, rng=random.Random(i), calls=2)
+        except AssertionError as err:
+            raise AssertionError(f"fuzz case {i}: {case}: {err}") from None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autograd_pair_matches_spec(device):
+    """bf16 dispatch -> y = 2 q - 1 -> combine; the gradients are SPEC's moves: x's a combine of
+    q's gradient with unit weights, y's a dispatch of the weighted output gradient per slot."""
+    tokens, hidden, topk, experts = 40, 128, 3, 8
+    gen = torch.Generator().manual_seed(3)
+    x0 = torch.randn(tokens, hidden, generator=gen).bfloat16().to(device)
+    ids = torch.randint(0, experts, (tokens, topk), generator=gen).to(device)
+    w0 = torch.rand(tokens, topk, generator=gen).to(device)
+    g = torch.randn(tokens, hidden, generator=gen).bfloat16().to(device)
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    res = ep.dispatch(x, ids, num_experts=experts, recipe="bf16")
+    out = ep.combine((res.q.float() * 2 - 1).bfloat16(), res, w)
+    out.backward(g)
+    disp = ref.ep_dispatch([x0], [ids], experts, recipe="bf16")[0]
+    per_pair = (g.float()[:, None] * w0[:, :, None]).bfloat16()
+    grad_q = (ref.ep_dispatch([per_pair], [ids], experts, recipe="bf16")[0]["q"].float() * 2).bfloat16()
+    grad_x = ref.ep_combine([grad_q], disp["pair_rows"], [torch.ones_like(w0)])[0]
+    _same(x.grad, grad_x, "grad x")
+    y = (disp["q"].float() * 2 - 1).bfloat16()
+    grad_w = (g.float()[:, None] * y[disp["pair_rows"][0]].float()).sum(-1)
+    assert torch.equal(w.grad, grad_w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_expert_that_saves_q_gets_its_weight_gradient(device):
+    """An expert saving the dispatched q for its backward (q @ W.T) must see q, not combine's
+    backward rows: the gradient dispatch writes buffers of its own."""
+    tokens, hidden, topk, experts = 48, 128, 2, 4
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(tokens, hidden, generator=gen).bfloat16().to(device)
+    ids = torch.randint(0, experts, (tokens, topk), generator=gen).to(device)
+    w_route = torch.rand(tokens, topk, generator=gen).to(device)
+    weight = torch.randn(hidden, hidden, generator=gen).bfloat16().to(device).requires_grad_()
+    res = ep.dispatch(x, ids, num_experts=experts, recipe="bf16")
+    out = ep.combine(res.q @ weight.t(), res, w_route)
+    g = torch.randn(tokens, hidden, generator=gen).bfloat16().to(device)
+    out.backward(g)
+    q = ref.ep_dispatch([x], [ids], experts, recipe="bf16")[0]["q"]
+    per_pair = (g.float()[:, None] * w_route[:, :, None]).bfloat16()
+    grad_y = ref.ep_dispatch([per_pair], [ids], experts, recipe="bf16")[0]["q"]
+    # The same product on the same device; a tolerance only for cuBLAS's choice of algorithm (an
+    # overwritten q gives a different matrix altogether).
+    torch.testing.assert_close(weight.grad.float(), (grad_y.t() @ q).float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+def test_combine_with_more_tokens_than_a_grid_row():
+    """T > 65535 tokens: combine's grid puts tokens along x."""
+    tokens, hidden, experts = 70000, 64, 2
+    x = torch.randn(tokens, hidden, device="cuda").bfloat16()
+    ids = torch.randint(0, experts, (tokens, 1), device="cuda")
+    w = torch.rand(tokens, 1, device="cuda")
+    res = ep.dispatch(x, ids, num_experts=experts, recipe="bf16")
+    out = ep.combine(res.q, res, w)
+    want = ref.weighted_slot_sum(x[:, None], w)
+    _same(out, want, "combine")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_public_r1_matches_reference(device):
+    tokens, hidden, topk, experts = 300, 256, 4, 16
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(tokens, hidden, generator=gen).bfloat16().to(device)
+    ids = torch.randint(0, experts, (tokens, topk), generator=gen).to(device)
+    res = ep.dispatch(x, ids, num_experts=experts)
+    want = ref.ep_dispatch([x], [ids], experts)[0]
+    _same(res.q, want["q"], "q")
+    _same(res.scales, want["scales"], "scales")
+    assert res.q.shape[0] == ref.ep_rows(1, tokens, topk, experts, 32)
+
+
+@pytest.mark.gpu
+def test_no_host_sync_after_first_call():
+    x = torch.randn(256, 512, device="cuda").bfloat16()
+    ids = torch.randint(0, 8, (256, 4), device="cuda")
+    w = torch.rand(256, 4, device="cuda")
+    for recipe in ("mxfp8", "fp8_rowwise", "bf16"):
+        res = ep.dispatch(x, ids, num_experts=8, recipe=recipe)
+        ep.combine(torch.zeros(res.q.shape[0], 128, device="cuda", dtype=torch.bfloat16), res, w)
+        with no_sync():
+            res = ep.dispatch(x, ids, num_experts=8, recipe=recipe)
+            ep.combine(torch.zeros(res.q.shape[0], 128, device="cuda", dtype=torch.bfloat16), res, w)
+
+
+def test_bad_arguments_name_what_is_wrong():
+    x = torch.zeros(4, 256, dtype=torch.bfloat16)
+    ids = torch.zeros(4, 2, dtype=torch.int64)
+    with pytest.raises(TypeError, match="dispatch: x must be a 2-D tensor of dtype torch.bfloat16"):
+        ep.dispatch(x.float(), ids, num_experts=4)
+    with pytest.raises(ValueError, match="topk_idx must be"):
+        ep.dispatch(x, ids[:3], num_experts=4)
+    with pytest.raises(ValueError, match="recipe"):
+        ep.dispatch(x, ids, num_experts=4, recipe="fp4")
+    with pytest.raises(ValueError, match="alignment"):
+        ep.dispatch(x, ids, num_experts=4, alignment=24)
+    with pytest.raises(ValueError, match=r"D \(96\) must be a multiple of 128"):
+        ep.dispatch(torch.zeros(4, 96, dtype=torch.bfloat16), ids, num_experts=4)
+    res = ep.dispatch(x, ids, num_experts=4, recipe="bf16")
+    with pytest.raises(ValueError, match="combine: y must have the dispatched"):
+        ep.combine(torch.zeros(3, 8, dtype=torch.bfloat16), res, torch.ones(4, 2))
+    with pytest.raises(TypeError, match="combine: y must be a 2-D tensor of dtype torch.bfloat16"):
+        ep.combine(torch.zeros(res.q.shape[0], 8), res, torch.ones(4, 2))
+    with pytest.raises(ValueError, match=r"D' \(12\) must be a multiple of 8"):
+        ep.combine(torch.zeros(res.q.shape[0], 12, dtype=torch.bfloat16), res, torch.ones(4, 2))
+    with pytest.raises(ValueError, match="topk_weights"):
+        ep.combine(torch.zeros(res.q.shape[0], 8, dtype=torch.bfloat16), res, torch.ones(4, 3))
+
+
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="needs >= 2 GPUs (tests/support/ep_multigpu.py under torchrun)"
+)
+def test_multigpu_under_torchrun():
+    gpus = torch.cuda.device_count()
+    env = {
+        **os.environ,
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }
+    root = Path(__file__).resolve().parents[2]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={gpus}",
+        "tests/support/ep_multigpu.py",
+    ]
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "cases passed" in done.stdout

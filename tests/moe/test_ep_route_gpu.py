@@ -1,0 +1,244 @@
+"""The EP routing kernels (``cute_kernels.ep_route``) on the GPU against ``torch_bindings.ep``'s
+PyTorch routing, bit for bit: counts, ranks and the exchange's slot number (route), destinations
+and this rank's padded groups (layout, R = 1..8 ranks simulated, both count-matrix row strides),
+and the zero fill of every buffer kind against the row-scatter zero fill (fresh and reused
+buffers, dirty memory). Fuzzed routings: E up to 1024, T up to 70000, k 1..8, dropped ids (-1,
+>= E, int64 ids above 2^32), all pairs to one expert, empty experts, int32 and int64 ids, strided
+topk_idx. Also: no host sync, CUDA-graph replay of new routings, and the PyTorch path for more
+than ``EP_MAX_EXPERTS`` experts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import no_sync
+
+from cute_utils.constants import EP_MAX_EXPERTS
+from tests.support.ep_cases import assert_same
+from torch_bindings import ep
+from torch_bindings import reference as ref
+
+pytestmark = pytest.mark.gpu
+
+KINDS = ("random", "distinct", "one", "few", "skewed", "dropped")
+_INT = {"int32": torch.int32, "int64": torch.int64}
+
+
+def _ids(kind: str, tokens: int, topk: int, experts: int, dtype: str, seed: int) -> torch.Tensor:
+    """(T, k) expert ids of one rank on the GPU, of ``kind`` (module docstring's edges)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (tokens, topk)
+    ids = torch.randint(0, experts, shape, device="cuda", generator=gen)
+    if kind == "distinct" and topk <= experts:
+        ids = torch.rand(tokens, experts, device="cuda", generator=gen).topk(topk, dim=1).indices
+    elif kind == "one":
+        ids.fill_(seed % experts)
+    elif kind == "few":  # most experts empty
+        used = torch.randperm(experts, device="cuda", generator=gen)[: max(1, experts // 8)]
+        ids = used[torch.randint(0, used.numel(), shape, device="cuda", generator=gen)]
+    elif kind == "skewed":
+        ids = (torch.rand(shape, device="cuda", generator=gen) ** 4 * experts).long().clamp(max=experts - 1)
+    elif kind == "dropped":
+        draw = torch.rand(shape, device="cuda", generator=gen)
+        ids = torch.where(draw < 0.1, -1, ids)
+        ids = torch.where(draw > 0.9, experts + ids % 7, ids)
+        if dtype == "int64":  # ids that alias an expert in their low 32 bits still drop
+            ids = torch.where((draw > 0.45) & (draw < 0.5), ids + 2**32, ids)
+            ids = torch.where((draw > 0.5) & (draw < 0.52), -(2**40), ids)
+    return ids.to(_INT[dtype])
+
+
+def _cases(seed: int, count: int):
+    """Seeded (ranks, tokens, topk, experts, kind, dtype) cases, edges favoured."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        ranks = rng.choice([1, 1, 2, 3, 4, 8])
+        local = rng.choice([1, 2, 5, 8, 32, 128])
+        yield (
+            ranks,
+            rng.choice([1, 2, 33, 511, 4096, 4097, 12345]),
+            rng.randint(1, 8),
+            ranks * local,
+            rng.choice(KINDS),
+            rng.choice(list(_INT)),
+        )
+
+
+CASES = [
+    (1, 70000, 8, 1024, "random", "int64"),  # P = 560000 pairs, E = 1024
+    (8, 70000, 1, 1024, "dropped", "int32"),
+    (1, 8192, 8, 256, "distinct", "int64"),  # the bench shape
+    (1, 1, 1, 1, "one", "int32"),
+    (2, 3000, 8, 2, "one", "int64"),  # every pair to one expert
+    (8, 20000, 2, 1024, "few", "int32"),
+    (3, 4097, 5, 3, "dropped", "int64"),
+    *_cases(2026, 24),
+]
+
+
+def _check_route(ids: torch.Tensor, experts: int, slot_index: int) -> ep.Routing:
+    """The route kernel's counts, ranks and message against the PyTorch routing; returns the kernel's."""
+    got = ep.route(ids, experts, slot_index)
+    want = ep._route_torch(ids, experts)
+    assert got.message is not None and got.message.shape == (experts + 1,)
+    assert torch.equal(got.counts, want.counts), "counts"
+    assert int(got.message[experts]) == slot_index, "slot number after the counts"
+    flat = ids.reshape(-1)
+    kept = (flat >= 0) & (flat < experts)
+    assert got.position.dtype == torch.int32
+    assert torch.equal(got.position[kept].long(), want.position[kept]), "ranks"
+    assert bool((got.position[~kept] == -1).all()), "dropped pairs rank -1"
+    return got
+
+
+def _exchanged(counts: list[torch.Tensor], slot_index: int) -> torch.Tensor:
+    """The (R, E) view of an (R, E + 1) matrix, as ``SymmetricPool.exchange_counts`` returns it."""
+    experts = counts[0].shape[0]
+    out = torch.full((len(counts), experts + 1), slot_index, dtype=torch.int32, device="cuda")
+    out[:, :experts] = torch.stack(counts)
+    return out[:, :experts]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_route_and_layout_match_pytorch(case, poison_cuda_allocator):
+    ranks, tokens, topk, experts, kind, dtype = case
+    shape = ep.EpShape(
+        ranks, tokens, 128, topk, experts, random.Random(tokens).choice([16, 32, 64, 128]), "bf16"
+    )
+    idss = [_ids(kind, tokens, topk, experts, dtype, 7 * tokens + s) for s in range(ranks)]
+    if kind == "random":  # a strided topk_idx: the binding makes it contiguous
+        idss = [torch.cat([t, t], dim=1)[:, ::2] for t in idss]
+    poison_cuda_allocator()
+    routings = [_check_route(t, experts, s % 3) for s, t in enumerate(idss)]
+    torch_routings = [ep._route_torch(t, experts) for t in idss]
+    stacked = torch.stack([r.counts for r in routings])
+    filled = torch.tensor(
+        [random.Random(experts).randrange(shape.rows + 1)], dtype=torch.int32, device="cuda"
+    )
+    for counts in (stacked, _exchanged([r.counts for r in routings], 1)):
+        for rank in range(ranks):
+            poison_cuda_allocator()
+            got = ep.layout(routings[rank], counts, rank, shape, filled)
+            want = ep._layout_torch(torch_routings[rank], stacked, rank, shape, filled)
+            assert got.zero_index is None and got.filled is filled
+            for name in ("dst_index", "padded_start", "padded_end", "sizes"):
+                a, b = getattr(got, name), getattr(want, name)
+                assert a.dtype == b.dtype == torch.int32 and torch.equal(a, b), f"rank {rank} {name}"
+
+
+def _dirty_slot(pool: ep.LocalPool, shape: ep.EpShape, seed: int) -> ep.Slot:
+    """Buffers of one dispatch of ``shape`` (every kind of its recipe), random bytes everywhere."""
+    slot = pool.acquire(("test", shape, seed), ep._dispatch_kinds(shape))
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    for rows in slot.views[0].values():
+        flat = rows.own.view(torch.uint8).view(-1)
+        flat.copy_(torch.randint(0, 256, flat.shape, dtype=torch.uint8, device="cuda", generator=gen))
+    return slot
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise", "bf16"])
+@pytest.mark.parametrize("hidden", [128, 640, 2048])
+@pytest.mark.parametrize("fresh", [True, False])
+def test_zero_fill_matches_row_scatter(recipe, hidden, fresh):
+    """Every buffer kind (q, scale rows at 16 or 4 bytes, tags; fp8_rowwise scales get 1.0) after
+    the zero fill kernel equals the row-scatter zero fill of the same dirty bytes."""
+    rng = random.Random(hidden + fresh)
+    pool = ep.LocalPool(1, torch.device("cuda"))
+    for trial in range(4):
+        ranks, local = rng.choice([(1, 8), (2, 4), (4, 32), (8, 128), (1, 1024)])
+        tokens, topk = rng.choice([(1, 1), (300, 8), (2049, 3)])
+        shape = ep.EpShape(ranks, tokens, hidden, topk, ranks * local, rng.choice([16, 32, 64, 128]), recipe)
+        idss = [
+            _ids(rng.choice(KINDS), tokens, topk, shape.experts, "int64", trial + s) for s in range(ranks)
+        ]
+        counts = torch.stack([ep.route(t, shape.experts).counts for t in idss])
+        rank = rng.randrange(ranks)
+        filled = (
+            None if fresh else torch.tensor([rng.randrange(shape.rows + 1)], dtype=torch.int32, device="cuda")
+        )
+        lay = ep.layout(ep.route(idss[rank], shape.experts), counts, rank, shape, filled)
+        got, want = _dirty_slot(pool, shape, trial), _dirty_slot(pool, shape, trial)
+        ep.zero_padding(lay, got.views[0], recipe)
+        zero = ep._zero_rows(lay.padded_start, lay.padded_end, lay.sizes, filled, shape.rows)
+        scatter = ep.Layout(lay.dst_index, lay.padded_start, lay.padded_end, lay.sizes, zero, filled)
+        ep.zero_padding(scatter, want.views[0], recipe)
+        for name, rows in got.views[0].items():
+            assert_same(rows.own, want.views[0][name].own, f"trial {trial}: {name} ({shape})")
+
+
+def test_no_host_sync():
+    """Route, exchange (R = 1), layout and zero fill after the first call: no host sync."""
+    shape = ep.EpShape(1, 512, 256, 4, 64, 32, "mxfp8")
+    ids = _ids("dropped", 512, 4, 64, "int64", 3)
+    pool = ep.LocalPool(1, torch.device("cuda"))
+    slot = pool.acquire(("sync", shape), ep._dispatch_kinds(shape))
+    filled = torch.zeros(1, dtype=torch.int32, device="cuda")
+
+    def steps():
+        routing = ep.route(ids, shape.experts, slot.index)
+        lay = ep.layout(routing, pool.exchange_counts(routing, slot), 0, shape, filled)
+        ep.zero_padding(lay, slot.views[0], shape.recipe)
+        return lay
+
+    steps()
+    torch.cuda.synchronize()
+    with no_sync():
+        for _ in range(3):
+            steps()
+
+
+def test_cuda_graph_replays_new_routings():
+    """Route, layout and zero fill captured once; replays with new ids in the captured input give
+    the PyTorch routing's layout and the row-scatter zero fill."""
+    shape = ep.EpShape(1, 1000, 256, 6, 32, 64, "fp8_rowwise")
+    static = _ids("random", shape.tokens, shape.topk, shape.experts, "int32", 0)
+    filled = torch.zeros(1, dtype=torch.int32, device="cuda")
+    pool = ep.LocalPool(1, torch.device("cuda"))
+    slot = _dirty_slot(pool, shape, 0)
+
+    def steps():
+        routing = ep.route(static, shape.experts)
+        lay = ep.layout(routing, pool.exchange_counts(routing, slot), 0, shape, filled)
+        ep.zero_padding(lay, slot.views[0], shape.recipe)
+        return lay
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        steps()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        lay = steps()
+    for seed, kind in enumerate(("skewed", "dropped", "one")):
+        static.copy_(_ids(kind, shape.tokens, shape.topk, shape.experts, "int32", seed + 1))
+        filled.fill_(seed * 997)
+        want_slot = _dirty_slot(pool, shape, seed + 10)
+        for name, rows in slot.views[0].items():
+            rows.own.copy_(want_slot.views[0][name].own)
+        graph.replay()
+        routing = ep._route_torch(static, shape.experts)
+        want = ep._layout_torch(routing, routing.counts[None], 0, shape, filled)
+        for name in ("dst_index", "padded_start", "padded_end", "sizes"):
+            assert torch.equal(getattr(lay, name), getattr(want, name)), f"{kind}: {name}"
+        zero = ep._zero_rows(want.padded_start, want.padded_end, want.sizes, filled, shape.rows)
+        scatter = ep.Layout(want.dst_index, want.padded_start, want.padded_end, want.sizes, zero, filled)
+        ep.zero_padding(scatter, want_slot.views[0], shape.recipe)
+        for name, rows in slot.views[0].items():
+            assert_same(rows.own, want_slot.views[0][name].own, f"{kind}: {name}")
+
+
+def test_more_experts_than_the_tables_take_the_pytorch_routing():
+    """E > EP_MAX_EXPERTS: PyTorch routing and layout on the GPU (no message), the zero fill kernel
+    where E_local fits; the dispatch still equals the reference."""
+    ranks, tokens, topk, experts = 2, 8, 2, 2 * EP_MAX_EXPERTS
+    xs = [torch.randn(tokens, 128, device="cuda").bfloat16() for _ in range(ranks)]
+    ids = [_ids("random", tokens, topk, experts, "int64", s) for s in range(ranks)]
+    assert ep.route(ids[0], experts).message is None
+    got = ep.simulate_dispatch(xs, ids, experts, ep.LocalPool(ranks, torch.device("cuda")), recipe="bf16")
+    want = ref.ep_dispatch(xs, ids, experts, recipe="bf16")
+    for r in range(ranks):
+        assert_same(got[r].q, want[r]["q"], f"rank {r}")
+        assert torch.equal(got[r].padded_group_end_offsets, want[r]["padded_group_end_offsets"])

@@ -1,0 +1,133 @@
+"""``MoELayer`` (SPEC section 8) at R = 1: router top-k -> dispatch -> GroupedExperts -> combine,
+forward and backward, each recipe against fp32 math on the same routing, several layers, activation
+checkpointing, no host sync and CUDA-graph capture on the GPU. The multi-GPU run is
+tests/support/ep_multigpu.py."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.utils.checkpoint as checkpoint
+
+import torch_bindings as tb
+from tests.conftest import no_sync
+from tests.support.grouped_mm_cases import sqnr_db
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+T, D, H, E, K = 96, 128, 64, 8, 2
+FLOOR = {"fp8_rowwise": 20.0, "mxfp8": 20.0, "bf16": 30.0}
+
+
+@pytest.fixture(autouse=True)
+def _quiet_emulation():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _layer(device, recipe, seed=0, **options):
+    torch.manual_seed(seed)
+    return tb.MoELayer(D, H, E, K, recipe=recipe, device=device, **options)
+
+
+def _fp32_layer(layer, x, grad):
+    """The layer in fp32 on the CPU with the layer's own expert choice (top-k of the bf16 router);
+    the routing weights from an fp32 router, so x's gradient includes the router's path."""
+    idx, _ = layer.route(x)
+    w13 = layer.experts.w13.detach().float().cpu().requires_grad_()
+    w2 = layer.experts.w2.detach().float().cpu().requires_grad_()
+    xs = x.detach().float().cpu().requires_grad_()
+    probs = torch.softmax(xs @ layer.router.weight.detach().float().cpu().T, dim=-1)
+    weights = probs.gather(1, idx.cpu())
+    weights = weights / weights.sum(-1, keepdim=True)
+    out = torch.zeros_like(xs)
+    for t in range(x.shape[0]):
+        for j in range(K):
+            e = int(idx[t, j])
+            h13 = xs[t] @ w13[e].T
+            h = torch.nn.functional.silu(h13[:H]) * h13[H:]
+            out[t] = out[t] + weights[t, j] * (h @ w2[e].T)
+    out.backward(grad.float().cpu())
+    return out.detach(), xs.grad, w13.grad, w2.grad
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ["fp8_rowwise", "mxfp8", "bf16"])
+def test_layer_matches_fp32_math(device, recipe):
+    layer = _layer(device, recipe)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(T, D, generator=gen).bfloat16().to(device).requires_grad_()
+    grad = torch.randn(T, D, generator=gen).bfloat16().to(device)
+    out = layer(x)
+    out.backward(grad)
+    want = _fp32_layer(layer, x, grad)
+    got = (out, x.grad, layer.experts.w13.grad, layer.experts.w2.grad)
+    for a, b in zip(got, want, strict=True):
+        assert sqnr_db(a.cpu(), b) >= FLOOR[recipe]
+    assert layer.router.weight.grad is not None  # through combine's weights gradient
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_dispatch_into_fp8_experts(device):
+    """dispatch_recipe='bf16' (the receiver quantizes) against the quantized dispatch: close."""
+    a = _layer(device, "fp8_rowwise")
+    b = _layer(device, "fp8_rowwise", dispatch_recipe="bf16")
+    x = torch.randn(T, D, generator=torch.Generator().manual_seed(2)).bfloat16().to(device)
+    assert sqnr_db(a(x), b(x)) >= 25.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_layers_and_checkpointing(device):
+    """Three layers, the middle one under torch.utils.checkpoint: the same gradients as without."""
+    layers = torch.nn.ModuleList(
+        _layer(device, r, seed=i) for i, r in enumerate(["bf16", "fp8_rowwise", "bf16"])
+    )
+    x0 = torch.randn(T, D, generator=torch.Generator().manual_seed(3)).bfloat16().to(device)
+
+    def run(checkpointed: bool):
+        layers.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_()
+        h = x
+        for i, layer in enumerate(layers):
+            h = checkpoint.checkpoint(layer, h, use_reentrant=False) if checkpointed and i == 1 else layer(h)
+        h.float().square().sum().backward()
+        return [x.grad.clone()] + [p.grad.clone() for p in layers.parameters()]
+
+    for a, b in zip(run(True), run(False), strict=True):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="MoELayer: dispatch_recipe 'mxfp8' sends tokens"):
+        tb.MoELayer(D, H, E, K, recipe="fp8_rowwise", dispatch_recipe="mxfp8")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["fp8_rowwise", "bf16"])
+def test_gpu_no_sync_and_cuda_graph(recipe):
+    layer = _layer("cuda", recipe)
+    x = torch.randn(T, D, device="cuda").bfloat16().requires_grad_()
+
+    def step():
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+        out = layer(x)
+        out.float().square().sum().backward()
+        return out
+
+    step()
+    with no_sync():
+        eager = step().detach().clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured.view(torch.uint8), eager.view(torch.uint8))

@@ -1,0 +1,1020 @@
+"""Expert-parallel dispatch and combine (SPEC section 9; design in notes/ep-dispatch-combine.md).
+
+Over a process group of R ranks with E = R * E_local experts (expert e on rank e // E_local),
+``dispatch`` sends every (token, slot) pair to its expert's rank, where it lands expert-major and
+padded: local expert j's rows ordered by (source rank, token, slot), each group padded with zero
+rows to ``alignment``, in a tensor of the static worst-case row count
+``R*T*k + E_local*alignment`` (rounded up to the alignment). ``combine`` brings expert outputs back
+and sums them per token with the routing weights. Both run with no host sync:
+
+1. *Routing* (sender, local): per-expert counts of this rank's pairs and each pair's position
+   among the pairs of its expert (stable: pair order). On a GPU steps 1, 3 and 5's zero fill are
+   the kernels of ``cute_kernels.ep_route`` (one launch each, one zero fill per buffer); on CPU
+   (and for more than ``EP_MAX_EXPERTS`` experts) PyTorch ops.
+2. *Exchange*: the (R, E) count matrix, all-gathered over NCCL (a few KB); it also orders this
+   call after every rank's previous use of the buffers.
+3. *Layout* (every rank, from the counts alone): each receiver's padded group offsets, and for each
+   of this rank's pairs its destination ``rank * rows + row``.
+4. *Send*: the payload is written straight into the receivers' buffers by the row-scatter kernel
+   (``cute_kernels.row_scatter``), through a table of the R buffers' addresses (PyTorch symmetric
+   memory; NVLink multicast is never used). ``"mxfp8"`` quantizes each token once (1x32, plain
+   scales) before the send and sends q and its scale rows; every pair also sends a tag
+   ``s * T * k + p + 1`` naming its source rank s and pair p, which is what ``combine`` routes by.
+5. *Finish* (receiver): zero the padding rows (and rows a previous call left past the new end),
+   wait at the symmetric-memory barrier until every peer's rows have landed, and for ``"mxfp8"``
+   turn the received scale rows into the M-groups blocked layout of the padded groups
+   (``swizzle_scales``).
+
+``combine`` writes each local row's output to its source rank's (T*k, D') buffer at the pair the
+tag names, waits at the barrier, and sums the k slots per token in fp32
+(``reference.weighted_slot_sum``). The backward passes are the same moves (SPEC section 9):
+dispatch's gradient is a combine with unit weights, combine's is a dispatch of the per-slot
+weighted output gradient plus the weights' gradient.
+
+Buffers: one set per (group, shapes), allocated on first use (a collective that syncs once) and
+reused: a ``DispatchResult``'s ``q`` is a view of them, valid until the next ``dispatch`` with the
+same group and shapes (combine's backward dispatches into a set of its own). The R = 1 path (no
+group) runs the same kernels on local buffers, and on CPU the reference's moves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from cute_utils.constants import EP_FILL_VARIANTS, EP_MAX_EXPERTS, SCATTER_VARIANTS
+
+from .. import checks, reference, targets
+from ..ep_send import SendBuffers, buffer_specs, quantize_and_send
+from ..swizzle import swizzle_scales
+
+RECIPES = checks.EP_RECIPES
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class EpShape:
+    """Static sizes of one dispatch: ``ranks`` R, ``tokens`` T per rank, ``hidden`` D, ``topk`` k,
+    ``experts`` E (global), ``alignment`` A and ``recipe``; everything else follows."""
+
+    ranks: int
+    tokens: int
+    hidden: int
+    topk: int
+    experts: int
+    alignment: int
+    recipe: str
+
+    @property
+    def local_experts(self) -> int:
+        return self.experts // self.ranks
+
+    @property
+    def pairs(self) -> int:
+        return self.tokens * self.topk
+
+    @property
+    def rows(self) -> int:
+        return reference.ep_rows(self.ranks, self.tokens, self.topk, self.local_experts, self.alignment)
+
+
+# --- Buffers: R destination buffers of one kind, seen from one rank ----------------------------------
+
+
+@dataclass(eq=False)
+class SharedRows:
+    """One kind of destination buffer as a rank sees it: ``own`` (this rank's (P, W) tensor: never
+    handed out itself, only views of it), ``ptrs`` (Int64 (R,) device: every rank's buffer address,
+    this rank's included) and ``self_ptr`` (Int64 (1,): ``own`` alone, for writes that stay local)."""
+
+    own: torch.Tensor
+    ptrs: torch.Tensor
+    self_ptr: torch.Tensor
+    #: The R tensors themselves where they live in this process (``LocalPool``): the CPU moves.
+    tensors: list | None = None
+
+
+@dataclass(eq=False)
+class Slot:
+    """The buffers one call writes, by kind name: ``views[rank]`` (every rank of a ``LocalPool``,
+    this rank of a ``SymmetricPool``), and ``filled`` (1,) int32 device: the end of the rows the
+    previous call on these buffers filled (the rows it must zero again), ``None`` for fresh buffers
+    (every row no pair fills is zeroed)."""
+
+    views: dict[int, dict[str, SharedRows]]
+    filled: torch.Tensor | None = None
+    index: int = 0
+    #: Storage use counts of the kinds' tensors when only the slot held them (``SymmetricPool``).
+    baseline: tuple = ()
+    #: Written by a CUDA graph capture: its replays write it again, so no eager call may take it.
+    captured: bool = False
+
+
+def _use_count(t: torch.Tensor) -> int:
+    """References to ``t``'s storage (views, autograd's saved tensors, ...), measured the same way
+    every time (the temporary storage object counts once)."""
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+def _ptr_table(tensors: list, device: torch.device) -> torch.Tensor:
+    """Int64 (R,) device table of the tensors' addresses, written by fills (no host-to-device copy:
+    nothing waits, and a CUDA graph replays the same constants)."""
+    table = torch.empty(len(tensors), dtype=torch.int64, device=device)
+    for i, t in enumerate(tensors):
+        table[i : i + 1].fill_(t.data_ptr())
+    return table
+
+
+class LocalPool:
+    """Buffers of R ranks in one process (R = 1: the local path, ``rank`` 0; R > 1: the simulated
+    multi-rank tests, whose driver runs the ranks' steps in turn and stacks their counts). Every
+    call gets fresh buffers from the caching allocator: a result owns its rows, and they go back to
+    the allocator when the last tensor viewing them dies (no pool to outlive)."""
+
+    rank = 0
+
+    def __init__(self, ranks: int, device: torch.device) -> None:
+        self.ranks = ranks
+        self.device = device
+
+    def acquire(self, family: str, kinds: dict[str, tuple]) -> Slot:
+        """Fresh buffers of every kind (``kinds``: name -> (shape, dtype)) for all R ranks."""
+        views: dict[int, dict[str, SharedRows]] = {r: {} for r in range(self.ranks)}
+        for name, (shape, dtype) in kinds.items():
+            tensors = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(self.ranks)]
+            ptrs = _ptr_table(tensors, self.device)
+            for r, t in enumerate(tensors):
+                views[r][name] = SharedRows(t, ptrs, ptrs[r : r + 1], tensors)
+        return Slot(views)
+
+    def exchange_counts(self, routing: Routing, slot: Slot) -> torch.Tensor:
+        """R = 1: this rank's (E,) counts as the (1, E) count matrix."""
+        if self.ranks != 1:
+            raise RuntimeError("a simulated group's driver exchanges the counts itself")
+        return routing.counts[None]
+
+    def barrier(self) -> None:
+        """R = 1: one stream, stream order is the barrier. A simulated group's driver orders its
+        ranks' steps itself (``simulate_combine``): the public ops refuse its results."""
+        if self.ranks != 1:
+            raise RuntimeError("results of a simulated group go through simulate_combine, not combine")
+
+
+def _same_on_every_rank(group, key: tuple) -> None:
+    """Raise unless every rank allocates the same buffer (T, D, k, E the same everywhere, the same
+    slot): a rank with more rows would write past a peer's buffer. Runs with each allocation."""
+    import torch.distributed as dist
+
+    keys: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(keys, key, group=group)
+    if any(k != key for k in keys):
+        raise ValueError(
+            "dispatch: ranks disagree on the buffers to allocate (T, D, k, E must match, and every "
+            f"rank must hold the same dispatch results alive): {keys}"
+        )
+
+
+#: Most buffer slots a family may grow to: more results alive at once than this is a leak.
+MAX_SLOTS = 256
+
+
+class SlotRing:
+    """Reused buffers, never while in use: a family of buffers (dispatch or combine's backward, per
+    shape) is a list of slots; a call takes the first slot whose tensors nothing outside the ring
+    references (views, autograd's saved tensors: their storage use counts are back at the slot's
+    baseline), and allocates a new slot (:meth:`_allocate`) when every slot is in use. A slot a CUDA
+    graph capture wrote is never taken again (its replays write it). ``rank``: whose views a slot
+    holds."""
+
+    rank = 0
+
+    def __init__(self) -> None:
+        self._families: dict[object, list[Slot]] = {}
+
+    def acquire(self, family, kinds: dict[str, tuple]) -> Slot:
+        """A free slot of ``family`` with buffers of ``kinds`` (name -> (shape, dtype))."""
+        slots = self._families.setdefault(family, [])
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        for slot in slots:
+            if not slot.captured and _slot_free(slot, self.rank):
+                slot.captured = capturing
+                return slot
+        if len(slots) >= MAX_SLOTS:
+            raise RuntimeError(
+                f"torch_bindings.ep: {MAX_SLOTS} results of one buffer family are alive at once; drop "
+                "the results (and autograd graphs) of earlier steps, or raise torch_bindings.ep.MAX_SLOTS"
+            )
+        slot = self._allocate(family, kinds, len(slots))
+        slot.baseline = tuple(_use_count(v.own) for v in slot.views[self.rank].values())
+        slot.captured = capturing
+        slots.append(slot)
+        return slot
+
+    def slots(self, family) -> list[Slot]:
+        """The slots of ``family`` so far (tests, memory reports)."""
+        return self._families.get(family, [])
+
+    def _allocate(self, family, kinds: dict[str, tuple], index: int) -> Slot:
+        raise NotImplementedError
+
+
+class SymmetricPool(SlotRing):
+    """Buffers in PyTorch symmetric memory over ``group`` (multicast is never used), reused as a
+    :class:`SlotRing`: a new slot is a collective allocation (syncs once). Every rank makes the same
+    choice as long as every rank holds the same results alive (SPMD); the count exchange carries the
+    slot number and a device assert stops a mismatch rather than mix the ranks' rows."""
+
+    def __init__(self, group) -> None:
+        import torch.distributed as dist
+
+        super().__init__()
+        self.group = group
+        self.ranks = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self._handle = None
+        self._slot_table: Slot | None = None
+
+    def _allocate(self, family: str, kinds: dict[str, tuple], index: int) -> Slot:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        if self._handle is None and hasattr(symm_mem, "enable_symm_mem_for_group"):
+            symm_mem.enable_symm_mem_for_group(self.group.group_name)  # a no-op on newer torch
+        spec = tuple((n, tuple(shape), str(dtype)) for n, (shape, dtype) in kinds.items())
+        _same_on_every_rank(self.group, (family, index, spec))
+        device = torch.device("cuda", torch.cuda.current_device())
+        views: dict[str, SharedRows] = {}
+        for name, (shape, dtype) in kinds.items():
+            own = symm_mem.empty(shape, dtype=dtype, device=device)
+            own.zero_()
+            handle = symm_mem.rendezvous(own, self.group)
+            ptrs = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
+            views[name] = SharedRows(own, ptrs, ptrs[self.rank : self.rank + 1].clone())
+            self._handle = handle
+        return Slot({self.rank: views}, torch.zeros(1, dtype=torch.int32, device=device), index)
+
+    def barrier(self) -> None:
+        """Every rank's stream reaches this point before any passes it (system-scope signals), so the
+        rows peers wrote before it are visible after it."""
+        self._handle.barrier(channel=0)
+
+    def announce(self, slot: Slot) -> None:
+        """Write this rank's slot number into every rank's (R, 1) table of slot numbers (row
+        ``rank``); after the next barrier :meth:`verify` checks that every rank chose the same. For
+        the sends that have no count exchange (combine's backward)."""
+        if self._slot_table is None:
+            self._slot_table = self._allocate("slot table", {"ids": ((self.ranks, 1), torch.int32)}, 0)
+        table = self._slot_table.views[self.rank]["ids"]
+        src = torch.full((1, 1), slot.index, dtype=torch.int32, device=table.own.device)
+        zero = _zeros_int(self.ranks, src.device)
+        scatter_rows(src, table, zero, _arange(self.ranks, src.device) * self.ranks + self.rank)
+
+    def verify(self, slot: Slot) -> None:
+        """After the barrier that follows :meth:`announce`: a device assert unless every rank chose
+        ``slot``."""
+        table = self._slot_table.views[self.rank]["ids"].own
+        torch._assert_async((table == slot.index).all(), _SLOT_MISMATCH)
+
+    def exchange_counts(self, routing: Routing, slot: Slot) -> torch.Tensor:
+        """The routing's (E,) int32 counts of every rank, (R, E), over NCCL (no host sync). The slot
+        number rides along; every rank must have chosen the same (a device assert otherwise). The
+        routing kernel wrote counts and slot number into the vector sent (``routing.message``: no
+        copy); the PyTorch routing's counts are copied into one."""
+        import torch.distributed as dist
+
+        counts = routing.counts
+        experts = counts.shape[0]
+        mine = routing.message
+        if mine is None:
+            mine = counts.new_empty(experts + 1)
+            mine[:experts].copy_(counts)
+            mine[experts:].fill_(slot.index)
+        out = counts.new_empty((self.ranks, experts + 1))
+        dist.all_gather_into_tensor(out, mine, group=self.group)
+        torch._assert_async((out[:, experts] == slot.index).all(), _SLOT_MISMATCH)
+        return out[:, :experts]
+
+
+_SLOT_MISMATCH = (
+    "torch_bindings.ep: ranks wrote into different buffer slots (they hold different dispatch results "
+    "alive); every rank must run the same calls and keep the same results alive"
+)
+
+
+def _slot_free(slot: Slot, rank: int) -> bool:
+    """No tensor outside the pool references the slot's buffers on this rank."""
+    views = slot.views[rank]
+    return all(_use_count(v.own) == base for v, base in zip(views.values(), slot.baseline, strict=True))
+
+
+# --- Moving rows -------------------------------------------------------------------------------------
+
+
+def _vector_bytes(dtype: torch.dtype, width: int) -> int:
+    """The row-scatter variant's vector for rows of ``width`` elements of ``dtype``."""
+    name = str(dtype).removeprefix("torch.")
+    row_bytes = width * dtype.itemsize
+    for vec in (16, 4):
+        if (name, vec) in SCATTER_VARIANTS and row_bytes % vec == 0:
+            return vec
+    raise ValueError(f"no row-scatter variant moves rows of {width} x {dtype}")
+
+
+def scatter_rows(
+    src: torch.Tensor,
+    dst: SharedRows,
+    src_rows: torch.Tensor,
+    dst_index: torch.Tensor,
+    *,
+    local: bool = False,
+) -> None:
+    """Item i: ``src[src_rows[i]]`` (a zero row when outside src) to row ``dst_index[i] % P`` of
+    buffer ``dst_index[i] // P`` of ``dst`` (``local``: of this rank's own buffer only);
+    ``dst_index < 0`` skips. CUDA: one row-scatter launch; CPU: the same moves in PyTorch."""
+    ptrs = dst.self_ptr if local else dst.ptrs
+    target = _target(src)
+    if target is None:
+        _scatter_rows_reference(src, [dst.own] if local else dst.tensors, src_rows, dst_index)
+        return
+    vec = _vector_bytes(src.dtype, src.shape[1])
+    name = str(src.dtype).removeprefix("torch.")
+    kernel = target.kernel(("row_scatter", name, vec), _scatter_variant)
+    kernel(src, dst.own, src_rows, dst_index, ptrs)
+
+
+def _target(tensor: torch.Tensor):
+    """The kernel target of ``tensor``'s device (None on CPU): the per-device table once known."""
+    return targets.known(tensor) or targets.select("ep", "auto", tensor)
+
+
+def _scatter_variant(key: tuple, target) -> object:
+    from cute_kernels.pad import RowGatherVariant
+
+    return RowGatherVariant(key[1], key[2])
+
+
+def _scatter_rows_reference(src, buffers: list, src_rows, dst_index) -> None:
+    src, buffers = reference._as_bits(src), [reference._as_bits(b) for b in buffers]
+    rows = src_rows.to(torch.int64)
+    valid = (rows >= 0) & (rows < src.shape[0])
+    moved = torch.where(
+        valid[:, None], src[rows.clamp(0, max(src.shape[0] - 1, 0))], torch.zeros_like(src[:1])
+    )
+    index = dst_index.to(torch.int64)
+    height = buffers[0].shape[0]
+    for b, buf in enumerate(buffers):
+        keep = (index >= b * height) & (index < (b + 1) * height)
+        buf[index[keep] - b * height] = moved[keep]
+
+
+# --- Routing and layout (device tensors only, no sync) ----------------------------------------------
+#
+# On a GPU the routing kernels (``cute_kernels.ep_route``: notes/ep-routing-kernel.md) compute it all
+# in one launch per step: ``route`` (counts and ranks), ``layout`` (destinations and this rank's
+# groups) and ``zero_padding`` (one zero fill per buffer). The PyTorch functions below them are the
+# CPU path, the path for more than ``EP_MAX_EXPERTS`` experts, and what the tests compare with.
+
+
+@dataclass(frozen=True)
+class Routing:
+    """A sender's pairs: ``expert`` (P,) the expert of each pair, dropped when outside ``[0, E)``
+    (PyTorch routing: int64 with E for a dropped pair; the kernel: topk_idx's own ids, int32 or
+    int64), ``counts`` (E,) int32 pairs per expert, ``position`` (P,) rank of each pair among the
+    pairs of its expert (token, then slot order; PyTorch: int64; the kernel: int32, -1 for a
+    dropped pair) and ``message``: the (E + 1,) int32 vector the count exchange sends, ``counts``
+    then the slot number (the kernel writes both; None: the exchange builds it)."""
+
+    expert: torch.Tensor
+    counts: torch.Tensor
+    position: torch.Tensor
+    message: torch.Tensor | None = None
+
+
+_ID_NAMES = {torch.int32: "int32", torch.int64: "int64"}
+
+
+def _routing_target(tensor: torch.Tensor, experts: int):
+    """The kernel target where the routing kernels run for ``experts`` (``tensor`` on a GPU with the
+    kernels, E <= ``EP_MAX_EXPERTS``), else None (the PyTorch routing)."""
+    return _target(tensor) if experts <= EP_MAX_EXPERTS else None
+
+
+def _id_variant(key: tuple, target) -> object:
+    from cute_kernels.ep_route import EpIdVariant
+
+    return EpIdVariant(key[1])
+
+
+def route(topk_idx: torch.Tensor, experts: int, slot_index: int = 0) -> Routing:
+    """:class:`Routing` of topk_idx (T, k) int32/int64 (any strides); on a GPU one launch of the
+    route kernel, which also writes ``slot_index`` after the counts (``Routing.message``)."""
+    target = _routing_target(topk_idx, experts)
+    if target is None:
+        return _route_torch(topk_idx, experts)
+    # The kernel reads the ids with unit stride: a view when contiguous, else a contiguous copy.
+    ids = topk_idx.view(-1) if topk_idx.is_contiguous() else topk_idx.contiguous().view(-1)
+    message = torch.empty(experts + 1, dtype=torch.int32, device=ids.device)
+    position = message.new_empty(ids.shape[0])
+    kernel = target.kernel(("ep_route", _ID_NAMES[ids.dtype]), _id_variant)
+    kernel(ids, message, position, experts, slot_index)
+    return Routing(ids, message[:experts], position, message)
+
+
+def _route_torch(topk_idx: torch.Tensor, experts: int) -> Routing:
+    """:class:`Routing` of topk_idx (T, k) in PyTorch ops (a stable sort of the expert ids)."""
+    e = topk_idx.reshape(-1).to(torch.int64)
+    e = torch.where((e >= 0) & (e < experts), e, experts)
+    counts = torch.zeros(experts + 1, dtype=torch.int32, device=e.device)
+    counts.index_add_(0, e, torch.ones_like(e, dtype=torch.int32))
+    order = torch.sort(e, stable=True).indices
+    first = torch.cumsum(counts, 0, dtype=torch.int64) - counts
+    position = torch.empty_like(e)
+    position[order] = torch.arange(e.numel(), device=e.device) - first[e[order]]
+    return Routing(e, counts[:experts], position)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Everything one rank needs after the exchange: as a sender, ``dst_index`` (P,) int32
+    (``dest_rank * rows + dest_row``, -1 dropped); as a receiver, its ``padded_start`` /
+    ``padded_end`` / ``sizes`` (E_local,) int32, and the zero fill's inputs: ``filled`` (the slot's
+    (1,) int32 end of the rows the previous call filled; None: fresh buffers) and, where the row
+    scatter zeroes (CPU, or more groups than the zero-fill kernel takes), ``zero_index`` (rows,)
+    int32: the rows this call must zero (padding rows, and rows below the previous call's end that
+    no pair fills), else -1; None where the zero-fill kernel runs (``zero_padding``)."""
+
+    dst_index: torch.Tensor
+    padded_start: torch.Tensor
+    padded_end: torch.Tensor
+    sizes: torch.Tensor
+    zero_index: torch.Tensor | None
+    filled: torch.Tensor | None = None
+
+
+def layout(
+    routing: Routing, all_counts: torch.Tensor, rank: int, shape: EpShape, filled: torch.Tensor | None
+) -> Layout:
+    """:class:`Layout` of ``rank`` from its routing and the (R, E) int32 counts of all ranks (any row
+    stride); ``filled`` (1,) int32: the end of the rows the previous call on these buffers filled
+    (``None``: fresh buffers, every row no pair fills is zeroed). On a GPU one launch of the layout
+    kernel."""
+    target = _routing_target(routing.position, shape.experts)
+    if target is None:
+        return _layout_torch(routing, all_counts, rank, shape, filled)
+    dst = routing.position.new_empty(shape.pairs)
+    start, end, sizes = (dst.new_empty(shape.local_experts) for _ in range(3))
+    kernel = target.kernel(("ep_layout", _ID_NAMES[routing.expert.dtype]), _id_variant)
+    kernel(
+        routing.expert,
+        routing.position,
+        all_counts,
+        dst,
+        start,
+        end,
+        sizes,
+        rank,
+        shape.rows,
+        shape.alignment,
+    )
+    return Layout(dst, start, end, sizes, None, filled)
+
+
+def _layout_torch(
+    routing: Routing, all_counts: torch.Tensor, rank: int, shape: EpShape, filled: torch.Tensor | None
+) -> Layout:
+    """:func:`layout` in PyTorch ops (the routing of :func:`_route_torch`)."""
+    ranks, local, align, rows = shape.ranks, shape.local_experts, shape.alignment, shape.rows
+    counts = all_counts.to(torch.int64)
+    received = counts.sum(0).view(ranks, local)
+    padded = (received + align - 1) // align * align
+    padded_end = torch.cumsum(padded, 1)
+    padded_start = padded_end - padded
+    before = (torch.cumsum(counts, 0) - counts)[rank]  # pairs of lower ranks per expert
+    e = routing.expert.clamp(max=shape.experts - 1)
+    row = padded_start.view(-1)[e] + before[e] + routing.position
+    dst = torch.where(routing.expert < shape.experts, (e // local) * rows + row, -1)
+    own_start, own_end, own_sizes = (t[rank].to(torch.int32) for t in (padded_start, padded_end, received))
+    zero = _zero_plan(own_start, own_end, own_sizes, filled, rows)
+    return Layout(dst.to(torch.int32), own_start, own_end, own_sizes, zero, filled)
+
+
+def _zero_plan(start, end, sizes, filled: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+    """``Layout.zero_index``: None where the zero-fill kernel runs (a GPU, at most
+    ``EP_MAX_EXPERTS`` groups), else :func:`_zero_rows`."""
+    if start.shape[0] <= EP_MAX_EXPERTS and _target(start) is not None:
+        return None
+    return _zero_rows(start, end, sizes, filled, rows)
+
+
+def _zero_rows(start, end, sizes, filled: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """(rows,) int32: row r where r is no pair's row and below ``max(filled, end[-1])`` (every row
+    when ``filled`` is ``None``), else -1."""
+    r = _arange(rows, start.device)
+    group = torch.searchsorted(end, r, right=True).clamp(max=end.numel() - 1)
+    data = (r >= start[group]) & (r < start[group] + sizes[group])
+    if filled is None:
+        return torch.where(data, -1, r).to(torch.int32)
+    limit = torch.maximum(filled.to(torch.int64), end[-1:])
+    return torch.where(~data & (r < limit), r, -1).to(torch.int32)
+
+
+# --- The per-rank steps (the real path runs them in order; the simulation interleaves ranks) ----------
+
+
+@dataclass
+class DispatchResult:
+    """What ``dispatch`` returns on a rank: ``q`` (rows, D) bf16 or e4m3 (a view of buffers this
+    result owns: no later call writes them while any tensor still views them), ``scales`` (None;
+    mxfp8: ``float8_e8m0fnu`` (rows + 128 E_local, Cp), the M-groups blocked layout of the padded
+    groups; fp8_rowwise: (rows,) fp32, one dequantization scale per row, 1.0 on padding rows),
+    ``padded_group_start_offsets`` / ``padded_group_end_offsets`` (E_local,) int32 and
+    ``group_sizes`` (E_local,) int32 rows received per local expert; the rest is for ``combine``."""
+
+    q: torch.Tensor | None
+    scales: torch.Tensor | None
+    padded_group_start_offsets: torch.Tensor
+    padded_group_end_offsets: torch.Tensor
+    group_sizes: torch.Tensor
+    shape: EpShape
+    dst_index: torch.Tensor  # (P,) int32: where each of this rank's pairs went
+    tags: torch.Tensor  # (rows,) int32: 1 + source rank * P + pair of each local row, 0 for padding
+    rank: int
+    pool: object = field(repr=False, default=None)
+    #: mxfp8: the (rows, D/32) e8m0 scale rows before blocking (the emulated GEMM reads them).
+    plain_scales: torch.Tensor | None = field(repr=False, default=None)
+    #: FP8 recipes: the (rows, D) bf16 tensor without storage of its own that carries the rows'
+    #: gradient back through the dispatch (``tokens`` hands it to the GEMMs).
+    grad_anchor: torch.Tensor | None = field(repr=False, default=None)
+
+    def routing_only(self) -> DispatchResult:
+        """This result without its rows (``q``, ``scales``): what combine and the backward passes
+        need, kept by autograd without keeping the dispatched rows alive."""
+        return replace(self, q=None, scales=None, plain_scales=None, grad_anchor=None)
+
+    @property
+    def tokens(self):
+        """The FP8 recipes' rows as :class:`torch_bindings.tokens.QuantizedTokens` (q, scales, the
+        padded groups, the gradient anchor): what ``scaled_grouped_mm`` and ``GroupedExperts`` take
+        as x without quantizing again. bf16: ``q`` itself."""
+        if self.shape.recipe == "bf16":
+            return self.q
+        from .tokens import QuantizedTokens
+
+        return QuantizedTokens(
+            self.shape.recipe,
+            self.q,
+            self.scales,
+            self.padded_group_end_offsets,
+            self.shape.alignment,
+            self.plain_scales,
+            self.grad_anchor,
+        )
+
+
+def _dispatch_kinds(shape: EpShape) -> dict[str, tuple]:
+    """The buffers a dispatch of ``shape`` writes, by name -> (shape, dtype)
+    (``ep_send.buffer_specs``): ``q`` (rows, D) bf16 or e4m3, ``s`` the scale rows (mxfp8:
+    (rows, D/32) e8m0; fp8_rowwise: (rows, 1) fp32) and ``tags`` (rows, 1) int32."""
+    specs = buffer_specs(shape.recipe, shape.rows, shape.hidden)
+    kinds = {"q": specs["q"], "tags": specs["tags"]}
+    if "scales" in specs:
+        kinds["s"] = specs["scales"]
+    return kinds
+
+
+def _family(shape: EpShape, purpose: str) -> tuple:
+    """Buffers of one family share slots: the forward dispatch, or combine's backward (which must not
+    overwrite a forward ``q`` an expert saved), per shape (recipe, D, ...)."""
+    return (purpose, shape)
+
+
+def send_dispatch(
+    x: torch.Tensor, lay: Layout, bufs: dict, shape: EpShape, rank: int, scaling_mode: str
+) -> None:
+    """Step 4: this rank's pairs (x (T, D), or (T, k, D): one row per pair) into the receivers'
+    buffers in one launch (``ep_send.quantize_and_send``: each token read and, for mxfp8 /
+    fp8_rowwise, quantized once, then written with its scale row to each of its k destinations),
+    and the tags ``rank * P + pair + 1``."""
+    rows2d = x.reshape(-1, x.shape[-1])
+    topk = 1 if x.dim() == 3 else shape.topk
+    buffers = SendBuffers(bufs["q"], bufs.get("s"), bufs["tags"])
+    quantize_and_send(
+        rows2d, lay.dst_index, buffers, recipe=shape.recipe, rank=rank, topk=topk, scaling_mode=scaling_mode
+    )
+
+
+def zero_padding(lay: Layout, bufs: dict, recipe: str) -> None:
+    """Step 5a: zero this rank's padding rows, and rows a previous call filled past the new end, in
+    every row buffer (local writes to rows no pair fills: no ordering with the peers' sends). An
+    fp8_rowwise scale row gets 1.0 (the bits of 1.0 read from a row of ones) rather than 0. On a GPU
+    one zero-fill launch per buffer (``Layout.zero_index`` None), else a row scatter per buffer."""
+    if lay.zero_index is None:
+        _fill_padding(lay, bufs, recipe)
+        return
+    none = _minus_ones(lay.zero_index.shape[0], lay.zero_index.device)
+    for name, rows in bufs.items():
+        if name == "s" and recipe == "fp8_rowwise":
+            ones = _ones_bits(rows.own.shape[0], rows.own.device)
+            bits = _as_int32(rows)
+            scatter_rows(ones, bits, _arange(ones.shape[0], ones.device), lay.zero_index, local=True)
+        else:
+            scatter_rows(rows.own, rows, none, lay.zero_index, local=True)
+
+
+def _as_int32(rows: SharedRows) -> SharedRows:
+    """fp32 scale rows seen as their int32 bits (the row scatter moves 4-byte words)."""
+    tensors = None if rows.tensors is None else [t.view(torch.int32) for t in rows.tensors]
+    return SharedRows(rows.own.view(torch.int32), rows.ptrs, rows.self_ptr, tensors)
+
+
+#: The bits of fp32 1.0 as an int32: what the zero fill writes into fp8_rowwise scale rows.
+_ONE_BITS = 0x3F800000
+
+
+def _fill_padding(lay: Layout, bufs: dict, recipe: str) -> None:
+    """:func:`zero_padding` by the zero-fill kernel (``cute_kernels.ep_route``): the rows
+    ``_zero_rows`` names, one launch per buffer, reading the offsets and ``filled`` on the device."""
+    target = _target(lay.padded_end)
+    fresh = lay.filled is None
+    filled = lay.padded_end if fresh else lay.filled  # read only when not fresh
+    for name, rows in bufs.items():
+        own = rows.own
+        word = _ONE_BITS if name == "s" and recipe == "fp8_rowwise" else 0
+        kernel = target.kernel(_fill_key(own), _fill_variant)
+        kernel(own, lay.padded_start, lay.padded_end, lay.sizes, filled, int(fresh), word, target.num_sms)
+
+
+_FILL_KEYS: dict[tuple, tuple] = {}
+
+
+def _fill_key(buf: torch.Tensor) -> tuple:
+    """The zero fill's kernel key of a (rows, W) buffer: its dtype's name and vector width, 16 bytes
+    where the row allows, else 4 (``EP_FILL_VARIANTS``; cached per dtype and W)."""
+    shape_key = (buf.dtype, buf.shape[1])
+    key = _FILL_KEYS.get(shape_key)
+    if key is None:
+        name = str(buf.dtype).removeprefix("torch.")
+        row_bytes = buf.shape[1] * buf.dtype.itemsize
+        vec = next((v for v in (16, 4) if (name, v) in EP_FILL_VARIANTS and row_bytes % v == 0), None)
+        if vec is None:
+            raise ValueError(f"no zero-fill variant writes rows of {buf.shape[1]} x {buf.dtype}")
+        key = _FILL_KEYS[shape_key] = ("ep_zero_fill", name, vec)
+    return key
+
+
+def _fill_variant(key: tuple, target) -> object:
+    from cute_kernels.ep_route import EpFillVariant
+
+    return EpFillVariant(key[1], key[2])
+
+
+_INDEX_TENSORS: dict[tuple, torch.Tensor] = {}
+
+
+def _minus_ones(n: int, device: torch.device) -> torch.Tensor:
+    """A cached (n,) int32 tensor of -1 (source rows that read as zero rows). Read only."""
+    key = ("-1", n, device)
+    if key not in _INDEX_TENSORS:
+        _INDEX_TENSORS[key] = torch.full((n,), -1, dtype=torch.int32, device=device)
+    return _INDEX_TENSORS[key]
+
+
+def _ones_bits(n: int, device: torch.device) -> torch.Tensor:
+    """A cached (n, 1) int32 tensor of the bits of fp32 1.0 (padding rows' scales). Read only."""
+    key = ("1.0", n, device)
+    if key not in _INDEX_TENSORS:
+        _INDEX_TENSORS[key] = torch.ones((n, 1), dtype=torch.float32, device=device).view(torch.int32)
+    return _INDEX_TENSORS[key]
+
+
+def _zeros_int(n: int, device: torch.device) -> torch.Tensor:
+    """A cached (n,) int32 tensor of 0. Read only."""
+    key = ("0", n, device)
+    if key not in _INDEX_TENSORS:
+        _INDEX_TENSORS[key] = torch.zeros((n,), dtype=torch.int32, device=device)
+    return _INDEX_TENSORS[key]
+
+
+def _arange(n: int, device: torch.device) -> torch.Tensor:
+    """A cached ``arange(n)`` int32 (the static row and pair numbers: one launch less per use). Read
+    only: none of these cached tensors is ever returned or written."""
+    key = ("arange", n, device)
+    if key not in _INDEX_TENSORS:
+        _INDEX_TENSORS[key] = torch.arange(n, dtype=torch.int32, device=device)
+    return _INDEX_TENSORS[key]
+
+
+def _send_and_land(x: torch.Tensor, lay: Layout, slot: Slot, shape: EpShape, pool, scaling_mode: str) -> None:
+    """Steps 4 and 5a on this rank, then the barrier after which every peer's rows have landed;
+    records the new filled end for the next call's zero fill."""
+    bufs = slot.views[pool.rank]
+    send_dispatch(x, lay, bufs, shape, pool.rank, scaling_mode)
+    zero_padding(lay, bufs, shape.recipe)
+    pool.barrier()
+    _mark_filled(lay, slot)
+
+
+def _mark_filled(lay: Layout, slot: Slot) -> None:
+    if slot.filled is not None:
+        slot.filled.copy_(lay.padded_end[-1:])
+
+
+def finish_dispatch(lay: Layout, bufs: dict, shape: EpShape, rank: int) -> DispatchResult:
+    """Step 5b, after every rank's rows have landed (barrier): the result (q a new view of the
+    buffer: the slot stays busy while it lives; the scales of the padded groups; the row tags
+    copied out)."""
+    scales = plain = None
+    if shape.recipe == "mxfp8":
+        plain = bufs["s"].own
+        scales = swizzle_scales(plain, group_end_offsets=lay.padded_end, groups="M")
+        plain = plain.view(plain.shape)
+    elif shape.recipe == "fp8_rowwise":
+        scales = bufs["s"].own.view(-1).clone()
+    tags = bufs["tags"].own.view(-1).clone()
+    q = bufs["q"].own
+    return DispatchResult(
+        q.view(q.shape),
+        scales,
+        lay.padded_start,
+        lay.padded_end,
+        lay.sizes,
+        shape,
+        lay.dst_index,
+        tags,
+        rank,
+        plain_scales=plain,
+    )
+
+
+def send_combine(y: torch.Tensor, result: DispatchResult, rows_buffer: SharedRows) -> None:
+    """Combine's send: local row r of y (rows, D') to its source's (T*k, D') buffer at the pair its
+    tag names (padding rows skipped)."""
+    rows = _arange(result.shape.rows, y.device)
+    scatter_rows(y, rows_buffer, rows, result.tags - 1)
+
+
+def _combine_slot(pool, shape: EpShape, width: int) -> Slot:
+    """The (T*k, D') bf16 buffers one combine (or dispatch's backward) writes: consumed within the
+    call (its sum writes a new tensor), so one slot serves every call on a ``SymmetricPool``."""
+    family = f"combine/{width}/{shape.tokens}/{shape.topk}"
+    return pool.acquire(family, {"y": ((shape.pairs, width), torch.bfloat16)})
+
+
+def finish_combine(
+    result: DispatchResult, topk_weights: torch.Tensor, rows_buffer: SharedRows
+) -> torch.Tensor:
+    """Combine's sum on the source rank, after every peer's rows landed: (T, D') bf16
+    (``reference.weighted_slot_sum``: the ``combine_sum`` kernel on CUDA, PyTorch on CPU). A dropped
+    pair reads as a zero row."""
+    shape = result.shape
+    rows = rows_buffer.own
+    weights = topk_weights.to(torch.float32).contiguous()
+    target = _target(rows)
+    if target is None:
+        return reference.weighted_slot_sum(combined_rows(result, rows_buffer), weights)
+    out = rows.new_empty((shape.tokens, rows.shape[1]))
+    target.kernel(("combine_sum",), _combine_sum_variant)(rows, result.dst_index, weights, out)
+    return out
+
+
+def _combine_sum_variant(key: tuple, target) -> object:
+    from cute_kernels.combine_sum import CombineSumVariant
+
+    return CombineSumVariant()
+
+
+def combined_rows(result: DispatchResult, rows_buffer: SharedRows) -> torch.Tensor:
+    """The (T, k, D') rows ``finish_combine`` sums, dropped pairs' rows zero (a new tensor)."""
+    shape = result.shape
+    rows = rows_buffer.own.view(shape.tokens, shape.topk, -1)
+    kept = (result.dst_index >= 0).view(shape.tokens, shape.topk, 1)
+    return torch.where(kept, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+
+
+# --- The public ops -----------------------------------------------------------------------------------
+
+_POOLS: dict[tuple, object] = {}
+
+
+def _pool(group, device: torch.device):
+    """The buffers of ``group`` on ``device``: ``LocalPool(1)`` without a group (or a group of one),
+    else ``SymmetricPool``."""
+    import torch.distributed as dist
+
+    if group is None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        group = dist.group.WORLD
+    key = (group.group_name if group is not None else None, device)
+    pool = _POOLS.get(key)
+    if pool is None:
+        if group is None or dist.get_world_size(group) == 1:
+            pool = LocalPool(1, device)
+        else:
+            if device.type != "cuda" or device.index != torch.cuda.current_device():
+                raise ValueError(
+                    f"dispatch: a group of several ranks needs x on the current CUDA device "
+                    f"(cuda:{torch.cuda.current_device()}), got {device}"
+                )
+            pool = SymmetricPool(group)
+        _POOLS[key] = pool
+    return pool
+
+
+def run_dispatch(
+    x: torch.Tensor, topk_idx: torch.Tensor, shape: EpShape, pool, scaling_mode: str
+) -> DispatchResult:
+    """Steps 1-5 on this rank (module docstring)."""
+    rank = pool.rank
+    slot = pool.acquire(_family(shape, "dispatch"), _dispatch_kinds(shape))
+    routing = route(topk_idx, shape.experts, slot.index)
+    all_counts = pool.exchange_counts(routing, slot)
+    lay = layout(routing, all_counts, rank, shape, slot.filled)
+    _send_and_land(x, lay, slot, shape, pool, scaling_mode)
+    result = finish_dispatch(lay, slot.views[rank], shape, rank)
+    result.pool = pool
+    return result
+
+
+def run_combine(y: torch.Tensor, result: DispatchResult, topk_weights: torch.Tensor, keep_rows: bool = False):
+    """Combine on this rank: a barrier (every rank is done reading its combine buffer), the send,
+    a barrier (every row landed), the weighted sum; with ``keep_rows`` also the (T, k, D') pair rows
+    (``combined_rows``: the weights' gradient needs them)."""
+    pool = result.pool
+    rows_buffer = _combine_slot(pool, result.shape, y.shape[1]).views[result.rank]["y"]
+    pool.barrier()
+    send_combine(y, result, rows_buffer)
+    pool.barrier()
+    out = finish_combine(result, topk_weights, rows_buffer)
+    return (out, combined_rows(result, rows_buffer)) if keep_rows else out
+
+
+def _grad_dispatch(rows: torch.Tensor, result: DispatchResult) -> torch.Tensor:
+    """Per-pair rows (T, k, D') bf16 sent where the forward dispatch sent the pairs: (rows, D') with
+    padding rows zero, a view of buffers of its own family (never the forward's). The layout is the
+    forward's."""
+    pool, rank = result.pool, result.rank
+    shape = replace(result.shape, hidden=rows.shape[-1], recipe="bf16")
+    slot = pool.acquire(_family(shape, "grad"), _dispatch_kinds(shape))
+    start, end, sizes = result.padded_group_start_offsets, result.padded_group_end_offsets, result.group_sizes
+    zero = _zero_plan(start, end, sizes, slot.filled, shape.rows)
+    lay = Layout(result.dst_index, start, end, sizes, zero, slot.filled)
+    pool.barrier()  # every rank is done with these buffers' previous contents
+    if isinstance(pool, SymmetricPool):
+        pool.announce(slot)
+    _send_and_land(rows, lay, slot, shape, pool, "rceil")
+    if isinstance(pool, SymmetricPool):
+        pool.verify(slot)
+    q = slot.views[rank]["q"].own
+    return q.view(q.shape)
+
+
+class _DispatchFn(torch.autograd.Function):
+    """Dispatch with autograd: the gradient of x is a combine of the rows' gradient, unit weights.
+    bf16 returns q itself; the FP8 recipes return a (rows, D) bf16 anchor without storage of its own
+    (q is not differentiable), through which the GEMM that consumes q sends the rows' gradient. The
+    context keeps the routing only (``routing_only``), never the dispatched rows."""
+
+    @staticmethod
+    def forward(ctx, x, topk_idx, shape, pool, scaling_mode, holder):
+        result = run_dispatch(x, topk_idx, shape, pool, scaling_mode)
+        holder.append(result)
+        ctx.result = result.routing_only()
+        if shape.recipe == "bf16":
+            return result.q
+        return torch.zeros((), dtype=torch.bfloat16, device=x.device).expand(result.q.shape)
+
+    @staticmethod
+    def backward(ctx, grad_q):
+        result = ctx.result
+        ones = torch.ones((result.shape.tokens, result.shape.topk), dtype=torch.float32, device=grad_q.device)
+        grad_x = run_combine(grad_q.to(torch.bfloat16).contiguous(), result, ones)
+        return grad_x, None, None, None, None, None
+
+
+class _CombineFn(torch.autograd.Function):
+    """Combine with autograd: y's gradient is a dispatch of ``grad_out[t] * w[t, j]`` per slot (fp32
+    product rounded to bf16), the weights' ``sum_d grad_out[t, d] y[t, j, d]`` in fp32."""
+
+    @staticmethod
+    def forward(ctx, y, topk_weights, result):
+        keep = ctx.needs_input_grad[1]
+        out = run_combine(y, result, topk_weights, keep_rows=keep)
+        ctx.pair_rows = None
+        if keep:
+            out, ctx.pair_rows = out
+        ctx.result = result.routing_only()
+        ctx.save_for_backward(topk_weights)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (w,) = ctx.saved_tensors
+        result = ctx.result
+        g = grad_out.to(torch.float32)
+        grad_y = grad_w = None
+        if ctx.needs_input_grad[0]:
+            per_pair = (g[:, None, :] * w.to(torch.float32)[:, :, None]).to(torch.bfloat16)
+            grad_y = _grad_dispatch(per_pair, result)
+        if ctx.pair_rows is not None:
+            grad_w = (g[:, None, :] * ctx.pair_rows.to(torch.float32)).sum(-1).to(w.dtype)
+        return grad_y, grad_w, None
+
+
+def dispatch(
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    *,
+    num_experts: int,
+    recipe: str = "mxfp8",
+    alignment: int = 32,
+    group=None,
+    scaling_mode: str = "rceil",
+) -> DispatchResult:
+    """Send every (token, slot) pair of this rank to its expert's rank (SPEC section 9).
+
+    x (T, D) bf16 contiguous (T the same on every rank; mxfp8: D % 128 == 0, fp8_rowwise:
+    D % 16 == 0), topk_idx (T, k) int32/int64 global expert ids in ``[0, num_experts)`` (others are
+    dropped), ``num_experts`` E a multiple of the group size R (expert e lives on rank
+    e // (E / R)). Returns a :class:`DispatchResult`: ``q`` (rows, D) with rows =
+    ``R*T*k + E_local*alignment`` rounded up to ``alignment``, local expert j's rows ordered by
+    (source rank, token, slot) and padded with zero rows to ``alignment``, rows past the last group
+    zero; mxfp8: e4m3 and the blocked scales of the padded groups; fp8_rowwise: e4m3 and one fp32
+    scale per row (power-of-2, SPEC section 7; 1.0 on padding rows). ``result.tokens`` hands the FP8
+    rows to ``scaled_grouped_mm`` / ``GroupedExperts`` as quantized x, and x's gradient flows back
+    through them. No host sync (the first call on
+    a group and shape allocates its buffers collectively, once, and again whenever more results are
+    alive at once than ever before). The result owns its rows: they stay valid while any tensor
+    views them, across any number of later calls. With ``group=None`` and no initialized multi-rank
+    default group: R = 1 (rows from the caching allocator, per call). Differentiable in x (the
+    gradient is a combine of the rows' gradient with unit weights).
+    """
+    pool = _pool(group, x.device)
+    checks.check_ep_dispatch(x, topk_idx, num_experts, pool.ranks, recipe, alignment)
+    tokens, hidden = x.shape
+    shape = EpShape(pool.ranks, tokens, hidden, topk_idx.shape[1], num_experts, alignment, recipe)
+    if pool.ranks * shape.rows > _INT32_MAX:
+        raise ValueError(
+            f"dispatch: R * rows = {pool.ranks * shape.rows} does not fit the kernel's int32 row index"
+        )
+    holder: list[DispatchResult] = []
+    out = _DispatchFn.apply(x, topk_idx, shape, pool, scaling_mode, holder)
+    result = holder[0]
+    if recipe == "bf16":
+        result.q = out
+    else:
+        result.grad_anchor = out
+    return result
+
+
+def combine(y: torch.Tensor, dispatched: DispatchResult, topk_weights: torch.Tensor) -> torch.Tensor:
+    """Bring the local experts' outputs y (rows, D') bf16 (in ``dispatched``'s layout) back to their
+    source ranks: ``out[t] = sum_j topk_weights[t, j] * y[row of (t, j)]`` in fp32, (T, D') bf16
+    (``reference.weighted_slot_sum``; a dropped pair adds nothing). Differentiable in y and the
+    weights. No host sync."""
+    shape = dispatched.shape
+    checks.check_ep_combine(y, shape.rows, topk_weights, shape.tokens, shape.topk)
+    return _CombineFn.apply(y.contiguous(), topk_weights, dispatched)
+
+
+# --- A group of R ranks simulated in one process (tests, benches) -------------------------------------
+
+
+def simulate_dispatch(
+    xs: list,
+    topk_idxs: list,
+    num_experts: int,
+    pool: LocalPool,
+    *,
+    recipe: str = "mxfp8",
+    alignment: int = 32,
+    scaling_mode: str = "rceil",
+) -> list[DispatchResult]:
+    """``dispatch`` on every rank of ``pool`` (R ranks in one process, one stream), step by step with
+    the same kernels and buffers layout as the real path: all routings, the stacked counts, every
+    rank's send, then every rank's finish."""
+    ranks = pool.ranks
+    tokens, topk = topk_idxs[0].shape
+    shape = EpShape(ranks, tokens, xs[0].shape[-1], topk, num_experts, alignment, recipe)
+    slot = pool.acquire(_family(shape, "dispatch"), _dispatch_kinds(shape))
+    routings = [route(t, num_experts) for t in topk_idxs]
+    all_counts = torch.stack([r.counts for r in routings])
+    lays = [layout(routings[r], all_counts, r, shape, slot.filled) for r in range(ranks)]
+    for r in range(ranks):
+        send_dispatch(xs[r], lays[r], slot.views[r], shape, r, scaling_mode)
+    for r in range(ranks):
+        zero_padding(lays[r], slot.views[r], shape.recipe)
+    results = [finish_dispatch(lays[r], slot.views[r], shape, r) for r in range(ranks)]
+    for result in results:
+        result.pool = pool
+    return results
+
+
+def simulate_combine(ys: list, results: list[DispatchResult], topk_weights: list) -> list[torch.Tensor]:
+    """``combine`` on every rank of a simulated group: every rank's send, then every rank's sum."""
+    pool = results[0].pool
+    slot = _combine_slot(pool, results[0].shape, ys[0].shape[1])
+    for r, (y, result) in enumerate(zip(ys, results, strict=True)):
+        send_combine(y, result, slot.views[r]["y"])
+    return [
+        finish_combine(res, w, slot.views[r]["y"])
+        for r, (res, w) in enumerate(zip(results, topk_weights, strict=True))
+    ]

@@ -1,0 +1,439 @@
+"""The SwiGLU expert block as one autograd function (SPEC section 8; notes/expert-block.md).
+
+``experts_forward(x, w13, w2, ends, recipe=...)``: ``h13 = x w13[e].T`` (gate and up fused, the
+transformers ``gate_up_proj`` layout: rows ``[0, H)`` gate, ``[H, 2H)`` up), ``h = silu(gate) * up``,
+``out = h w2[e].T`` per group. Forward and backward are written once over a per-recipe set of
+operand functions (:class:`Fp8Rowwise`, :class:`Mxfp8`), so that
+
+- x is quantized once (its row operand for the forward GEMM, its column operand for w13's wgrad);
+- one GEMM computes gate and up; one dgrad GEMM gives x's gradient (no sum of two);
+- SwiGLU and its backward come with the quantization of their outputs (FP8 rowwise: the fused
+  ``swiglu_quantize_fp8`` / ``swiglu_backward_quantize_fp8`` kernels, whose SwiGLU is defined in
+  exact fp32 operations (docs/contract.md section 7), then a column pass; MXFP8: PyTorch's SwiGLU
+  and one dual quantization);
+- weights are quantized through a :class:`WeightCache` (once per value of the parameter);
+- backward computes only what ``ctx.needs_input_grad`` asks for (a frozen expert skips its wgrads,
+  the first layer skips x's dgrad);
+- x and the weights may be bf16 or fp32 (the quantizers read either); gradients come back in each
+  input's dtype.
+
+The groups must start on the recipe's alignment (``GROUP_ALIGNMENT``): ``GroupedExperts`` pads
+unaligned groups once around this function; dispatch output and ``pad_token_groups`` output are
+aligned already. x may also arrive quantized (:class:`QuantizedTokens`, from ``ep.dispatch``): its
+forward operand is used as it is and its column operand is made from the dequantized rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from ..pad import pad_token_groups, unpad_token_groups
+from ..quantize import quantize_mxfp8_2d
+from ..quantize_3d import quantize_mxfp8_3d
+from ..quantize_fp8 import quantize_fp8_2d, quantize_fp8_3d, quantize_fp8_3d_dual
+from ..swiglu import swiglu_backward_quantize_fp8, swiglu_quantize_fp8
+from . import grouped_mm as _mm
+from .grouped_mm import output_dtype
+from .tokens import QuantizedTokens
+
+Tensor = torch.Tensor
+
+
+# --- Weight cache ---------------------------------------------------------------------------------
+
+
+class _Generation:
+    """A counter that every ``torch.optim`` step moves (a global optimizer step post-hook, installed
+    with the first :class:`WeightCache`), and :func:`invalidate_weight_caches` too. It is part of
+    every cache stamp because some in-place updates leave a parameter's version counter where it
+    was: the fused optimizers (``AdamW(fused=True)``) and writes through ``param.data``."""
+
+    value = 0
+    hooked = False
+
+    @classmethod
+    def bump(cls, *_args) -> None:
+        cls.value += 1
+
+    @classmethod
+    def hook(cls) -> None:
+        if not cls.hooked:
+            register_optimizer_step_post_hook(cls.bump)
+            cls.hooked = True
+
+
+def invalidate_weight_caches() -> None:
+    """Make every :class:`WeightCache` recompute its entries on their next use. Optimizer steps of
+    ``torch.optim`` do this by themselves; call it after changing weights any other way that does
+    not move their version counters (``param.data`` writes, an optimizer outside ``torch.optim``,
+    loading a state dict into ``.data``)."""
+    _Generation.bump()
+
+
+class WeightCache:
+    """Quantized weights, computed once per value of each weight and reused across micro-batches and
+    recomputation. An entry is keyed by (name, operand format) and stamped with the weight's version
+    counter, address, shape, dtype and device and the optimizer-step generation
+    (:func:`invalidate_weight_caches`): an optimizer step, any in-place edit or a new tensor misses
+    and recomputes it. A stale entry is dropped before its replacement is computed, so the two never
+    hold memory together. Under ``torch.compile`` the cache is bypassed."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple, tuple[tuple, tuple]] = {}
+        _Generation.hook()
+
+    def get(self, name: str, form: tuple, w: Tensor, compute) -> tuple:
+        """``compute(w)``'s operands of format ``form`` (layout, recipe, emulated) for ``w`` as it is
+        now, from the cache when ``w`` is unchanged."""
+        if torch.compiler.is_compiling():
+            return compute(w)
+        try:
+            stamp = (_Generation.value, w._version, w.data_ptr(), tuple(w.shape), w.dtype, w.device)
+        except RuntimeError:  # an inference tensor has no version counter: never cached
+            return compute(w)
+        entry = self._entries.pop((name, form), None)
+        if entry is not None and entry[0] == stamp:
+            self._entries[(name, form)] = entry
+            return entry[1]
+        del entry  # the stale operands go before the new ones are made
+        operands = compute(w)
+        self._entries[(name, form)] = (stamp, operands)
+        return operands
+
+    def nbytes(self) -> int:
+        """Bytes of device memory the cached operands hold."""
+        return sum(t.nbytes for _, operands in self._entries.values() for t in operands)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+# --- Operands per recipe --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A quantized GEMM operand: ``q`` and its scales ``s`` (layouts per recipe, see the functions)."""
+
+    q: Tensor
+    s: Tensor
+
+
+def _swiglu_torch(h13: Tensor) -> Tensor:
+    """bf16 ``silu(gate) * up`` as PyTorch computes it (each op rounded to bf16)."""
+    gate, up = h13.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _swiglu_backward_torch(grad_h: Tensor, h13: Tensor) -> Tensor:
+    """(M, 2H) bf16 gradient of ``silu(gate) * up`` in fp32, rounded once."""
+    gate, up = h13.float().chunk(2, dim=-1)
+    g = grad_h.float()
+    sig = torch.sigmoid(gate)
+    d_gate = g * up * sig * (1 + gate * (1 - sig))
+    return torch.cat([d_gate, g * gate * sig], dim=-1).to(torch.bfloat16)
+
+
+class Fp8Rowwise:
+    """FP8 rowwise operands (SPEC section 7): rows of activations for the 2d x 3d GEMMs, columns per
+    group for the wgrad, weights along K (forward) or N (dgrad); ``torch._scaled_grouped_mm`` with
+    fast accumulation, or its emulation."""
+
+    name = "fp8_rowwise"
+
+    def __init__(self, step: _mm._Step) -> None:
+        self.step = step
+
+    def rows(self, t: Tensor, ends: Tensor) -> Operand:
+        """Rows of t up to the last group end (a dispatch's static row count is mostly past it; the
+        GEMMs never read those rows)."""
+        return Operand(*quantize_fp8_2d(t, axis="row", group_end_offsets=ends, backend=self.step.backend))
+
+    def cols(self, t: Tensor, ends: Tensor) -> Operand:
+        return Operand(*quantize_fp8_2d(t, axis="col", group_end_offsets=ends, backend=self.step.backend))
+
+    def tokens_rows(self, tokens: QuantizedTokens) -> Operand:
+        return Operand(tokens.q, tokens.scales)
+
+    def weight(self, w: Tensor, layout: str) -> tuple:
+        return quantize_fp8_3d(w, axis="K" if layout == "fwd" else "N", backend=self.step.backend)
+
+    def weight_both(self, w: Tensor) -> tuple:
+        """``(q_k, s_k, q_n, s_n)``: both layouts from one pass pair (``quantize_fp8_3d_dual``)."""
+        return quantize_fp8_3d_dual(w, backend=self.step.backend)
+
+    def forward_mm(self, a: Operand, w: tuple, ends: Tensor) -> Tensor:
+        return _mm._fp8_gemm(a.q, w[0].transpose(-2, -1), a.s, w[1], ends, self.step)
+
+    def dgrad_mm(self, a: Operand, w: tuple, ends: Tensor) -> Tensor:
+        return _mm._fp8_gemm(a.q, w[0], a.s, w[1], ends, self.step)
+
+    def wgrad_mm(self, a: Operand, b: Operand, ends: Tensor) -> Tensor:
+        return _mm._fp8_gemm(a.q.t(), b.q, a.s, b.s, ends, self.step)
+
+    def swiglu(self, h13: Tensor, ends: Tensor, cols: bool) -> tuple[Operand, Operand | None]:
+        """h's row operand from the fused ``swiglu_quantize_fp8`` (one pass over h13's rows up to the
+        last group end: a dispatch's static row count is mostly past it) and, for w2's wgrad, its
+        column operand from the bf16 h that pass wrote."""
+        h, q, s = swiglu_quantize_fp8(h13, group_end_offsets=ends, backend=self.step.backend)
+        return Operand(q, s), (self.cols(h, ends) if cols else None)
+
+    def swiglu_backward(self, grad_h: Tensor, h13: Tensor, ends: Tensor, rows: bool, cols: bool):
+        """grad_h13's row operand from the fused ``swiglu_backward_quantize_fp8`` and its column
+        operand (w13's wgrad) from the bf16 grad_h13 it wrote."""
+        g13, q, s = swiglu_backward_quantize_fp8(
+            grad_h, h13.contiguous(), group_end_offsets=ends, backend=self.step.backend
+        )
+        return (Operand(q, s) if rows else None), (self.cols(g13, ends) if cols else None)
+
+
+class Mxfp8:
+    """MXFP8 operands (SPEC sections 2-4): one dual quantization per activation (1x32 M-groups for the
+    2d x 3d GEMMs, 32x1 K-groups for the wgrad; plain scales when emulated), weights 3D 1x32 (forward)
+    and 32x1 (dgrad); ``torch._scaled_grouped_mm`` with blocked scales (sm_100) or its emulation."""
+
+    name = "mxfp8"
+
+    def __init__(self, step: _mm._Step) -> None:
+        self.step = step
+
+    def _both(self, t: Tensor, ends: Tensor) -> tuple[Operand, Operand]:
+        q, s, q_col, s_col = _mm._mx_quantize(t, ends, self.step)
+        return Operand(q, s), Operand(q_col, s_col)
+
+    def rows(self, t: Tensor, ends: Tensor | None = None) -> Operand:
+        if ends is None or self.step.emulated:
+            return Operand(*quantize_mxfp8_2d(t, blocked_scales=False, backend=self.step.backend))
+        return Operand(*quantize_mxfp8_2d(t, group_end_offsets=ends, backend=self.step.backend))
+
+    def cols(self, t: Tensor, ends: Tensor) -> Operand:
+        return self._both(t, ends)[1]
+
+    def tokens_rows(self, tokens: QuantizedTokens) -> Operand:
+        return Operand(tokens.q, tokens.plain_scales if self.step.emulated else tokens.scales)
+
+    def weight(self, w: Tensor, layout: str) -> tuple:
+        block = "1x32" if layout == "fwd" else "32x1"
+        blocked = not self.step.emulated
+        return quantize_mxfp8_3d(w, block=block, blocked_scales=blocked, backend=self.step.backend)
+
+    def forward_mm(self, a: Operand, w: tuple, ends: Tensor) -> Tensor:
+        return _mm._mx_gemm("fwd", a.q, a.s, w[0], w[1], ends, self.step)
+
+    def dgrad_mm(self, a: Operand, w: tuple, ends: Tensor) -> Tensor:
+        return _mm._mx_gemm("dgrad", a.q, a.s, w[0], w[1], ends, self.step)
+
+    def wgrad_mm(self, a: Operand, b: Operand, ends: Tensor) -> Tensor:
+        return _mm._mx_gemm("wgrad", a.q, a.s, b.q, b.s, ends, self.step)
+
+    def swiglu(self, h13: Tensor, ends: Tensor, cols: bool) -> tuple[Operand, Operand | None]:
+        rows, col = self._both(_swiglu_torch(h13), ends)
+        return rows, (col if cols else None)
+
+    def swiglu_backward(self, grad_h: Tensor, h13: Tensor, ends: Tensor, rows: bool, cols: bool):
+        rows_op, cols_op = self._both(_swiglu_backward_torch(grad_h, h13), ends)
+        return (rows_op if rows else None), (cols_op if cols else None)
+
+
+RECIPES = {"fp8_rowwise": Fp8Rowwise, "mxfp8": Mxfp8}
+
+
+# --- The autograd function -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class ExpertsCall:
+    """One call's choices: ``step`` (recipe, emulated, backend; groups aligned), ``cache`` (or None:
+    weights quantized every call), ``tokens`` (x quantized already, or None), ``grad_enabled``
+    (grad mode at the call: off, the forward makes no backward operands)."""
+
+    step: _mm._Step
+    cache: WeightCache | None = None
+    tokens: QuantizedTokens | None = None
+    grad_enabled: bool = True
+
+
+def _weight(call: ExpertsCall, ops, name: str, w: Tensor, layout: str) -> tuple:
+    """w's operands for the ``layout`` GEMM (``"fwd"``: along K; ``"dgrad"``: along N). Cached: a
+    weight that will need both (it requires a gradient) and a recipe with a dual pass get both
+    layouts from one pass pair (w read twice, not three times) the first time either is asked for."""
+    if call.cache is None:
+        return ops.weight(w, layout)
+    if w.requires_grad and hasattr(ops, "weight_both"):
+        form = ("both", call.step.recipe, call.step.emulated)
+        both = call.cache.get(name, form, w, ops.weight_both)
+        return both[:2] if layout == "fwd" else both[2:]
+    form = (layout, call.step.recipe, call.step.emulated)  # the operands' format
+    return call.cache.get(name, form, w, lambda t: ops.weight(t, layout))
+
+
+def _x_operands(call: ExpertsCall, ops, x: Tensor, ends: Tensor, need_cols: bool):
+    """x's forward (row) operand and, when w13 needs a gradient, its wgrad (column) operand."""
+    if call.tokens is not None:
+        rows = ops.tokens_rows(call.tokens)
+        return rows, (ops.cols(call.tokens.dequantized(), ends) if need_cols else None)
+    if isinstance(ops, Mxfp8):
+        rows, cols = ops._both(x, ends)
+        return rows, (cols if need_cols else None)
+    return ops.rows(x, ends), (ops.cols(x, ends) if need_cols else None)
+
+
+class _ExpertsFn(torch.autograd.Function):
+    """The low-precision expert block (module docstring) on aligned groups ``ends``. Saves h13 (bf16,
+    the SwiGLU backward's input), x's and h's column operands (FP8, only for the weights that need a
+    gradient, none under ``torch.no_grad``) and the weights (parameters, kept anyway). The context
+    keeps no reference to quantized input tokens: a dispatch's rows are free once the forward is
+    done (its wgrad operand is the column operand saved here). Each operand the forward or the
+    backward makes is dropped after its last GEMM, so few are alive at once."""
+
+    @staticmethod
+    def forward(ctx, x, w13, w2, ends, call: ExpertsCall):
+        ops = RECIPES[call.step.recipe](call.step)
+        _, need_w13, need_w2 = _mm.wanted_grads(ctx, 3, call.grad_enabled)
+        with torch.autocast(ends.device.type, enabled=False):
+            x_rows, x_cols = _x_operands(call, ops, x, ends, need_w13)
+            h13 = ops.forward_mm(x_rows, _weight(call, ops, "w13", w13, "fwd"), ends)
+            del x_rows
+            h_rows, h_cols = ops.swiglu(h13, ends, cols=need_w2)
+            out = ops.forward_mm(h_rows, _weight(call, ops, "w2", w2, "fwd"), ends)
+        ctx.call = ExpertsCall(call.step, call.cache)  # without the tokens
+        ctx.x_dtype = x.dtype
+        saved = [t for op in (x_cols, h_cols) for t in ((None, None) if op is None else (op.q, op.s))]
+        ctx.save_for_backward(w13, w2, ends, h13, *saved)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        w13, w2, ends, h13, xq, xs, hq, hs = ctx.saved_tensors
+        x_cols = None if xq is None else Operand(xq, xs)
+        h_cols = None if hq is None else Operand(hq, hs)
+        call = ctx.call
+        ops = RECIPES[call.step.recipe](call.step)
+        need_x, need_w13, need_w2 = ctx.needs_input_grad[:3]
+        grad_x = grad_w13 = grad_w2 = None
+        g = grad_out.to(torch.bfloat16).contiguous()
+        del grad_out
+        if isinstance(ops, Mxfp8):
+            g_rows, g_cols = ops._both(g, ends)
+        else:
+            g_rows = g_cols = None
+            if need_w2:
+                g_cols = ops.cols(g, ends)
+        if need_w2:
+            grad_w2 = ops.wgrad_mm(g_cols, h_cols, ends).to(w2.dtype)
+        del g_cols, h_cols
+        if not (need_x or need_w13):
+            return grad_x, grad_w13, grad_w2, None, None
+        if g_rows is None:
+            g_rows = ops.rows(g, ends)
+        del g
+        grad_h = ops.dgrad_mm(g_rows, _weight(call, ops, "w2", w2, "dgrad"), ends)
+        del g_rows
+        d_rows, d_cols = ops.swiglu_backward(grad_h, h13, ends, rows=need_x, cols=need_w13)
+        del grad_h
+        if need_w13:
+            grad_w13 = ops.wgrad_mm(d_cols, x_cols, ends).to(w13.dtype)
+        del d_cols, x_cols
+        if need_x:
+            grad_x = ops.dgrad_mm(d_rows, _weight(call, ops, "w13", w13, "dgrad"), ends)
+            grad_x = grad_x.to(ctx.x_dtype)
+        return grad_x, grad_w13, grad_w2, None, None
+
+
+# --- bf16 ---------------------------------------------------------------------------------------------
+
+
+def _bf16_experts(x: Tensor, w13: Tensor, w2: Tensor, ends: Tensor) -> Tensor:
+    """The bf16 baseline as two ``torch._grouped_mm`` calls on the fused weight and PyTorch's SwiGLU:
+    bf16 operands (fp32 inputs cast, their gradients cast back by autograd)."""
+    bf16 = torch.bfloat16
+    h13 = _mm._Bf16GroupedMM.apply(x.to(bf16), w13.to(bf16), ends)
+    return _mm._Bf16GroupedMM.apply(_swiglu_torch(h13), w2.to(bf16), ends)
+
+
+# --- Entry point ---------------------------------------------------------------------------------------
+
+
+class _PadGroups(torch.autograd.Function):
+    """``pad_token_groups`` with its gradient (the unpad of the padded gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, ends, alignment: int, backend: str):
+        padded, start, end = pad_token_groups(x, ends, alignment=alignment, backend=backend)
+        ctx.save_for_backward(ends, start)
+        ctx.rows, ctx.backend = x.shape[0], backend
+        ctx.mark_non_differentiable(start, end)
+        return padded, start, end
+
+    @staticmethod
+    def backward(ctx, grad_padded, _grad_start, _grad_end):
+        ends, start = ctx.saved_tensors
+        grad = unpad_token_groups(
+            grad_padded.contiguous(), ends, start, num_tokens=ctx.rows, backend=ctx.backend
+        )
+        return grad, None, None, None
+
+
+class _UnpadGroups(torch.autograd.Function):
+    """``unpad_token_groups`` with its gradient (the pad of the gradient: padding rows get 0)."""
+
+    @staticmethod
+    def forward(ctx, padded, ends, start, rows: int, alignment: int, backend: str):
+        ctx.save_for_backward(ends)
+        ctx.alignment, ctx.backend = alignment, backend
+        return unpad_token_groups(padded, ends, start, num_tokens=rows, backend=backend)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (ends,) = ctx.saved_tensors
+        padded = pad_token_groups(grad.contiguous(), ends, alignment=ctx.alignment, backend=ctx.backend)[0]
+        return padded, None, None, None, None, None
+
+
+def experts_forward(
+    x: Tensor | QuantizedTokens,
+    w13: Tensor,
+    w2: Tensor,
+    ends: Tensor,
+    step: _mm._Step,
+    cache: WeightCache | None = None,
+) -> Tensor:
+    """The expert block (module docstring) without checks: x (M, D) bf16/fp32 or
+    :class:`QuantizedTokens`; w13 (E, 2H, D), w2 (E, D, H) bf16/fp32; ``ends`` (E,) int32; ``step``
+    the recipe, GEMM path and backend, ``step.aligned`` whether the groups start on the recipe's
+    alignment (``QuantizedTokens`` always do). Returns (M, D) in :func:`output_dtype`."""
+    tokens = x if isinstance(x, QuantizedTokens) else None
+    device = ends.device
+    grad_enabled = torch.is_grad_enabled()
+    if tokens is not None:
+        anchor = tokens.anchor()
+        dtype = output_dtype(torch.bfloat16, device)
+        out = _ExpertsFn.apply(anchor, w13, w2, ends, ExpertsCall(step, cache, tokens, grad_enabled))
+        return out if out.dtype == dtype else out.to(dtype)
+    dtype = output_dtype(x.dtype, device)
+    if step.recipe == "bf16":
+        out = _bf16_experts(x, w13, w2, ends)
+    elif step.aligned:
+        out = _ExpertsFn.apply(x, w13, w2, ends, ExpertsCall(step, cache, None, grad_enabled))
+    else:
+        alignment = _mm.GROUP_ALIGNMENT[step.recipe]
+        padded, start, end = _PadGroups.apply(x, ends, alignment, step.backend)
+        aligned = _mm._Step(step.recipe, step.emulated, True, step.backend)
+        call = ExpertsCall(aligned, cache, None, grad_enabled)
+        out = _ExpertsFn.apply(padded, w13, w2, end, call)
+        out = _UnpadGroups.apply(out, ends, start, x.shape[0], alignment, step.backend)
+    return out if out.dtype == dtype else out.to(dtype)
+
+
+__all__ = [
+    "ExpertsCall",
+    "QuantizedTokens",
+    "WeightCache",
+    "experts_forward",
+    "invalidate_weight_caches",
+    "output_dtype",
+]

@@ -1,0 +1,429 @@
+"""The grouped-GEMM training op (SPEC section 8; docs/contract.md, "Grouped GEMM training op").
+
+``scaled_grouped_mm(x, w, group_end_offsets, recipe=...)``: ``y[rows of g] = x[rows of g] @ w[g].T``
+for x (M, K) bf16 and w (E, N, K) bf16, differentiable in x and w. Per recipe, forward and backward
+quantize with this package's kernels and run three grouped GEMMs:
+
+- forward ``y = x @ w.T`` (2d x 3d, token groups along M);
+- dgrad ``grad_x = grad_y @ w`` (2d x 3d);
+- wgrad ``grad_w[g] = grad_y[g].T @ x[g]`` (2d x 2d, token groups along the contraction).
+
+The FP8 wgrad GEMM needs every token group to start on a 16-row boundary (32 for MXFP8): the op pads
+x and grad_y with :func:`pad_token_groups` and quantizes the padded copies for it, so any group sizes
+work and nothing syncs. FP8 rowwise quantizes the rows of x and grad_y unpadded (its 2d x 3d GEMM
+takes any group sizes); MXFP8 runs every GEMM on the padded copies and unpads the outputs
+(notes/grouped-gemm-op.md).
+
+GEMM paths: ``"native"`` runs ``torch._scaled_grouped_mm`` (FP8 rowwise on sm_90 / sm_100, MXFP8 on
+sm_100); ``"emulated"`` dequantizes the exact quantized operands to bf16 and runs
+``torch._grouped_mm``, for testing the numerics where the native GEMM is missing (CPU; MXFP8 on
+Hopper). It is slower than the bf16 recipe. ``gemm="auto"`` takes the native path where it exists
+and otherwise the emulation *with a one-time warning*; ``gemm="native"`` raises instead.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from .. import checks, reference
+from ..pad import pad_token_groups, unpad_token_groups
+from ..quantize_3d import quantize_mxfp8_3d
+from ..quantize_dual import quantize_mxfp8_2d_dual
+from ..quantize_fp8 import quantize_fp8_2d, quantize_fp8_3d
+from .tokens import QuantizedTokens, dequant_mx
+
+RECIPES = checks.GROUPED_MM_RECIPES
+# Token-group alignment each recipe's wgrad GEMM needs (its group starts must be 16-byte aligned
+# along the token dimension; MXFP8's 32-row scale blocks must not straddle groups).
+GROUP_ALIGNMENT = {"fp8_rowwise": 16, "mxfp8": 32, "bf16": 1}
+# GPU major versions where torch._scaled_grouped_mm runs the recipe.
+_NATIVE_MAJORS = {"fp8_rowwise": (9, 10), "mxfp8": (10,)}
+_warned: set[tuple[str, str]] = set()
+
+
+def native_gemm_reason(recipe: str, device: torch.device) -> str | None:
+    """``None`` when ``torch._scaled_grouped_mm`` runs ``recipe`` on ``device``, else why not."""
+    if recipe == "bf16":
+        return None
+    if device.type != "cuda":
+        return f"torch._scaled_grouped_mm needs a CUDA device, the tensors are on {device.type}"
+    capability = torch.cuda.get_device_capability(device)
+    if capability[0] not in _NATIVE_MAJORS[recipe]:
+        arches = " or ".join(f"sm_{m}0" for m in _NATIVE_MAJORS[recipe])
+        here = f"sm_{capability[0]}{capability[1]}"
+        return f"recipe {recipe!r} needs {arches} for torch._scaled_grouped_mm, this GPU is {here}"
+    return None
+
+
+def gemm_path_quiet(recipe: str, device: torch.device) -> str:
+    """What ``gemm="auto"`` runs for ``recipe`` on ``device`` (``"native"`` / ``"emulated"``), with no
+    warning: ``torch_bindings.capabilities`` reports it."""
+    return "native" if native_gemm_reason(recipe, device) is None else "emulated"
+
+
+def gemm_path(recipe: str, device: torch.device, gemm: str = "auto") -> str:
+    """``"native"`` or ``"emulated"``: the GEMMs a call with these arguments runs. ``gemm="native"``
+    raises ``RuntimeError`` where the native GEMM is missing; ``"auto"`` then picks the emulation and
+    warns once per (recipe, device type)."""
+    reason = native_gemm_reason(recipe, device)
+    if gemm == "emulated" and recipe != "bf16":
+        return "emulated"
+    if reason is None:
+        return "native"
+    if gemm == "native":
+        raise RuntimeError(f"scaled_grouped_mm: gemm='native' cannot run here: {reason}")
+    key = (recipe, device.type)
+    # Under torch.compile the choice is made while tracing and the warning is not raised (the
+    # contract says so: gemm="native" is the strict choice there).
+    if key not in _warned and not torch.compiler.is_compiling():
+        _warned.add(key)
+        warnings.warn(
+            f"scaled_grouped_mm: {reason}; running the {recipe} EMULATION (dequantized operands, bf16 "
+            "torch._grouped_mm): same quantization numerics, slower than recipe='bf16'. Pass "
+            "gemm='native' to make this an error, gemm='emulated' to silence it.",
+            stacklevel=3,
+        )
+    return "emulated"
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What one call runs: the recipe, whether its GEMMs are emulated, whether the caller's
+    groups already start on the recipe's alignment (``aligned``: offsets made by
+    ``pad_token_groups`` with that alignment; the op then pads nothing), and the ``backend`` of its
+    quantization and padding ops."""
+
+    recipe: str
+    emulated: bool
+    aligned: bool
+    backend: str = "auto"
+
+    @property
+    def alignment(self) -> int:
+        return GROUP_ALIGNMENT[self.recipe]
+
+
+@dataclass(frozen=True)
+class _Groups:
+    """The token groups of one call: ``ends`` the caller's end offsets (G,) int32, ``rows`` M, and
+    the aligned layout the wgrad operands use: ``padded_start``/``padded_end`` (G,) int32 (the
+    caller's ends when ``aligned``)."""
+
+    ends: torch.Tensor
+    rows: int
+    padded_start: torch.Tensor | None
+    padded_end: torch.Tensor
+
+
+def _aligned(t: torch.Tensor, groups: _Groups, step: _Step) -> torch.Tensor:
+    """``t`` itself when the caller's groups are aligned, else its padded copy (groups.padded_*)."""
+    if step.aligned:
+        return t
+    return pad_token_groups(t, groups.ends, alignment=step.alignment, backend=step.backend)[0]
+
+
+def _unpad(t_padded: torch.Tensor, groups: _Groups, step: _Step) -> torch.Tensor:
+    return unpad_token_groups(
+        t_padded, groups.ends, groups.padded_start, num_tokens=groups.rows, backend=step.backend
+    )
+
+
+def wgrad_mm(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """bf16 ``torch._grouped_mm`` 2d x 2d (a (N, Mp), b (Mp, K), groups along Mp) -> (G, N, K). An
+    empty group's slice is 0: the CUDA kernel writes it so; the CPU fallback leaves it unwritten, so
+    on CPU it is masked here (a pass over the output, CPU only)."""
+    out = torch._grouped_mm(a, b, ends)
+    if out.device.type == "cpu":
+        sizes = ends - torch.cat([ends.new_zeros(1), ends[:-1]])
+        out = torch.where((sizes > 0).view(-1, 1, 1), out, out.new_zeros(()))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The output dtype
+# ----------------------------------------------------------------------------------------------
+
+
+def output_dtype(x_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The block's output dtype: the autocast dtype under autocast, else x's (bf16 or fp32)."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return x_dtype
+
+
+# ----------------------------------------------------------------------------------------------
+# fp8_rowwise
+# ----------------------------------------------------------------------------------------------
+
+
+def _dequant_rows_fp8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """bf16 ``q * scales[..., None, :]`` for a 3d operand (E, Kc, N) with scales (E, N), or
+    ``q * scales[:, None]`` for a 2d operand (M, Kc) with scales (M,)."""
+    if q.dim() == 3:
+        return (q.float() * scales.view(q.shape[0], 1, q.shape[2])).to(torch.bfloat16)
+    return (q.float() * scales[:, None]).to(torch.bfloat16)
+
+
+def _dequant_group_cols_fp8(q: torch.Tensor, scales: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """bf16 ``q[m, c] * scales[g(m) * C + c]`` for q (Mp, C), g(m) the group of row m (rows past the
+    last end use the last group's scales; their q is 0)."""
+    groups = ends.numel()
+    rows = torch.arange(q.shape[0], device=q.device, dtype=ends.dtype)
+    g = reference._group_of(rows, ends).clamp_(max=groups - 1)
+    return (q.float() * scales.view(groups, -1)[g]).to(torch.bfloat16)
+
+
+def _fp8_gemm(a, b, scale_a, scale_b, ends, step: _Step) -> torch.Tensor:
+    """The FP8 rowwise grouped GEMM (fast accumulation, as torchao's recipe): 2d x 3d (a (M, Kc)
+    row-major, scale_a (M,); b (E, Kc, N) column-major, scale_b (E, N)) or 2d x 2d (a (N, Mp)
+    row-major, b (Mp, K) column-major, group-major scales (G N,) and (G K,)); groups along M or
+    along Mp by ``ends``."""
+    if not step.emulated:
+        return torch._scaled_grouped_mm(
+            a, b, scale_a, scale_b, ends, out_dtype=torch.bfloat16, use_fast_accum=True
+        )
+    if b.dim() == 3:
+        return torch._grouped_mm(_dequant_rows_fp8(a, scale_a), _dequant_rows_fp8(b, scale_b), ends)
+    a_dq = _dequant_group_cols_fp8(a.t(), scale_a, ends).t()
+    return wgrad_mm(a_dq, _dequant_group_cols_fp8(b, scale_b, ends), ends)
+
+
+def _fp8_cols(t_aligned: torch.Tensor, groups: _Groups, step: _Step):
+    return quantize_fp8_2d(t_aligned, axis="col", group_end_offsets=groups.padded_end, backend=step.backend)
+
+
+def _fp8_forward(x, w, groups: _Groups, x_aligned, step: _Step, need_w: bool, tokens):
+    """y (M, N) and what backward keeps: x's wgrad operand (q_col, s_col) when w needs a gradient.
+    Quantized ``tokens`` give the forward operand as they are and the wgrad operand from their
+    dequantized rows."""
+    q_w, s_w = quantize_fp8_3d(w, axis="K", backend=step.backend)
+    if tokens is not None:
+        q, s = tokens.q, tokens.scales
+        cols = _fp8_cols(tokens.dequantized(), groups, step) if need_w else (None, None)
+    else:
+        q, s = quantize_fp8_2d(x, axis="row", group_end_offsets=groups.ends, backend=step.backend)
+        cols = _fp8_cols(x_aligned, groups, step) if need_w else (None, None)
+    y = _fp8_gemm(q, q_w.transpose(-2, -1), s, s_w, groups.ends, step)
+    return y, cols
+
+
+def _fp8_backward(grad_y, w, groups: _Groups, saved, step: _Step, need_x: bool, need_w: bool):
+    """Rows of grad_y for the dgrad (the caller's groups: any sizes) and columns of its aligned copy
+    for the wgrad, each only when its gradient is asked for (rows and columns in two kernels rather
+    than the dual: on H200 they run nearer copy speed, notes/grouped-gemm-op.md)."""
+    q_col_x, s_col_x = saved
+    grad_x = grad_w = None
+    if need_x:
+        q, s = quantize_fp8_2d(grad_y, axis="row", group_end_offsets=groups.ends, backend=step.backend)
+        # (E, N, K) column-major: dgrad's right operand
+        q_w, s_w = quantize_fp8_3d(w, axis="N", backend=step.backend)
+        grad_x = _fp8_gemm(q, q_w, s, s_w, groups.ends, step)
+    if need_w:
+        q_col, s_col = _fp8_cols(_aligned(grad_y, groups, step), groups, step)
+        grad_w = _fp8_gemm(q_col.t(), q_col_x, s_col, s_col_x, groups.padded_end, step)
+    return grad_x, grad_w
+
+
+# ----------------------------------------------------------------------------------------------
+# mxfp8
+# ----------------------------------------------------------------------------------------------
+
+
+def _mx_quantize(t: torch.Tensor, ends: torch.Tensor, step: _Step):
+    """``(q_1x32, s_1x32, q_32x1, s_32x1)`` of an aligned (Mp, C): blocked M-/K-groups scales for the
+    native GEMM, plain scales for the emulation (the groups start on 32-row boundaries, so the
+    blocks and their values are the same)."""
+    if step.emulated:
+        return quantize_mxfp8_2d_dual(t, blocked_scales=False, backend=step.backend)
+    return quantize_mxfp8_2d_dual(t, group_end_offsets=ends, backend=step.backend)
+
+
+def _mx_gemm_emulated(kind: str, a, sa, b, sb, ends) -> torch.Tensor:
+    """The emulated GEMMs on plain scales: ``"fwd"`` a 1x32 (Mp, K), b 1x32 (E, N, K);
+    ``"dgrad"`` a 1x32 (Mp, N), b 32x1 (E, N, K) column-major with scales (E, K, N/32);
+    ``"wgrad"`` a = grad_y 32x1 (Mp, N), b = x 32x1 (Mp, K), scales (N, Mp/32) and (K, Mp/32)."""
+    if kind == "fwd":
+        return torch._grouped_mm(dequant_mx(a, sa), dequant_mx(b, sb).transpose(-2, -1), ends)
+    if kind == "dgrad":
+        return torch._grouped_mm(
+            dequant_mx(a, sa), dequant_mx(b.transpose(-2, -1), sb).transpose(-2, -1), ends
+        )
+    return wgrad_mm(dequant_mx(a.t(), sa), dequant_mx(b.t(), sb).t(), ends)
+
+
+def _mx_gemm(kind: str, a, sa, b, sb, ends, step: _Step) -> torch.Tensor:
+    if step.emulated:
+        return _mx_gemm_emulated(kind, a, sa, b, sb, ends)
+    if b.dim() == 3:  # a 3-D operand takes its per-expert blocked scales flattened: (E, Rp Cp)
+        sb = sb.reshape(sb.shape[0], -1)
+    if kind == "fwd":
+        b = b.transpose(-2, -1)
+    elif kind == "wgrad":
+        a = a.t()
+    return torch._scaled_grouped_mm(a, b, sa, sb, offs=ends, out_dtype=torch.bfloat16)
+
+
+def _mx_forward(x, w, groups: _Groups, x_aligned, step: _Step, need_w: bool, tokens):
+    """MXFP8 operands always come from the aligned copy (the 1x32 GEMM operands too): one dual
+    quantization gives the forward's 1x32 operand and the wgrad's 32x1 operand (kept for backward).
+    Quantized ``tokens`` give the 1x32 operand as they are and the 32x1 one from their dequantized
+    rows."""
+    if tokens is not None:
+        q, s = tokens.q, (tokens.plain_scales if step.emulated else tokens.scales)
+        q_col = s_col = None
+        if need_w:
+            _, _, q_col, s_col = _mx_quantize(tokens.dequantized(), groups.padded_end, step)
+    else:
+        q, s, q_col, s_col = _mx_quantize(x_aligned, groups.padded_end, step)
+    q_w, s_w = quantize_mxfp8_3d(w, block="1x32", blocked_scales=not step.emulated, backend=step.backend)
+    out = _mx_gemm("fwd", q, s, q_w, s_w, groups.padded_end, step)
+    return (out if step.aligned else _unpad(out, groups, step)), (q_col, s_col)
+
+
+def _mx_backward(grad_y, w, groups: _Groups, saved, step: _Step, need_x: bool, need_w: bool):
+    q_col_x, s_col_x = saved
+    q, s, q_col, s_col = _mx_quantize(_aligned(grad_y, groups, step), groups.padded_end, step)
+    grad_x = grad_w = None
+    if need_x:
+        blocked = not step.emulated
+        q_w, s_w = quantize_mxfp8_3d(w, block="32x1", blocked_scales=blocked, backend=step.backend)
+        grad_x = _mx_gemm("dgrad", q, s, q_w, s_w, groups.padded_end, step)
+        grad_x = grad_x if step.aligned else _unpad(grad_x, groups, step)
+    if need_w:
+        grad_w = _mx_gemm("wgrad", q_col, s_col, q_col_x, s_col_x, groups.padded_end, step)
+    return grad_x, grad_w
+
+
+_FORWARD = {"fp8_rowwise": _fp8_forward, "mxfp8": _mx_forward}
+_BACKWARD = {"fp8_rowwise": _fp8_backward, "mxfp8": _mx_backward}
+
+
+# ----------------------------------------------------------------------------------------------
+# The autograd function
+# ----------------------------------------------------------------------------------------------
+
+
+def wanted_grads(ctx, count: int, grad_enabled: bool) -> tuple[bool, ...]:
+    """The first ``count`` of ``ctx.needs_input_grad``, all False when grad mode was off at the
+    call (``grad_enabled``, read by the caller: inside ``forward`` grad mode is always off). Under
+    ``torch.no_grad`` autograd still reports the inputs' ``requires_grad``, but no backward will
+    run, so a forward must not make backward-only operands then."""
+    if not grad_enabled:
+        return (False,) * count
+    return tuple(ctx.needs_input_grad[:count])
+
+
+def _tokens_groups(ends: torch.Tensor) -> _Groups:
+    """Quantized tokens come in aligned groups: their ends are the aligned layout's."""
+    return _Groups(ends, 0, None, ends)
+
+
+def _groups(x: torch.Tensor, ends: torch.Tensor, step: _Step):
+    """The call's groups and x's aligned copy (x itself when already aligned; else the pad, which
+    also yields the aligned offsets every later GEMM and the backward reuse)."""
+    if step.aligned:
+        return _Groups(ends, x.shape[0], None, ends), x
+    x_padded, start, end = pad_token_groups(x, ends, alignment=step.alignment, backend=step.backend)
+    return _Groups(ends, x.shape[0], start, end), x_padded
+
+
+class _ScaledGroupedMM(torch.autograd.Function):
+    """Forward and backward of one recipe (module docstring). Backward keeps x's quantized wgrad
+    operand (1 byte per element: half of x in bf16) rather than x, and w (a parameter, kept
+    anyway); w's backward quantization (along N) is recomputed, not stored."""
+
+    @staticmethod
+    def forward(ctx, x, w, ends, step: _Step, tokens=None, grad_enabled: bool = True):
+        need_w = wanted_grads(ctx, 2, grad_enabled)[1]
+        with torch.autocast(ends.device.type, enabled=False):
+            groups, x_aligned = _groups(x, ends, step) if tokens is None else (_tokens_groups(ends), x)
+            y, saved = _FORWARD[step.recipe](x, w, groups, x_aligned, step, need_w, tokens)
+        ctx.save_for_backward(w, ends, groups.padded_start, groups.padded_end, *saved)
+        ctx.step, ctx.rows, ctx.x_dtype = step, x.shape[0], x.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        w, ends, padded_start, padded_end, *saved = ctx.saved_tensors
+        need_x, need_w = ctx.needs_input_grad[:2]
+        groups = _Groups(ends, ctx.rows, padded_start, padded_end)
+        grad_y = grad_y.to(torch.bfloat16).contiguous()
+        backward = _BACKWARD[ctx.step.recipe]
+        grad_x, grad_w = backward(grad_y, w, groups, saved, ctx.step, need_x, need_w)
+        grad_x = None if grad_x is None else grad_x.to(ctx.x_dtype)
+        grad_w = None if grad_w is None else grad_w.to(w.dtype)
+        return grad_x, grad_w, None, None, None, None
+
+
+class _Bf16GroupedMM(torch.autograd.Function):
+    """The bf16 baseline: ``torch._grouped_mm`` forward, dgrad and wgrad (any group sizes)."""
+
+    @staticmethod
+    def forward(ctx, x, w, ends):
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, w, ends)
+        return torch._grouped_mm(x, w.transpose(-2, -1), ends)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, w, ends = ctx.saved_tensors
+        need_x, need_w = ctx.needs_input_grad[:2]
+        grad_y = grad_y.to(torch.bfloat16).contiguous()
+        grad_x = torch._grouped_mm(grad_y, w, ends) if need_x else None
+        grad_w = wgrad_mm(grad_y.t(), x, ends) if need_w else None
+        return grad_x, grad_w, None
+
+
+def grouped_mm_apply(x, w, ends, step: _Step) -> torch.Tensor:
+    """The op without checks, for callers that padded the groups themselves: ``step.aligned``
+    promises ``ends`` came from ``pad_token_groups`` (or a dispatch) with the recipe's alignment.
+    x (M, K) bf16/fp32 or :class:`QuantizedTokens`; w (E, N, K) bf16/fp32. Returns y (M, N) in the
+    autocast dtype under autocast, else x's dtype (bf16 for quantized tokens)."""
+    tokens = x if isinstance(x, QuantizedTokens) else None
+    if tokens is not None:
+        x = tokens.anchor()
+    dtype = output_dtype(x.dtype, ends.device)
+    if step.recipe == "bf16":
+        y = _Bf16GroupedMM.apply(x.to(torch.bfloat16), w.to(torch.bfloat16), ends)
+    else:
+        y = _ScaledGroupedMM.apply(x, w, ends, step, tokens, torch.is_grad_enabled())
+    return y if y.dtype == dtype else y.to(dtype)
+
+
+def scaled_grouped_mm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    group_end_offsets: torch.Tensor,
+    *,
+    recipe: str = "fp8_rowwise",
+    out_dtype: torch.dtype = torch.bfloat16,
+    gemm: str = "auto",
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Grouped GEMM ``y[rows of g] = x[rows of g] @ w[g].T`` with low-precision operands (SPEC
+    section 8), differentiable in x and w.
+
+    x (M, K) bf16 or fp32 contiguous, or :class:`QuantizedTokens` of the recipe (the dispatch's q,
+    scales and padded groups: the forward GEMM takes them as they are); w (E, N, K) bf16 or fp32
+    contiguous (one ``nn.Linear`` weight per expert; fp32 master weights are quantized directly);
+    ``group_end_offsets`` (E,) int32 on x's device, non-decreasing, last <= M, any group sizes
+    (empty groups allowed: their slice of grad_w is 0). Rows of x past the last group's end belong to
+    no group: their rows of y and grad_x are unspecified (as with ``torch._grouped_mm``). Returns y
+    (M, N) in the autocast dtype under ``torch.autocast``, else x's dtype (bf16 for quantized
+    tokens); gradients come back in each input's dtype, only those ``needs_input_grad`` asks for.
+    Recipes: ``"fp8_rowwise"`` (SPEC section 7 operands; K, N multiples of 16), ``"mxfp8"`` (SPEC
+    sections 2-4 operands; K, N multiples of 32), ``"bf16"`` (``torch._grouped_mm``; K, N multiples
+    of 8). ``gemm``: ``"auto"`` (native GEMM, or the emulation with a one-time warning),
+    ``"native"`` (error where missing) or ``"emulated"`` (see the module docstring and
+    :func:`gemm_path`). ``backend``: the quantization and padding ops' (``"auto"``: the kernels on a
+    supported GPU, the reference on CPU, an error on a CUDA device where the kernels cannot run;
+    ``"reference"`` asks for the slow reference explicitly). No host sync in forward or backward
+    (``backend="reference"`` may sync); works under ``torch.compile`` and CUDA graphs.
+    """
+    checks.check_scaled_grouped_mm(x, w, group_end_offsets, recipe, out_dtype, gemm, backend)
+    quantized = isinstance(x, QuantizedTokens)
+    emulated = gemm_path(recipe, group_end_offsets.device, gemm) == "emulated"
+    step = _Step(recipe, emulated, aligned=quantized, backend=backend)
+    return grouped_mm_apply(x, w, group_end_offsets, step)
