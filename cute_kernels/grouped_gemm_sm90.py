@@ -213,8 +213,8 @@ class GroupedGemmSm90Kernel(Kernel):
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             Float8E4M3FN,
             Float8E4M3FN,
-            warpgroup.OperandMajorMode.K,
-            warpgroup.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
             Float32,
             (CONSUMER_WARPGROUPS, 1, 1),
             (TILE_M // CONSUMER_WARPGROUPS, self.tile_n),
