@@ -27,6 +27,9 @@ class Kernel:
 
     #: Registry name (``cute_kernels.registry``); also the configs' function name.
     name: ClassVar[str] = ""
+    #: The archs the kernel compiles for (an sm_90a-only kernel, e.g. wgmma, says so here; the
+    #: SASS tool and tests build it for these alone).
+    archs: ClassVar[tuple[str, ...]] = ("sm_90a", "sm_100a")
 
     def __init__(self, variant: Any, config: Any) -> None:
         self.variant = variant
@@ -65,6 +68,9 @@ class Kernel:
     @classmethod
     def compile(cls, variant: Any, arch: str, *, config: Any = None, options: str = "") -> Any:
         """``cute.compile`` the launcher of ``variant`` for ``arch`` with TVM-FFI on the env stream;
-        ``options`` are appended (``cute_utils.sass.compile_options`` keeps the cubin)."""
+        ``options`` are appended (``cute_utils.sass.compile_options`` keeps the cubin). ``ValueError``
+        for an arch not in :attr:`archs`."""
+        if arch not in cls.archs:
+            raise ValueError(f"{cls.name} compiles for {', '.join(cls.archs)} only, not {arch}")
         kernel = cls(variant, config if config is not None else cls.default_config(variant, arch))
         return compile_tvm_ffi(kernel.launcher(), cls.fake_arguments(variant), arch, options)

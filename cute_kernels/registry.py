@@ -46,7 +46,8 @@ class KernelEntry:
         return self.kernel_class().compile(variant, arch, config=config, options=options)
 
     def sass_targets(self) -> dict[str, Callable[[str], object]]:
-        """``{target name: build(arch)}`` for every variant, compiled with the cubin kept."""
+        """``{target name: build(arch)}`` for every variant, compiled with the cubin kept; each build
+        carries ``archs``, the archs the kernel compiles for (``Kernel.archs``)."""
         cls = self.kernel_class()
 
         def build(variant: Any) -> Callable[[str], object]:
@@ -55,6 +56,7 @@ class KernelEntry:
 
                 return cls.compile(variant, arch, options=compile_options(arch))
 
+            compile_for.archs = cls.archs
             return compile_for
 
         return {cls.target_name(v): build(v) for v in cls.variants()}
@@ -81,6 +83,9 @@ KERNELS: dict[str, KernelEntry] = {
         KernelEntry("swiglu_fp8", "cute_kernels.swiglu", "SwigluFp8Kernel"),
         KernelEntry("dequantize_fp8_rows", "cute_kernels.dequant_fp8", "DequantFp8RowsKernel"),
         KernelEntry("quantize_tma", "cute_kernels.experimental.quantize_tma", "QuantizeTmaKernel", False),
+        KernelEntry(
+            "grouped_gemm_sm90", "cute_kernels.grouped_gemm_sm90", "GroupedGemmSm90Kernel", False, False
+        ),
     )
 }
 

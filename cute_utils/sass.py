@@ -742,7 +742,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     The registry contract: ``cute_kernels.sass_targets()`` returns ``dict[str, Callable[[str], obj]]``
     mapping a target name to a function that takes an arch string (``"sm_90a"``) and returns a fresh
     ``cute.compile`` result compiled with ``options=cute_utils.sass.compile_options(arch)`` (extra
-    options such as ``--enable-tvm-ffi`` may be appended through its ``extra`` argument).
+    options such as ``--enable-tvm-ffi`` may be appended through its ``extra`` argument). A function
+    with an ``archs`` attribute (a tuple of arch strings) is built for those archs alone; the others
+    are skipped (and left out of ``--hash``).
 
     Returns the exit status: 0, 1 if some target failed to compile or disassemble, 2 on usage errors.
     """
@@ -802,6 +804,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = 0
     for name in names:
         for arch in archs:
+            if arch not in getattr(targets[name], "archs", (arch,)):
+                if not args.hash:
+                    print(
+                        f"=== {name} [{arch}]: not built (the kernel compiles for "
+                        f"{', '.join(targets[name].archs)} only)",
+                        flush=True,
+                    )
+                continue
             if not args.hash:
                 print(f"=== {name} [{arch}]", flush=True)
             try:

@@ -59,6 +59,7 @@ __all__ = [
     "e4m3_saturated",
     "e8m0_scale_bits",
     "fp8_quant_scale",
+    "grouped_gemm_fp8_rowwise_reference",
     "inverse_scale",
     "pad_and_quantize_mxfp8_2d",
     "pad_token_groups",
@@ -797,6 +798,47 @@ def quantize_fp8_3d_dual(
     q_k, s_k = quantize_fp8_3d(w, axis="K", round_scales_to_power_of_2=round_scales_to_power_of_2)
     q_n, s_n = quantize_fp8_3d(w, axis="N", round_scales_to_power_of_2=round_scales_to_power_of_2)
     return q_k, s_k, q_n, s_n
+
+
+def _clamped_group_bounds(group_end_offsets: Tensor, total: int) -> list[tuple[int, int]]:
+    """``(start, end)`` per group as the kernels read end offsets: each end clamped to ``[0, total]``,
+    a group whose end is below its start empty."""
+    bounds, start = [], 0
+    for end in group_end_offsets.tolist():
+        end = max(min(max(end, 0), total), start)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def grouped_gemm_fp8_rowwise_reference(
+    form: str, a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, group_end_offsets: Tensor
+) -> Tensor:
+    """The FP8 rowwise grouped GEMM in fp32 math, bf16 out, with the operands of the sm_90a kernel
+    (``cute_kernels.grouped_gemm_sm90``; products of e4m3 values are exact in fp32, the sums'
+    order is torch's). ``form="2d3d"``: a (M, K) e4m3, b (E, N, K) e4m3, scale_a (M,), scale_b
+    (E, N) -> y (M, N), ``y[rows of g] = (a[rows] @ b[g].T) * scale_a[rows, None] * scale_b[g]``;
+    rows past the last end are 0 here (the kernel leaves them unwritten). ``form="2d2d"``: a (N, M),
+    b (K, M) e4m3, scale_a (G*N,), scale_b (G*K,) group-major -> out (G, N, K), ``out[g] = (a[:,
+    rows] @ b[:, rows].T) * scale_a[g*N:(g+1)*N, None] * scale_b[g*K:(g+1)*K]``; an empty group's
+    slice is 0. Scales multiply the fp32 sum in that order."""
+    af, bf = a.to(torch.float32), b.to(torch.float32)
+    if form == "2d3d":
+        y = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32, device=a.device)
+        for g, (start, end) in enumerate(_clamped_group_bounds(group_end_offsets, a.shape[0])):
+            acc = af[start:end] @ bf[g].t()
+            y[start:end] = acc * scale_a[start:end, None] * scale_b[g][None, :]
+        return y.to(torch.bfloat16)
+    if form != "2d2d":
+        raise ValueError(f"form must be '2d3d' or '2d2d', got {form!r}")
+    (n, m), k = a.shape, b.shape[0]
+    bounds = _clamped_group_bounds(group_end_offsets, m)
+    out = torch.zeros(len(bounds), n, k, dtype=torch.float32, device=a.device)
+    for g, (start, end) in enumerate(bounds):
+        if end > start:
+            acc = af[:, start:end] @ bf[:, start:end].t()
+            out[g] = acc * scale_a[g * n : (g + 1) * n, None] * scale_b[g * k : (g + 1) * k][None, :]
+    return out.to(torch.bfloat16)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -220,3 +220,12 @@ def quantize_tma(variant):
     from cute_kernels.experimental.quantize_tma import TmaQuantizeConfig
 
     return TmaQuantizeConfig()
+
+
+# --- grouped GEMM, experimental (notes/grouped-gemm-sm90.md) ---
+# Not measured yet: a (128, 128) tile and a 4-deep ring (128 KiB), CUTLASS's Hopper register split
+# (40 producer / 232 consumer registers).
+def grouped_gemm_sm90(variant):
+    from cute_kernels.grouped_gemm_sm90 import GroupedGemmConfig
+
+    return GroupedGemmConfig()

@@ -322,6 +322,25 @@ def test_cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.Cap
     assert "sass_targets" in capsys.readouterr().err
 
 
+@needs_nvdisasm
+def test_cli_skips_archs_a_target_does_not_build(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A target whose build carries ``archs`` (an sm_90a-only kernel) is built for those alone."""
+
+    def copy(arch: str) -> object:
+        assert arch == "sm_90a", "never asked for another arch"
+        return _compile("copy", arch)
+
+    copy.archs = ("sm_90a",)
+    _fake_registry(monkeypatch, {"copy": copy})
+    assert sass.main(["copy", "--arch", "all", "--hash"]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert [line.split()[:2] for line in lines if line] == [["copy", "sm_90a"]]
+    assert sass.main(["copy", "--arch", "sm_100a"]) == 0
+    assert "not built" in capsys.readouterr().out
+
+
 def test_cli_module_entry_point() -> None:
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(

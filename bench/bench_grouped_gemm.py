@@ -1,0 +1,134 @@
+"""FP8 grouped GEMM on Hopper: the sm_90a cute kernel vs torch._scaled_grouped_mm and bf16 torch._grouped_mm.
+
+TFLOP/s (2 M N K / time) at the bench_moe shapes with skewed groups (``bench.common.groups``), for
+the three GEMMs of an expert layer: forward (y = x w^T, 2d3d), dgrad (grad_x = grad_y w, 2d3d with
+w quantized along N) and wgrad (grad_w = grad_y^T x per group, 2d2d). The FP8 operands are
+quantized once, outside the timing (SPEC section 7 layouts). torch's FP8 wgrad needs groups of 16
+rows but the last: its wgrad operands are built from groups rounded down to 16 (the same M), ours
+take the skewed groups as they are. Needs an sm_90 GPU (the cute kernel is sm_90a only); without a
+CUDA GPU it exits 2.
+
+    python -m bench.bench_grouped_gemm [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bench.common.cli import make_parser, output_paths, progress
+from bench.common.device import cuda_or_none
+from bench.common.groups import skewed_group_ends
+from bench.common.report import report
+from bench.common.timing import time_cuda
+
+
+@dataclass(frozen=True)
+class Shape:
+    experts: int
+    tokens: int
+    dim: int  # K of the forward
+    hidden: int  # N of the forward
+
+    @property
+    def name(self) -> str:
+        return f"E{self.experts} M{self.tokens} K{self.dim} N{self.hidden}"
+
+
+SHAPES = (Shape(8, 16384, 7168, 2048), Shape(16, 16384, 5120, 8192))
+
+
+def _operands(s: Shape, device: torch.device, ends: list[int]):
+    """Quantized operands of the three GEMMs (reference quantizers, on the GPU)."""
+    from torch_bindings import reference as ref
+
+    x = torch.randn(s.tokens, s.dim, device=device, dtype=torch.bfloat16)
+    w = (torch.randn(s.experts, s.hidden, s.dim, device=device) * 0.02).to(torch.bfloat16)
+    grad_y = torch.randn(s.tokens, s.hidden, device=device, dtype=torch.bfloat16)
+    offsets = torch.tensor(ends, dtype=torch.int32, device=device)
+    q_x, s_x = ref.quantize_fp8_2d(x, axis="row")
+    q_w, s_w = ref.quantize_fp8_3d(w, axis="K")
+    q_gy, s_gy = ref.quantize_fp8_2d(grad_y, axis="row")
+    q_wn, s_wn = ref.quantize_fp8_3d(w, axis="N")
+    qc_gy, sc_gy = ref.quantize_fp8_2d(grad_y, axis="col", group_end_offsets=offsets)
+    qc_x, sc_x = ref.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets)
+    return dict(x=x, w=w, grad_y=grad_y, offsets=offsets, fwd=(q_x, q_w, s_x, s_w),
+                dgrad=(q_gy, q_wn, s_gy, s_wn), wgrad=(qc_gy, qc_x, sc_gy, sc_x))  # fmt: skip
+
+
+def _calls(ops: dict, torch_offsets: torch.Tensor) -> dict:
+    """{gemm: {impl: zero-argument call}} for ours, torch FP8 rowwise and torch bf16."""
+    from torch_bindings.grouped_gemm_sm90 import grouped_gemm_fp8_rowwise_sm90 as ours
+
+    off = ops["offsets"]
+    x, w, gy = ops["x"], ops["w"], ops["grad_y"]
+
+    def fp8(a, b, sa, sb, offs):
+        return lambda: torch._scaled_grouped_mm(
+            a, b, sa, sb, offs, out_dtype=torch.bfloat16, use_fast_accum=True
+        )
+
+    q_x, q_w, s_x, s_w = ops["fwd"]
+    q_gy, q_wn, s_gy, s_wn = ops["dgrad"]
+    qc_gy, qc_x, sc_gy, sc_x = ops["wgrad"]
+    return {
+        "forward": {
+            "cute": lambda: ours("2d3d", q_x, q_w, s_x, s_w, off),
+            "torch_fp8": fp8(q_x, q_w.transpose(-2, -1), s_x, s_w, off),
+            "torch_bf16": lambda: torch._grouped_mm(x, w.transpose(-2, -1), off),
+        },
+        "dgrad": {
+            "cute": lambda: ours("2d3d", q_gy, q_wn.transpose(-2, -1), s_gy, s_wn, off),
+            "torch_fp8": fp8(q_gy, q_wn, s_gy, s_wn, off),
+            "torch_bf16": lambda: torch._grouped_mm(gy, w, off),
+        },
+        "wgrad": {
+            "cute": lambda: ours("2d2d", qc_gy.t(), qc_x.t(), sc_gy, sc_x, off),
+            "torch_fp8": fp8(qc_gy.t(), qc_x, sc_gy, sc_x, torch_offsets),
+            "torch_bf16": lambda: torch._grouped_mm(gy.t(), x, off),
+        },
+    }
+
+
+def rows_for(s: Shape, device: torch.device) -> list[dict]:
+    ends = skewed_group_ends(s.tokens, s.experts, seed=1)
+    aligned = [e // 16 * 16 for e in ends[:-1]] + [ends[-1]]
+    ops = _operands(s, device, ends)
+    torch_offsets = torch.tensor(aligned, dtype=torch.int32, device=device)
+    flops = 2 * s.tokens * s.dim * s.hidden
+    rows = []
+    for gemm, impls in _calls(ops, torch_offsets).items():
+        row = {"shape": s.name, "gemm": gemm}
+        for impl, call in impls.items():
+            try:
+                us = time_cuda(call)
+                row[f"{impl}_TFLOPs"] = round(flops / us / 1e6, 1)
+            except Exception as exc:  # report the others; a failing baseline is a table entry
+                row[f"{impl}_TFLOPs"] = f"error: {type(exc).__name__}"
+        cute, fp8 = row["cute_TFLOPs"], row["torch_fp8_TFLOPs"]
+        row["cute_vs_fp8"] = (
+            round(cute / fp8, 3) if isinstance(cute, float) and isinstance(fp8, float) else ""
+        )
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = make_parser(__doc__.splitlines()[0]).parse_args(argv)
+    device = cuda_or_none("bench_grouped_gemm")
+    if device is None:
+        raise SystemExit(2)
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        print("error: bench_grouped_gemm needs an sm_90 GPU (the cute kernel is sm_90a only)")
+        raise SystemExit(2)
+    rows = []
+    for s in SHAPES[:1] if args.quick else SHAPES:
+        progress(f"grouped GEMM: {s.name}")
+        rows += rows_for(s, device)
+    json_path = output_paths(args.out, "grouped_gemm")[0]
+    report(rows, list(rows[0]), "FP8 grouped GEMM, sm_90a", json_path=json_path, panel_key=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,476 @@
+"""FP8 rowwise grouped GEMM for Hopper (sm_90a only: wgmma): ``GroupedGemmSm90Kernel``.
+
+e4m3 operands, fp32 accumulation (wgmma ``QGMMA``), rowwise dequantization scales applied in fp32 in
+the epilogue, bf16 out. Groups are ragged, given by int32 *end* offsets on the device (any sizes,
+empty groups, no padding, no host sync; ends are clamped as in ``cute_utils.groups``). Two forms:
+
+``"2d3d"`` (forward and dgrad), per group g with rows ``[start_g, end_g)``::
+
+    y[m, n] = (sum_k a[m, k] * b[g, n, k]) * scale_a[m] * scale_b[g, n]
+
+- ``a`` (M, K) e4m3 row-major (K contiguous); ``scale_a`` (M,) fp32;
+- ``b`` (E, N, K) e4m3 row-major (K contiguous): the forward's ``quantize_fp8_3d(w, axis="K")`` q
+  as stored (one ``nn.Linear`` weight per expert), or for the dgrad the storage of
+  ``quantize_fp8_3d(w, axis="N")``'s q (strides (N K, 1, N) of (E, N, K)) viewed as (E, K, N)
+  row-major, i.e. ``q.transpose(-2, -1)``; ``scale_b`` (E, N) fp32 row-major (per output column);
+- ``y`` (M, N) bf16 row-major. Rows past the last end are not written.
+
+``"2d2d"`` (wgrad, grouped along the reduction dim M)::
+
+    out[g, n, k] = (sum_{m in group g} a[n, m] * b[k, m]) * scale_a[g N + n] * scale_b[g K + k]
+
+- ``a`` (N, M) e4m3 row-major: grad_y's column operand (``quantize_fp8_2d(grad_y, axis="col",
+  group_end_offsets=...)``'s q, (M, N) with strides (1, M)) passed as ``q.t()``; ``b`` (K, M) the
+  same for x; ``scale_a`` (G N,), ``scale_b`` (G K,) fp32 group-major (SPEC section 7);
+- ``out`` (E, N, K) bf16 row-major; an empty group's slice is zeros.
+
+Design (notes/grouped-gemm-sm90.md): persistent CTAs (``num_sms`` of them, a launch argument), one
+producer warp (of a producer warpgroup) streams (128 x 128)-byte TMA boxes of A and B into a
+``stages``-deep shared ring guarded by mbarriers (``cutlass.pipeline.PipelineTmaAsync``), and two
+consumer warpgroups run wgmma on a (128, ``tile_n``) tile, 64 rows each; ``setmaxregister`` moves
+registers from the producer to the consumers. Ragged groups are handled by predicated tiles, with
+no per-group tensor maps:
+
+- 2d3d: each group's M-tiles start at the group's own first row (a 128-row TMA box may read rows of
+  the next group, or zeros past M); they only feed output rows that the epilogue does not store
+  (stores are predicated on ``row < end_g``). Tiles are numbered from a CTA-wide scan of the
+  per-group tile counts (``cute_utils.groups.scan_group_sizes``, unit 128 rows).
+- 2d2d: a group's reduction starts at its own first row; the tail box of the reduction reads rows
+  of the next group, which are zeroed in shared memory (both operands) by the consumers before the
+  wgmma (then a proxy fence and a consumer barrier).
+
+The epilogue scales in fp32 (``acc * scale_a * scale_b``, in that order) and stores bf16 straight
+from the accumulator registers (predicated 2-byte stores).
+"""
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, Int64
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.memory import SmemAllocator
+from cutlass.utils import LayoutEnum
+
+from cute_utils.groups import find_group, group_bounds, scan_group_sizes, search_steps, smem_group_bounds
+
+from .base import Kernel
+
+FORMS = ("2d3d", "2d2d")
+TILE_M = 128  # rows of a CTA tile: two consumer warpgroups of 64 rows
+TILE_K = 128  # reduction elements per stage: one 128-byte swizzle atom of e4m3
+MAX_GROUPS = 256  # groups the 2d3d tile scan holds in shared memory
+WARPGROUP = 128
+CONSUMER_WARPGROUPS = 2
+THREADS = WARPGROUP * (1 + CONSUMER_WARPGROUPS)
+CONSUMER_THREADS = WARPGROUP * CONSUMER_WARPGROUPS
+_MASK_BARRIER = 1  # named barrier of the consumer threads (0 is the CTA barrier)
+
+
+@dataclass(frozen=True)
+class GroupedGemmConfig:
+    """``tile_n`` output columns per CTA tile (a multiple of 16 up to 256), ``stages`` of the shared
+    A/B ring, register caps of the producer and consumer warpgroups (``setmaxregister``)."""
+
+    tile_n: int = 128
+    stages: int = 4
+    producer_registers: int = 40
+    consumer_registers: int = 232
+
+    def __post_init__(self) -> None:
+        if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
+            raise ValueError(f"tile_n={self.tile_n} must be a multiple of 16 in [16, 256]")
+        if not 2 <= self.stages <= 12:
+            raise ValueError(f"stages={self.stages} must be in [2, 12]")
+        total = WARPGROUP * self.producer_registers + CONSUMER_THREADS * self.consumer_registers
+        if total > 65536 or self.producer_registers % 8 or self.consumer_registers % 8:
+            raise ValueError("register caps must be multiples of 8 and fit 65536 registers per CTA")
+
+
+@dataclass(frozen=True)
+class GroupedGemmVariant:
+    """``form``: ``"2d3d"`` (forward / dgrad: groups of rows of A, one B per group) or ``"2d2d"``
+    (wgrad: groups along the reduction dim, one output per group)."""
+
+    form: str = "2d3d"
+
+    def __post_init__(self) -> None:
+        if self.form not in FORMS:
+            raise ValueError(f"form={self.form!r} not in {FORMS}")
+
+
+def _stage_bytes(config: GroupedGemmConfig) -> tuple[int, int]:
+    """Bytes of one A box and one B box of the ring."""
+    return TILE_M * TILE_K, config.tile_n * TILE_K
+
+
+def _shared_storage(config: GroupedGemmConfig):
+    """The kernel's shared memory: ring barriers (full, empty), the 2d3d tile scan's arrays, then the
+    1024-byte aligned A and B rings (128-byte swizzled boxes)."""
+    a_bytes, b_bytes = _stage_bytes(config)
+    stages = config.stages
+
+    @cute.struct
+    class SharedStorage:
+        ring_barriers: cute.struct.MemRange[Int64, 2 * stages]
+        prefix: cute.struct.MemRange[Int32, MAX_GROUPS + 1]
+        ends: cute.struct.MemRange[Int32, MAX_GROUPS + 1]
+        warp_totals: cute.struct.MemRange[Int32, THREADS // 32]
+        ring_a: cute.struct.Align[cute.struct.MemRange[Float8E4M3FN, a_bytes * stages], 1024]
+        ring_b: cute.struct.Align[cute.struct.MemRange[Float8E4M3FN, b_bytes * stages], 1024]
+
+    return SharedStorage
+
+
+@dataclass
+class _Work:
+    """One output tile: group ``g``; A box rows from ``a_row``, B box rows from ``b_row``, the
+    reduction from ``red0`` over ``k_tiles`` boxes, the last holding ``tail`` valid elements;
+    output rows ``[row0, row_end)`` and columns from ``col0``."""
+
+    g: Int32
+    a_row: Int32
+    b_row: Int32
+    red0: Int32
+    k_tiles: Int32
+    tail: Int32
+    row0: Int32
+    row_end: Int32
+    col0: Int32
+
+
+class GroupedGemmSm90Kernel(Kernel):
+    """The grouped GEMM of the module docstring for one :class:`GroupedGemmVariant` and
+    :class:`GroupedGemmConfig`.
+
+    Launch: ``kernel(a, b, scale_a, scale_b, offsets, out, num_sms)`` with the operands of the
+    variant's form (module docstring); ``offsets`` int32 (E,) group end offsets; ``num_sms`` the
+    persistent grid (the device's SM count).
+    """
+
+    name = "grouped_gemm_sm90"
+    #: wgmma exists on sm_90a only; the SASS tool and tests build these targets for it alone.
+    archs = ("sm_90a",)
+
+    def __init__(self, variant: GroupedGemmVariant, config: GroupedGemmConfig) -> None:
+        super().__init__(variant, config)
+        self.form = variant.form
+        self.tile_n = config.tile_n
+        self.stages = config.stages
+
+    @classmethod
+    def variants(cls) -> list[GroupedGemmVariant]:
+        return [GroupedGemmVariant(form) for form in FORMS]
+
+    @classmethod
+    def target_name(cls, variant: GroupedGemmVariant) -> str:
+        return f"grouped_gemm_sm90_{variant.form}"
+
+    @classmethod
+    def shared_bytes(cls, variant: GroupedGemmVariant, config: GroupedGemmConfig) -> int:
+        return _shared_storage(config).size_in_bytes()
+
+    @classmethod
+    def fake_arguments(cls, variant: GroupedGemmVariant) -> tuple:
+        """Fakes with symbolic sizes: M (tokens) and E (groups) symbolic, shared by the tensors that
+        must agree; the reduction dim of the TMA-loaded operands is a multiple of 16 (16-byte row
+        strides). E is symbolic (not a variant field): one compile serves every expert count up
+        to :data:`MAX_GROUPS`."""
+        m, e, n, k = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int(divisibility=16)
+
+        def fake(dtype, shape):
+            order = tuple(range(len(shape) - 1, -1, -1))
+            return cute.runtime.make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=16)
+
+        offsets = fake(Int32, (e,))
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        if variant.form == "2d3d":
+            a, b = fake(Float8E4M3FN, (m, k)), fake(Float8E4M3FN, (e, n, k))
+            scale_a, scale_b, out = fake(Float32, (m,)), fake(Float32, (e, n)), fake(BFloat16, (m, n))
+        else:
+            m = cute.sym_int(divisibility=16)
+            n, k = cute.sym_int(), cute.sym_int()
+            a, b = fake(Float8E4M3FN, (n, m)), fake(Float8E4M3FN, (k, m))
+            scale_a, scale_b = fake(Float32, (cute.sym_int(),)), fake(Float32, (cute.sym_int(),))
+            out = fake(BFloat16, (e, n, k))
+        return a, b, scale_a, scale_b, offsets, out, Int32(1), stream
+
+    @staticmethod
+    def can_implement(form: str, m: int, n: int, k: int, groups: int) -> bool:
+        """Whether the kernel takes these sizes: 1 to :data:`MAX_GROUPS` groups; the TMA-loaded
+        operands' row strides a multiple of 16 bytes (K for 2d3d, M for 2d2d)."""
+        if form not in FORMS or not 1 <= groups <= MAX_GROUPS or min(m, n, k) < 0:
+            return False
+        return (k if form == "2d3d" else m) % 16 == 0
+
+    # ---- host ----------------------------------------------------------------------------------
+
+    def _layouts(self):
+        """(tiled MMA, A ring layout, B ring layout): K-major e4m3 operands, 128-byte swizzle."""
+        tiler = (TILE_M, self.tile_n, TILE_K)
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            Float8E4M3FN,
+            Float8E4M3FN,
+            cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
+            Float32,
+            (CONSUMER_WARPGROUPS, 1, 1),
+            (TILE_M // CONSUMER_WARPGROUPS, self.tile_n),
+        )
+        ring_a = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tiler, Float8E4M3FN, self.stages)
+        ring_b = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tiler, Float8E4M3FN, self.stages)
+        return tiled_mma, ring_a, ring_b
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        scale_a: cute.Tensor,
+        scale_b: cute.Tensor,
+        offsets: cute.Tensor,
+        out: cute.Tensor,
+        num_sms: Int32,
+        stream,
+    ):
+        tiled_mma, ring_a, ring_b = self._layouts()
+        if cutlass.const_expr(self.form == "2d3d"):
+            b = cute.make_tensor(b.iterator, cute.select(b.layout, mode=[1, 2, 0]))  # (N, K, E)
+        op = cpasync.CopyBulkTensorTileG2SOp()
+        box_a = cute.slice_(ring_a, (None, None, 0))
+        box_b = cute.slice_(ring_b, (None, None, 0))
+        atom_a, tma_a = cpasync.make_tiled_tma_atom(op, a, box_a, (TILE_M, TILE_K))
+        atom_b, tma_b = cpasync.make_tiled_tma_atom(op, b, box_b, (self.tile_n, TILE_K))
+        self.kernel(
+            atom_a, tma_a, atom_b, tma_b, scale_a, scale_b, offsets, out, tiled_mma, ring_a, ring_b
+        ).launch(
+            grid=(num_sms, 1, 1),
+            block=(THREADS, 1, 1),
+            smem=_shared_storage(self.config).size_in_bytes(),
+            stream=stream,
+        )
+
+    # ---- device --------------------------------------------------------------------------------
+
+    @cute.kernel
+    def kernel(
+        self,
+        atom_a: cute.CopyAtom,
+        tma_a: cute.Tensor,
+        atom_b: cute.CopyAtom,
+        tma_b: cute.Tensor,
+        scale_a: cute.Tensor,
+        scale_b: cute.Tensor,
+        offsets: cute.Tensor,
+        out: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        ring_a_layout: cute.ComposedLayout,
+        ring_b_layout: cute.ComposedLayout,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp == 0:
+            cpasync.prefetch_descriptor(atom_a)
+            cpasync.prefetch_descriptor(atom_b)
+        storage = SmemAllocator().allocate(_shared_storage(self.config))
+        ring = self._make_pipeline(storage.ring_barriers.data_ptr())
+        ring_a = storage.ring_a.get_tensor(ring_a_layout.outer, swizzle=ring_a_layout.inner)
+        ring_b = storage.ring_b.get_tensor(ring_b_layout.outer, swizzle=ring_b_layout.inner)
+        prefix = storage.prefix.get_tensor(cute.make_layout(MAX_GROUPS + 1))
+        ends = storage.ends.get_tensor(cute.make_layout(MAX_GROUPS + 1))
+        num_groups = offsets.shape[0]
+        total_tiles = self._scan_tiles(storage, offsets, num_groups, out, prefix, ends, tidx)
+        extents = self._extents(tma_a, tma_b)
+        if warp < WARPGROUP // 32:
+            cute.arch.setmaxregister_decrease(self.config.producer_registers)
+            if warp == 0:
+                self._produce(atom_a, tma_a, atom_b, tma_b, ring, ring_a, ring_b, offsets, prefix, ends,
+                              total_tiles, extents)  # fmt: skip
+        else:
+            cute.arch.setmaxregister_increase(self.config.consumer_registers)
+            self._consume(tiled_mma, ring, ring_a, ring_b, scale_a, scale_b, offsets, out, prefix, ends,
+                          total_tiles, extents, tidx - WARPGROUP)  # fmt: skip
+
+    def _make_pipeline(self, barriers):
+        """The A/B ring's full/empty barriers: one TMA producer thread, one arrive per consumer warp."""
+        a_bytes, b_bytes = _stage_bytes(self.config)
+        return pipeline.PipelineTmaAsync.create(
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, CONSUMER_THREADS // 32),
+            tx_count=a_bytes + b_bytes,
+            barrier_storage=barriers,
+        )
+
+    @cute.jit
+    def _scan_tiles(self, storage, offsets, num_groups, out, prefix, ends, tidx) -> Int32:
+        """Output tiles of the problem (every thread calls it). 2d3d: the CTA-wide scan of the groups'
+        128-row tile counts into ``prefix`` / ``ends`` (ends with a CTA barrier), times the N tiles;
+        2d2d: E x (N tiles) x (K tiles)."""
+        total = Int32(0)
+        if cutlass.const_expr(self.form == "2d3d"):
+            rows, cols = out.shape
+            warp_totals = storage.warp_totals.get_tensor(cute.make_layout(THREADS // 32))
+            scan_group_sizes(offsets, num_groups, rows, TILE_M, prefix, warp_totals, tidx, THREADS, ends)
+            total = prefix[num_groups] * cute.ceil_div(cols, self.tile_n)
+        else:
+            _, rows, cols = out.shape
+            total = num_groups * cute.ceil_div(rows, TILE_M) * cute.ceil_div(cols, self.tile_n)
+        return total
+
+    @cute.jit
+    def _work(self, tile: Int32, offsets, prefix, ends, reduction: Int32, out_rows: Int32, out_cols: Int32):
+        """The :class:`_Work` of output tile ``tile``; ``reduction`` is K (2d3d) or M (2d2d)."""
+        n_tiles = cute.ceil_div(out_cols, self.tile_n)
+        if cutlass.const_expr(self.form == "2d3d"):
+            row_block, n_block = tile // n_tiles, tile % n_tiles
+            g = find_group(prefix, offsets.shape[0], row_block, search_steps(MAX_GROUPS))
+            start, end = smem_group_bounds(ends, g)
+            row0 = start + (row_block - prefix[g]) * TILE_M
+            k_tiles = cute.ceil_div(reduction, TILE_K)
+            work = _Work(g, row0, n_block * self.tile_n, Int32(0), k_tiles, Int32(TILE_K), row0, end,
+                         n_block * self.tile_n)  # fmt: skip
+        else:
+            m_tiles = cute.ceil_div(out_rows, TILE_M)
+            g, rest = tile // (m_tiles * n_tiles), tile % (m_tiles * n_tiles)
+            m_block, n_block = rest // n_tiles, rest % n_tiles
+            start, end = group_bounds(offsets, g, reduction)
+            k_tiles = cute.ceil_div(end - start, TILE_K)
+            tail = end - start - (k_tiles - 1) * TILE_K
+            work = _Work(g, m_block * TILE_M, n_block * self.tile_n, start, k_tiles, tail,
+                         m_block * TILE_M, out_rows, n_block * self.tile_n)  # fmt: skip
+        return work
+
+    def _extents(self, tma_a: cute.Tensor, tma_b: cute.Tensor):
+        """(reduction length, output rows, output columns) from the operands' coordinate tensors:
+        a is (rows, reduction) in both forms, b (columns, reduction[, E])."""
+        return tma_a.shape[1], tma_a.shape[0], tma_b.shape[0]
+
+    @cute.jit
+    def _produce(
+        self, atom_a, tma_a, atom_b, tma_b, ring, ring_a, ring_b, offsets, prefix, ends, total_tiles, extents
+    ):
+        """The producer warp: for each of this CTA's tiles, TMA the A and B boxes of its reduction
+        into the ring (a slot is taken once the consumers released it)."""
+        reduction, rows, cols = extents
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        tile = Int32(cute.arch.block_idx()[0])
+        step = Int32(cute.arch.grid_dim()[0])
+        while tile < total_tiles:
+            work = self._work(tile, offsets, prefix, ends, reduction, rows, cols)
+            src_a, dst_a = _tma_boxes(atom_a, tma_a, ring_a, work.a_row, work.red0, TILE_M)
+            coords_b = tma_b
+            if cutlass.const_expr(self.form == "2d3d"):
+                coords_b = tma_b[None, None, work.g]
+            src_b, dst_b = _tma_boxes(atom_b, coords_b, ring_b, work.b_row, work.red0, self.tile_n)
+            for kt in cutlass.range(work.k_tiles, unroll=1):
+                ring.producer_acquire(state)
+                barrier = ring.producer_get_barrier(state)
+                cute.copy(atom_a, src_a[(None, kt)], dst_a[(None, state.index)], tma_bar_ptr=barrier)
+                cute.copy(atom_b, src_b[(None, kt)], dst_b[(None, state.index)], tma_bar_ptr=barrier)
+                ring.producer_commit(state)
+                state.advance()
+            tile += step
+        ring.producer_tail(state)
+
+    @cute.jit
+    def _consume(
+        self, tiled_mma, ring, ring_a, ring_b, scale_a, scale_b, offsets, out, prefix, ends, total_tiles,
+        extents, ctid: Int32,
+    ):  # fmt: skip
+        """The consumer warpgroups (``ctid``: thread index among them): per tile, the wgmma mainloop
+        over the ring, then the scaled, predicated bf16 epilogue."""
+        thr_mma = tiled_mma.get_slice(ctid)
+        frag_a = tiled_mma.make_fragment_A(thr_mma.partition_A(ring_a))
+        frag_b = tiled_mma.make_fragment_B(thr_mma.partition_B(ring_b))
+        coords = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
+        acc = cute.make_rmem_tensor(tiled_mma.partition_shape_C((TILE_M, self.tile_n)), Float32)
+        reduction, rows, cols = extents
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        tile = Int32(cute.arch.block_idx()[0])
+        step = Int32(cute.arch.grid_dim()[0])
+        while tile < total_tiles:
+            work = self._work(tile, offsets, prefix, ends, reduction, rows, cols)
+            read, release = self._mainloop(tiled_mma, ring, acc, frag_a, frag_b, ring_a, ring_b, work, read,
+                                           release, ctid)  # fmt: skip
+            self._epilogue(acc, coords, scale_a, scale_b, out, work, cols)
+            tile += step
+
+    @cute.jit
+    def _mainloop(
+        self, tiled_mma, ring, acc, frag_a, frag_b, ring_a, ring_b, work: _Work, read, release, ctid
+    ):
+        """acc = the tile's reduction: per ring slot, wait for its bytes (2d2d: zero the rows past the
+        group's end in its last slot), issue its wgmmas and release the slot before (one wgmma
+        group stays in flight). Returns the advanced (read, release) pipeline states."""
+        acc.fill(0.0)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        k_blocks = cute.size(frag_a, mode=[2])
+        for kt in cutlass.range(work.k_tiles, unroll=1):
+            ring.consumer_wait(read)
+            if cutlass.const_expr(self.form == "2d2d"):
+                if kt == work.k_tiles - 1 and work.tail < TILE_K:
+                    self._zero_tail(ring_a, ring_b, read.index, work.tail, ctid)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(k_blocks):
+                slot = (None, None, kb, read.index)
+                cute.gemm(tiled_mma, acc, frag_a[slot], frag_b[slot], acc)
+            warpgroup.commit_group()
+            warpgroup.wait_group(1)
+            if kt > 0:
+                ring.consumer_release(release)
+                release.advance()
+            read.advance()
+        warpgroup.wait_group(0)
+        if work.k_tiles > 0:
+            ring.consumer_release(release)
+            release.advance()
+        return read, release
+
+    @cute.jit
+    def _zero_tail(self, ring_a, ring_b, stage: Int32, tail: Int32, ctid: Int32):
+        """2d2d: zero reduction elements ``[tail, TILE_K)`` of every row of slot ``stage`` of both
+        rings (rows of the next group, or TMA zeros past M), one row per consumer thread at a time;
+        then make the writes visible to wgmma (async proxy) and wait for every consumer thread."""
+        bytes_a = cute.recast_tensor(ring_a, cutlass.Uint8)
+        bytes_b = cute.recast_tensor(ring_b, cutlass.Uint8)
+        for r in cutlass.range(ctid, TILE_M + self.tile_n, CONSUMER_THREADS, unroll=1):
+            for c in cutlass.range(tail, TILE_K, unroll=1):
+                if r < TILE_M:
+                    bytes_a[r, c, stage] = cutlass.Uint8(0)
+                else:
+                    bytes_b[r - TILE_M, c, stage] = cutlass.Uint8(0)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=_MASK_BARRIER, number_of_threads=CONSUMER_THREADS)
+
+    @cute.jit
+    def _epilogue(self, acc, coords, scale_a, scale_b, out, work: _Work, cols: Int32):
+        """Store ``bf16(acc * scale_a * scale_b)`` for the tile's elements inside the output: rows
+        below ``work.row_end`` (2d3d: the group's end), columns below ``cols``. 2d2d: an empty
+        group's tile is zeros whatever its scales hold."""
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            r, c = coords[i]
+            row = work.row0 + r
+            col = work.col0 + c
+            if row < work.row_end and col < cols:
+                if cutlass.const_expr(self.form == "2d3d"):
+                    out[row, col] = (acc[i] * scale_a[row] * scale_b[work.g, col]).to(BFloat16)
+                else:
+                    value = acc[i] * scale_a[work.g * work.row_end + row] * scale_b[work.g * cols + col]
+                    if work.k_tiles == 0:
+                        value = Float32(0.0)
+                    out[work.g, row, col] = value.to(BFloat16)
+
+
+def _tma_boxes(atom, coords: cute.Tensor, slots: cute.Tensor, row: Int32, red0: Int32, rows: int):
+    """``(src, dst)`` TMA views: ``src[(None, kt)]`` is the (rows, TILE_K) box of ``coords`` at row
+    ``row``, reduction ``red0 + kt * TILE_K`` (any offsets: parts past the tensor are zero-filled);
+    ``dst[(None, s)]`` is ring slot ``s``."""
+    boxes = cute.local_tile(cute.domain_offset((row, red0), coords), (rows, TILE_K), (0, None))
+    dst, src = cpasync.tma_partition(
+        atom, 0, cute.make_layout(1), cute.group_modes(slots, 0, 2), cute.group_modes(boxes, 0, 2)
+    )
+    return src, dst

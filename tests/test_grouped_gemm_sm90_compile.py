@@ -1,0 +1,81 @@
+"""The sm_90a FP8 grouped GEMM (``cute_kernels.grouped_gemm_sm90``) compiles on a CPU-only machine for
+sm_90a (its only arch: wgmma) with the SASS its design needs: fp8 wgmma (``QGMMA``) into fp32, TMA
+loads of both operands (``UTMALDG``), the producer/consumer register split (``USETMAXREG``), mbarrier
+waits, no local memory; and its instruction hashes are the recorded ones. Not run on a GPU here."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import _recorded_hashes, kernel_targets, spill_free_kernel
+
+ARCH = "sm_90a"
+TARGETS = kernel_targets("grouped_gemm_sm90")
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """``(arch, {target: SASS summaries})`` and each target's instruction hash, sm_90a only."""
+    from cute_utils import sass
+
+    summaries, hashes = {}, {}
+    for name, build in TARGETS.items():
+        cubin = sass.cubin_of(build(ARCH))
+        text = sass.disassemble(cubin)
+        summaries[name] = sass.summarize(cubin, sass=text)
+        hashes[name] = sass.instruction_hash(text)
+    return (ARCH, summaries), hashes
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_compiles_with_expected_sass(compiled, target):
+    kernel, text = spill_free_kernel(compiled[0], target)
+    qgmma = {op: n for op, n in kernel.counts.items() if op.startswith("QGMMA")}
+    assert qgmma and all(".F32.E4M3.E4M3" in op for op in qgmma), text
+    # one (64 x tile_n x 32) wgmma per 32 reduction elements of a 128-element slot
+    assert sum(qgmma.values()) == 4, qgmma
+    assert kernel.tma_loads >= 2, "both operands arrive by TMA"
+    assert kernel.opcode("USETMAXREG") >= 2, "producer gives registers to the consumers"
+    assert kernel.opcode("SYNCS") >= 2, "mbarrier ring"
+    assert kernel.threads == (384, 1, 1)
+    assert kernel.registers <= 168, text  # 384 threads fit one CTA per SM before setmaxregister
+
+
+def test_instruction_hashes_are_the_recorded_ones(compiled):
+    import cutlass
+
+    version, table = _recorded_hashes()
+    if version != cutlass.__version__:
+        pytest.skip(f"hashes recorded with nvidia-cutlass-dsl {version}, this is {cutlass.__version__}")
+    recorded = {name: table.get((name, ARCH)) for name in compiled[1]}
+    changed = [f"{n}: {recorded[n]} -> {h}" for n, h in compiled[1].items() if recorded[n] != h]
+    assert not changed, "SASS changed (regenerate tests/sass_hashes.txt if intended):\n" + "\n".join(changed)
+    assert not any(name.startswith("grouped_gemm_sm90") and arch != ARCH for name, arch in table)
+
+
+def test_registry_entry_is_experimental_and_sm90_only():
+    from cute_kernels import registry
+
+    entry = registry.entry("grouped_gemm_sm90")
+    assert not entry.production and not entry.bandwidth_bound
+    assert set(TARGETS) == {"grouped_gemm_sm90_2d3d", "grouped_gemm_sm90_2d2d"}
+    assert all(build.archs == (ARCH,) for build in TARGETS.values())
+    variant = entry.variants()[0]
+    with pytest.raises(ValueError, match="sm_90a only"):
+        entry.compile(variant, "sm_100a")
+
+
+def test_shared_memory_and_limits():
+    from cute_kernels.grouped_gemm_sm90 import MAX_GROUPS, GroupedGemmConfig, GroupedGemmSm90Kernel
+
+    kernel = GroupedGemmSm90Kernel
+    config = kernel.default_config(kernel.variants()[0], ARCH)
+    assert config == GroupedGemmConfig()
+    ring = config.stages * (128 + config.tile_n) * 128
+    assert ring < kernel.shared_bytes(kernel.variants()[0], config) <= 232448
+    assert kernel.can_implement("2d3d", 17, 2048, 7168, 8)
+    assert not kernel.can_implement("2d3d", 17, 64, 100, 8), "K % 16: TMA row stride"
+    assert kernel.can_implement("2d2d", 16384, 2048, 7168, 8)
+    assert not kernel.can_implement("2d2d", 100, 64, 64, 2), "M % 16: TMA row stride"
+    assert not kernel.can_implement("2d3d", 128, 64, 64, MAX_GROUPS + 1)
+    with pytest.raises(ValueError):
+        GroupedGemmConfig(tile_n=24)
