@@ -48,7 +48,7 @@ def test_instruction_hashes_are_the_recorded_ones(compiled):
         pytest.skip(f"hashes recorded with nvidia-cutlass-dsl {version}, this is {cutlass.__version__}")
     recorded = {name: table.get((name, ARCH)) for name in compiled[1]}
     changed = [f"{n}: {recorded[n]} -> {h}" for n, h in compiled[1].items() if recorded[n] != h]
-    assert not changed, "SASS changed (regenerate tests/sass_hashes.txt if intended):\n" + "\n".join(changed)
+    assert not changed, "SASS changed (regenerate tests/support/sass_hashes.txt):\n" + "\n".join(changed)
     assert not any(name.startswith("grouped_gemm_sm90") and arch != ARCH for name, arch in table)
 
 
