@@ -221,7 +221,7 @@ def layer_rows(
     rank = dist.get_rank()
     torch.manual_seed(1000 + rank)  # each rank's experts differ; the router is broadcast below
     layers = {
-        r: MoELayer(hidden, expert_hidden, experts, topk, recipe=r, device="cuda")
+        r: MoELayer(hidden, expert_hidden, experts, topk, recipe=r, group=dist.group.WORLD, device="cuda")
         for r in ("bf16", "fp8_rowwise")
     }
     dist.broadcast(layers["bf16"].router.weight.data, 0)

@@ -227,3 +227,20 @@ def test_multigpu_under_torchrun():
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "cases passed" in done.stdout
+
+
+def test_group_none_is_the_default_group_and_local_is_r1(monkeypatch):
+    """dispatch's ``group=None`` follows torch.distributed (the default group when initialized with
+    several ranks); ``ep.LOCAL`` is R = 1 whatever is initialized."""
+    from tests.support.ep_cases import fake_data_parallel_world
+
+    assert ep.resolve_group(None) is None and ep.group_size(None) == 1  # not initialized
+    fake_data_parallel_world(monkeypatch)
+    assert ep.resolve_group(None) is not None and ep.group_size(None) == 2
+    assert ep.resolve_group(ep.LOCAL) is None and ep.group_size(ep.LOCAL) == 1
+    x = torch.randn(16, 128).bfloat16()
+    ids = torch.randint(0, 4, (16, 2))
+    res = ep.dispatch(x, ids, num_experts=4, recipe="bf16", group=ep.LOCAL)
+    assert res.shape.ranks == 1 and res.padded_group_end_offsets.shape == (4,)
+    with pytest.raises(AssertionError, match="multi-rank group"):
+        ep.dispatch(x, ids, num_experts=4, recipe="bf16")

@@ -92,3 +92,14 @@ def test_unsupported_experts_are_refused():
     experts.has_bias, experts.act_fn = True, torch.nn.GELU()
     with pytest.raises(ValueError, match="expert biases, activation GELU"):
         hf.hf_weights(experts)
+
+
+def test_experts_stay_local_under_data_parallelism(monkeypatch):
+    """A data-parallel run (a multi-rank default group) keeps every expert local: the same losses as
+    outside torch.distributed, and no multi-rank buffers asked for."""
+    from tests.support.ep_cases import fake_data_parallel_world
+
+    want, _ = _train("cute_bf16", "cpu", steps=1)
+    touched = fake_data_parallel_world(monkeypatch)
+    got, _ = _train("cute_bf16", "cpu", steps=1)
+    assert got == want and not touched

@@ -13,6 +13,7 @@ import torch.utils.checkpoint as checkpoint
 
 import torch_bindings as tb
 from tests.conftest import no_sync
+from tests.support.ep_cases import fake_data_parallel_world
 from tests.support.grouped_mm_cases import sqnr_db
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -131,3 +132,38 @@ def test_gpu_no_sync_and_cuda_graph(recipe):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured.view(torch.uint8), eager.view(torch.uint8))
+
+
+def test_layer_without_a_group_stays_local_under_data_parallelism(monkeypatch):
+    """A DDP/FSDP run (multi-rank default group) with MoELayer(): every expert on every rank, no
+    communication: the same output as outside torch.distributed."""
+    from torch_bindings import ep
+
+    x = torch.randn(T, D, generator=torch.Generator().manual_seed(4)).bfloat16()
+    want = _layer("cpu", "bf16")(x)
+    touched = fake_data_parallel_world(monkeypatch)
+    assert ep.group_size(ep.LOCAL) == 1
+    layer = _layer("cpu", "bf16")
+    assert layer.experts.w13.shape[0] == E and layer.group is ep.LOCAL
+    got = layer(x)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert not touched and list(ep._POOLS) == [(None, torch.device("cpu"))]
+
+
+def test_routed_experts_checks_the_experts_count():
+    from torch_bindings.moe import routed_experts
+
+    layer = _layer("cpu", "bf16")
+    x = torch.randn(T, D).bfloat16()
+    idx, w = layer.route(x)
+    with pytest.raises(ValueError, match=r"experts holds 8 experts.*16 / 1"):
+        routed_experts(x, idx, w, layer.experts, num_experts=2 * E, dispatch_recipe="bf16")
+
+
+def test_local_sentinel_is_one_object():
+    import copy
+    import pickle
+
+    from torch_bindings import ep
+
+    assert pickle.loads(pickle.dumps(ep.LOCAL)) is ep.LOCAL and copy.deepcopy(ep.LOCAL) is ep.LOCAL

@@ -41,6 +41,44 @@ def routing(kind: str, ranks: int, tokens: int, topk: int, experts: int, rng: ra
     return out
 
 
+class _FakeGroup:
+    group_name = "fake data-parallel world"
+
+
+def fake_data_parallel_world(monkeypatch) -> list:
+    """torch.distributed looks initialized with a default group of 2 ranks (a data-parallel run,
+    DDP or FSDP). Returns a list that records every attempt to build multi-rank EP buffers (each
+    attempt also raises)."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    touched: list = []
+
+    def refuse(*args, **kwargs):
+        touched.append(args)
+        raise AssertionError("multi-rank EP buffers were asked for")
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(c10d._world, "default_pg", _FakeGroup())  # dist.group.WORLD
+    monkeypatch.setattr(ep, "_pool", _recording(ep._pool, touched))
+    monkeypatch.setattr(ep, "_POOLS", {})
+    monkeypatch.setattr(ep.SymmetricPool, "__init__", refuse)
+    return touched
+
+
+def _recording(pool, touched: list):
+    """``ep._pool`` that records (and refuses) a call that resolves to a multi-rank group."""
+
+    def wrapped(group, device):
+        if ep.resolve_group(group) is not None:
+            touched.append(group)
+            raise AssertionError("dispatch ran over a multi-rank group")
+        return pool(group, device)
+
+    return wrapped
+
+
 def assert_same(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), what
 

@@ -118,9 +118,14 @@ def _check_moe_layer() -> None:
     rank, ranks = dist.get_rank(), dist.get_world_size()
     tokens, dim, hidden, topk, experts = 128, 256, 128, 4, 4 * ranks
     torch.manual_seed(100 + rank)
+    world = dist.group.WORLD  # expert parallelism is asked for by passing the group
     layers = {
-        r: MoELayer(dim, hidden, experts, topk, recipe=r, device="cuda") for r in ("bf16", "fp8_rowwise")
+        r: MoELayer(dim, hidden, experts, topk, recipe=r, group=world, device="cuda")
+        for r in ("bf16", "fp8_rowwise")
     }
+    local = MoELayer(dim, hidden, experts, topk, recipe="bf16", device="cuda")  # no group: R = 1
+    assert local.experts.w13.shape[0] == experts, (rank, "MoELayer() must keep every expert local")
+    local(torch.randn(tokens, dim, device="cuda").bfloat16())
     dist.broadcast(layers["bf16"].router.weight.data, 0)
     layers["fp8_rowwise"].load_state_dict(layers["bf16"].state_dict())
     x0 = torch.randn(tokens, dim, device="cuda").bfloat16()

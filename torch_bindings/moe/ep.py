@@ -793,16 +793,56 @@ def combined_rows(result: DispatchResult, rows_buffer: SharedRows) -> torch.Tens
 
 # --- The public ops -----------------------------------------------------------------------------------
 
+
+class _Local:
+    """The type of :data:`LOCAL` (one instance; pickles and copies as that instance)."""
+
+    def __repr__(self) -> str:
+        return "torch_bindings.ep.LOCAL"
+
+    def __reduce__(self) -> str:
+        return "LOCAL"
+
+
+#: ``group=LOCAL``: R = 1 whatever ``torch.distributed`` holds: every expert local, no
+#: communication (``MoELayer``, ``routed_experts`` and the transformers integration use it when no
+#: group is given, so data parallelism never turns into expert parallelism by itself).
+LOCAL = _Local()
+
+
+def resolve_group(group):
+    """The process group a call with ``group`` runs over, ``None`` for R = 1: :data:`LOCAL` -> None;
+    ``None`` -> torch.distributed's default group (WORLD) when it is initialized with more than one
+    rank, else None; any other group as it is."""
+    if group is LOCAL:
+        return None
+    if group is None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return dist.group.WORLD
+    return group
+
+
+def group_size(group) -> int:
+    """R, the ranks a call with ``group`` spreads the experts over (:func:`resolve_group`)."""
+    group = resolve_group(group)
+    if group is None:
+        return 1
+    import torch.distributed as dist
+
+    return dist.get_world_size(group)
+
+
 _POOLS: dict[tuple, object] = {}
 
 
 def _pool(group, device: torch.device):
-    """The buffers of ``group`` on ``device``: ``LocalPool(1)`` without a group (or a group of one),
+    """The buffers of ``group`` (:func:`resolve_group`) on ``device``: ``LocalPool(1)`` for R = 1,
     else ``SymmetricPool``."""
     import torch.distributed as dist
 
-    if group is None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        group = dist.group.WORLD
+    group = resolve_group(group)
     key = (group.group_name if group is not None else None, device)
     pool = _POOLS.get(key)
     if pool is None:
@@ -943,9 +983,13 @@ def dispatch(
     through them. No host sync (the first call on
     a group and shape allocates its buffers collectively, once, and again whenever more results are
     alive at once than ever before). The result owns its rows: they stay valid while any tensor
-    views them, across any number of later calls. With ``group=None`` and no initialized multi-rank
-    default group: R = 1 (rows from the caching allocator, per call). Differentiable in x (the
-    gradient is a combine of the rows' gradient with unit weights).
+    views them, across any number of later calls. Differentiable in x (the gradient is a combine of
+    the rows' gradient with unit weights).
+
+    ``group``: a ``torch.distributed`` process group of R ranks, every rank calling with the same
+    shapes; ``None`` is torch.distributed's default group (WORLD) as in its collectives, R = 1 when
+    it is not initialized or has one rank; :data:`LOCAL` is R = 1 whatever is initialized. R = 1
+    takes its rows from the caching allocator, per call, and communicates nothing.
     """
     pool = _pool(group, x.device)
     checks.check_ep_dispatch(x, topk_idx, num_experts, pool.ranks, recipe, alignment)

@@ -7,11 +7,13 @@ experts class uses ``@use_experts_implementation`` (Qwen3-MoE, Mixtral, ...) run
 ``model.set_experts_implementation("cute_fp8_rowwise")``: the model's own router and its own
 ``gate_up_proj`` (E, 2H, D) / ``down_proj`` (E, D, H) parameters, not copied.
 
-A call is the MoE layer at R = 1: ``ep.dispatch`` (the (token, slot) pairs sorted expert-major into
-padded groups; FP8 recipes quantize each token once there), the expert block on those aligned
-groups, and ``ep.combine`` (the routing-weighted sum in fp32): ``moe.routed_experts``. The block is
-a ``GroupedExperts`` sharing the experts module's parameters (kept in its ``__dict__``, outside its
-submodules), so the weights' quantized operands are cached while the parameters do not change.
+A call is the MoE layer at R = 1 (``ep.LOCAL``: a data-parallel run keeps every expert on every
+rank, whatever ``torch.distributed`` holds): ``ep.dispatch`` (the (token, slot) pairs sorted
+expert-major into padded groups; FP8 recipes quantize each token once there), the expert block on
+those aligned groups, and ``ep.combine`` (the routing-weighted sum in fp32):
+``moe.routed_experts``. The block is a ``GroupedExperts`` sharing the experts module's parameters
+(kept in its ``__dict__``, outside its submodules), so the weights' quantized operands are cached
+while the parameters do not change.
 transformers stays an optional dependency: nothing here imports it until ``register`` runs.
 """
 
@@ -75,7 +77,9 @@ def _block(experts: torch.nn.Module, recipe: str):
 
 def make_experts_forward(recipe: str):
     """An experts forward ``(self, hidden_states (T, D), top_k_index (T, k), top_k_weights (T, k))
-    -> (T, D)`` running ``recipe`` (module docstring)."""
+    -> (T, D)`` running ``recipe`` (module docstring): R = 1 (``ep.LOCAL``), every expert of the
+    module on this rank, whatever ``torch.distributed`` holds."""
+    from .ep import LOCAL
     from .layer import routed_experts
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
@@ -88,6 +92,7 @@ def make_experts_forward(recipe: str):
             num_experts=block.w13.shape[0],
             dispatch_recipe=recipe,
             alignment=_DISPATCH_ALIGNMENT,
+            group=LOCAL,
         )
 
     forward.__name__ = f"cute_{recipe}_experts_forward"

@@ -157,9 +157,17 @@ def routed_experts(
     padded groups on the experts' ranks; FP8 dispatch recipes quantize each token once, on its
     sender), ``experts`` on those aligned groups (quantized tokens go in as they are), and
     ``ep.combine`` (the routing-weighted sum in fp32). Returns (T, D) in x's dtype (bf16 under
-    autocast)."""
+    autocast). ``group``: as :class:`MoELayer`'s (``None``: R = 1, every expert local, whatever
+    ``torch.distributed`` holds); ``experts`` holds ``num_experts / R`` experts."""
     from . import ep
 
+    group = ep.LOCAL if group is None else group
+    local = experts.w13.shape[0]
+    if local * ep.group_size(group) != num_experts:
+        raise ValueError(
+            f"routed_experts: experts holds {local} experts, the group of {ep.group_size(group)} "
+            f"rank(s) needs num_experts / R = {num_experts} / {ep.group_size(group)}"
+        )
     r = ep.dispatch(
         x.to(torch.bfloat16),
         topk_idx,
@@ -177,8 +185,15 @@ def routed_experts(
 
 class MoELayer(torch.nn.Module):
     """A mixture-of-experts layer (SPEC section 8): router top-k -> dispatch -> ``GroupedExperts`` ->
-    combine, forward and backward, over ``group`` (R ranks, ``num_experts / R`` experts each; R = 1
-    without a group, on one GPU or CPU).
+    combine, forward and backward, over ``group`` (R ranks, ``num_experts / R`` experts each).
+
+    ``group=None`` (the default) is R = 1: all ``num_experts`` experts on this rank, no
+    communication, whether or not ``torch.distributed`` is initialized, so a model trained with
+    plain data parallelism (DDP, FSDP) keeps every expert on every rank and its gradients are
+    averaged over identical parameters. Expert parallelism is asked for only by passing a process
+    group (``torch.distributed.group.WORLD``, or a subgroup): each rank then holds its own
+    ``num_experts / R`` experts under the same parameter names, which data-parallel gradient
+    averaging over that group must not touch.
 
     ``router``: ``nn.Linear(dim, num_experts)`` without bias; softmax in fp32, top-k, the k
     weights renormalized to sum 1 when ``norm_topk_prob``. ``recipe``: the experts' GEMM recipe;
@@ -204,8 +219,11 @@ class MoELayer(torch.nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.bfloat16,
     ) -> None:
+        from . import ep
+
         super().__init__()
-        ranks = _group_size(group)
+        group = ep.LOCAL if group is None else group
+        ranks = ep.group_size(group)
         checks.check_divisible("num_experts", num_experts, ranks, why="(the group size)", op="MoELayer")
         self.num_experts, self.top_k, self.group = num_experts, top_k, group
         self.dispatch_recipe = dispatch_recipe or recipe
@@ -252,16 +270,6 @@ class MoELayer(torch.nn.Module):
             group=self.group,
         )
         return out.reshape(x.shape)
-
-
-def _group_size(group) -> int:
-    import torch.distributed as dist
-
-    if group is None:
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_world_size()
-        return 1
-    return dist.get_world_size(group)
 
 
 __all__ = ["GroupedExperts", "MoELayer", "routed_experts"]
