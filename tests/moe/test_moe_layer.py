@@ -105,6 +105,26 @@ def test_options_are_checked():
         tb.MoELayer(D, H, E, K, recipe="fp8_rowwise", dispatch_recipe="mxfp8")
 
 
+@pytest.mark.parametrize("dispatch_recipe", ["mxfp8", "bf16"])
+def test_alignment_must_suit_the_recipe(dispatch_recipe):
+    """mxfp8 experts take groups aligned to 32 rows: alignment 16 is refused at construction (a bf16
+    dispatch would hand them 16-row groups as aligned: wrong results, no error)."""
+    from torch_bindings.moe import routed_experts
+
+    message = r"MoELayer: alignment 16 does not suit the 'mxfp8' experts.*multiples of 32"
+    with pytest.raises(ValueError, match=message):
+        tb.MoELayer(D, H, E, K, recipe="mxfp8", dispatch_recipe=dispatch_recipe, alignment=16)
+    with pytest.raises(ValueError, match="MoELayer: alignment must be one of"):
+        tb.MoELayer(D, H, E, K, recipe="bf16", alignment=24)
+    for recipe, alignment in (("fp8_rowwise", 16), ("mxfp8", 64), ("bf16", 16)):
+        assert tb.MoELayer(D, H, E, K, recipe=recipe, alignment=alignment).alignment == alignment
+    experts = tb.GroupedExperts(E, D, H, recipe="mxfp8")
+    x = torch.randn(T, D).bfloat16()
+    idx, w = torch.randint(0, E, (T, K)), torch.rand(T, K)
+    with pytest.raises(ValueError, match="routed_experts: alignment 16 does not suit"):
+        routed_experts(x, idx, w, experts, num_experts=E, dispatch_recipe=dispatch_recipe, alignment=16)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", ["fp8_rowwise", "bf16"])
 def test_gpu_no_sync_and_cuda_graph(recipe):

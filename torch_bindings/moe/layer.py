@@ -22,7 +22,7 @@ import torch
 
 from .. import checks
 from .experts import WeightCache, experts_forward
-from .grouped_mm import _Step, gemm_path
+from .grouped_mm import GROUP_ALIGNMENT, _Step, gemm_path
 from .tokens import QuantizedTokens
 
 _LOG = logging.getLogger("torch_bindings")
@@ -161,6 +161,7 @@ def routed_experts(
     ``torch.distributed`` holds); ``experts`` holds ``num_experts / R`` experts."""
     from . import ep
 
+    check_alignment(alignment, experts.recipe, op="routed_experts")
     group = ep.LOCAL if group is None else group
     local = experts.w13.shape[0]
     if local * ep.group_size(group) != num_experts:
@@ -199,7 +200,9 @@ class MoELayer(torch.nn.Module):
     weights renormalized to sum 1 when ``norm_topk_prob``. ``recipe``: the experts' GEMM recipe;
     ``dispatch_recipe`` (default: the recipe itself) what the dispatch sends: ``"fp8_rowwise"`` /
     ``"mxfp8"`` quantize each token once on its sender and the experts take the quantized rows,
-    ``"bf16"`` sends bf16 rows. No host sync; capturable in a CUDA graph once warm."""
+    ``"bf16"`` sends bf16 rows. ``alignment``: the dispatch's padded group alignment, one of 16, 32,
+    64, 128 and a multiple of the recipe's (16 rows for fp8_rowwise, 32 for mxfp8; ``ValueError``
+    otherwise). No host sync; capturable in a CUDA graph once warm."""
 
     def __init__(
         self,
@@ -233,6 +236,7 @@ class MoELayer(torch.nn.Module):
                 f"MoELayer: dispatch_recipe {self.dispatch_recipe!r} sends tokens the {recipe!r} experts "
                 "cannot take; use the recipe itself or 'bf16'"
             )
+        check_alignment(alignment, recipe, op="MoELayer")
         self.alignment, self.norm_topk_prob = alignment, norm_topk_prob
         self.router = torch.nn.Linear(dim, num_experts, bias=False, device=device, dtype=dtype)
         self.experts = GroupedExperts(
@@ -270,6 +274,20 @@ class MoELayer(torch.nn.Module):
             group=self.group,
         )
         return out.reshape(x.shape)
+
+
+def check_alignment(alignment: int, recipe: str, *, op: str) -> None:
+    """``alignment`` (the dispatch's padded group alignment) suits experts of ``recipe``: one of
+    ``checks.ALIGNMENTS`` and a multiple of the recipe's group alignment (``GROUP_ALIGNMENT``: 16
+    rows for fp8_rowwise, 32 for mxfp8), else ``ValueError`` naming it. The experts take the
+    dispatch's groups as aligned, so a smaller alignment would give wrong results, not an error."""
+    checks.check_alignment(alignment, op=op)
+    need = GROUP_ALIGNMENT[recipe]
+    if alignment % need:
+        raise ValueError(
+            f"{op}: alignment {alignment} does not suit the {recipe!r} experts: their groups must start "
+            f"on multiples of {need} rows (alignment a multiple of {need})"
+        )
 
 
 __all__ = ["GroupedExperts", "MoELayer", "routed_experts"]
