@@ -10,6 +10,8 @@ plain tensors (tests/support/ep_multigpu.py runs it on symmetric memory).
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -144,11 +146,104 @@ class _PlainRing(ep.SlotRing):
     """The slot ring on plain tensors (no process group): what SymmetricPool reuses."""
 
     def _allocate(self, family, kinds, index):
-        views = {
-            name: ep.SharedRows(torch.zeros(shape, dtype=dtype), torch.zeros(1, dtype=torch.int64), None)
-            for name, (shape, dtype) in kinds.items()
-        }
+        views = {}
+        for name, (shape, dtype) in kinds.items():
+            own = torch.zeros(shape, dtype=dtype)
+            ptrs = torch.full((1,), own.data_ptr(), dtype=torch.int64)
+            views[name] = ep.SharedRows(own, ptrs, ptrs, [own])
         return ep.Slot({0: views}, torch.zeros(1, dtype=torch.int32), index)
+
+
+class _RingPool(_PlainRing):
+    """A one-rank pool that reuses slots as SymmetricPool does (R = 1's own path allocates per call):
+    the public ops on CPU through the slot ring."""
+
+    ranks = 1
+
+    def exchange_counts(self, routing, slot):
+        return routing.counts[None]
+
+    def barrier(self) -> None:
+        pass
+
+
+def _slots_in_use(ring) -> dict:
+    return {
+        family[0] if isinstance(family, tuple) else family: [not ep._slot_free(s, 0) for s in slots]
+        for family, slots in ring._families.items()
+    }
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_rowwise", "mxfp8"])
+def test_a_kept_graph_pins_no_slot(monkeypatch, recipe):
+    """dispatch -> a function that saves nothing -> combine, the output (and so the graph) kept: the
+    autograd contexts hold the routing only, so every slot is free; after backward too."""
+    ring = _RingPool()
+    monkeypatch.setattr(ep, "_pool", lambda group, device: ring)
+    gen = torch.Generator().manual_seed(21)
+    x = torch.randn(TOKENS, DIM, generator=gen).bfloat16().requires_grad_()
+    ids = torch.randint(0, EXPERTS, (TOKENS, TOPK), generator=gen)
+    w = torch.rand(TOKENS, TOPK, generator=gen).requires_grad_()
+    r = ep.dispatch(x, ids, num_experts=EXPERTS, recipe=recipe)
+    rows = r.q if recipe == "bf16" else r.tokens.dequantized() + r.grad_anchor
+    out = ep.combine((rows * 2).bfloat16(), r, w)
+    assert _slots_in_use(ring)["dispatch"] == [True]  # r still views its rows
+    del r, rows
+    in_use = _slots_in_use(ring)
+    assert not any(any(v) for v in in_use.values()), in_use
+    out.float().sum().backward()
+    in_use = _slots_in_use(ring)
+    assert "grad" in in_use and not any(any(v) for v in in_use.values()), in_use
+    assert out.grad_fn is not None and x.grad is not None and w.grad is not None
+
+
+@pytest.mark.parametrize("recipe", ["fp8_rowwise", "mxfp8"])
+def test_fp8_experts_free_the_dispatch_slot_after_forward(monkeypatch, recipe):
+    """The experts on an FP8 dispatch's tokens save their own column operand: once the forward is
+    done the graph needs none of the dispatched rows, so their slot is free."""
+    ring = _RingPool()
+    monkeypatch.setattr(ep, "_pool", lambda group, device: ring)
+    experts = tb.GroupedExperts(EXPERTS, DIM, 64, recipe=recipe)
+    x = torch.randn(TOKENS, DIM).bfloat16().requires_grad_()
+    ids = torch.randint(0, EXPERTS, (TOKENS, TOPK))
+    r = ep.dispatch(x, ids, num_experts=EXPERTS, recipe=recipe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the emulated GEMMs on CPU
+        y = experts(r.tokens, r.padded_group_end_offsets, groups_aligned=True)
+    out = ep.combine(y, r, torch.rand(TOKENS, TOPK))
+    del r, y
+    assert _slots_in_use(ring)["dispatch"] == [False]
+    assert out.grad_fn is not None
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "mxfp8"])
+def test_contexts_save_through_saved_tensor_hooks(recipe):
+    """Everything dispatch's and combine's backward read is saved with save_for_backward: saved-tensor
+    hooks (activation checkpointing, offloading) see the pair rows and the routing, and the backward
+    frees them while the output is kept."""
+    import weakref
+
+    gen = torch.Generator().manual_seed(22)
+    x = torch.randn(TOKENS, DIM, generator=gen).bfloat16().requires_grad_()
+    ids = torch.randint(0, EXPERTS, (TOKENS, TOPK), generator=gen)
+    w = torch.rand(TOKENS, TOPK, generator=gen).requires_grad_()
+    packed: list = []
+
+    def pack(t):
+        packed.append((tuple(t.shape), t.dtype, weakref.ref(t)))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        r = ep.dispatch(x, ids, num_experts=EXPERTS, recipe=recipe)
+        y = r.q if recipe == "bf16" else r.tokens.dequantized() + r.grad_anchor
+        out = ep.combine((y * 2).bfloat16(), r, w)
+    shapes = [(shape, dtype) for shape, dtype, _ in packed]
+    assert ((TOKENS, TOPK, DIM), torch.bfloat16) in shapes  # combine's pair rows
+    assert shapes.count(((TOKENS * TOPK,), torch.int32)) == 2  # both contexts' dst_index
+    del r, y
+    out.float().sum().backward()
+    alive = [shape for shape, _, ref in packed if ref() is not None and shape != (TOKENS, TOPK)]
+    assert not alive, alive  # only w itself (a leaf the test holds) outlives the backward
 
 
 def test_slot_ring_never_hands_out_a_live_slot():

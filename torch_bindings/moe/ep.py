@@ -907,24 +907,50 @@ def _grad_dispatch(rows: torch.Tensor, result: DispatchResult) -> torch.Tensor:
     return q.view(q.shape)
 
 
+#: The routing tensors of a ``DispatchResult`` that the backward passes read.
+_ROUTING_TENSORS = (
+    "padded_group_start_offsets",
+    "padded_group_end_offsets",
+    "group_sizes",
+    "dst_index",
+    "tags",
+)
+
+
+def _save_routing(ctx, result: DispatchResult, *extra) -> None:
+    """Keep what a backward pass needs of ``result`` (its routing, never its rows) and ``extra``
+    tensors (None allowed): every tensor through ``save_for_backward``, so saved-tensor hooks
+    (activation checkpointing, offloading) see them and the backward frees them; the context
+    holds no tensor attribute."""
+    ctx.routing = replace(result.routing_only(), **dict.fromkeys(_ROUTING_TENSORS))
+    ctx.save_for_backward(*(getattr(result, name) for name in _ROUTING_TENSORS), *extra)
+
+
+def _load_routing(ctx) -> tuple[DispatchResult, tuple]:
+    """``(routing, extra)`` saved by :func:`_save_routing`."""
+    saved = ctx.saved_tensors
+    count = len(_ROUTING_TENSORS)
+    return replace(ctx.routing, **dict(zip(_ROUTING_TENSORS, saved[:count], strict=True))), saved[count:]
+
+
 class _DispatchFn(torch.autograd.Function):
     """Dispatch with autograd: the gradient of x is a combine of the rows' gradient, unit weights.
     bf16 returns q itself; the FP8 recipes return a (rows, D) bf16 anchor without storage of its own
     (q is not differentiable), through which the GEMM that consumes q sends the rows' gradient. The
-    context keeps the routing only (``routing_only``), never the dispatched rows."""
+    context keeps the routing only (:func:`_save_routing`), never the dispatched rows."""
 
     @staticmethod
     def forward(ctx, x, topk_idx, shape, pool, scaling_mode, holder):
         result = run_dispatch(x, topk_idx, shape, pool, scaling_mode)
         holder.append(result)
-        ctx.result = result.routing_only()
+        _save_routing(ctx, result)
         if shape.recipe == "bf16":
             return result.q
         return torch.zeros((), dtype=torch.bfloat16, device=x.device).expand(result.q.shape)
 
     @staticmethod
     def backward(ctx, grad_q):
-        result = ctx.result
+        result, _ = _load_routing(ctx)
         ones = torch.ones((result.shape.tokens, result.shape.topk), dtype=torch.float32, device=grad_q.device)
         grad_x = run_combine(grad_q.to(torch.bfloat16).contiguous(), result, ones)
         return grad_x, None, None, None, None, None
@@ -932,30 +958,30 @@ class _DispatchFn(torch.autograd.Function):
 
 class _CombineFn(torch.autograd.Function):
     """Combine with autograd: y's gradient is a dispatch of ``grad_out[t] * w[t, j]`` per slot (fp32
-    product rounded to bf16), the weights' ``sum_d grad_out[t, d] y[t, j, d]`` in fp32."""
+    product rounded to bf16), the weights' ``sum_d grad_out[t, d] y[t, j, d]`` in fp32. The context
+    keeps the routing, the weights and, when the weights need a gradient, the (T, k, D') pair rows
+    (a copy: never a view of a buffer slot), all through ``save_for_backward``."""
 
     @staticmethod
     def forward(ctx, y, topk_weights, result):
         keep = ctx.needs_input_grad[1]
         out = run_combine(y, result, topk_weights, keep_rows=keep)
-        ctx.pair_rows = None
+        pair_rows = None
         if keep:
-            out, ctx.pair_rows = out
-        ctx.result = result.routing_only()
-        ctx.save_for_backward(topk_weights)
+            out, pair_rows = out
+        _save_routing(ctx, result, topk_weights, pair_rows)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        (w,) = ctx.saved_tensors
-        result = ctx.result
+        result, (w, pair_rows) = _load_routing(ctx)
         g = grad_out.to(torch.float32)
         grad_y = grad_w = None
         if ctx.needs_input_grad[0]:
             per_pair = (g[:, None, :] * w.to(torch.float32)[:, :, None]).to(torch.bfloat16)
             grad_y = _grad_dispatch(per_pair, result)
-        if ctx.pair_rows is not None:
-            grad_w = (g[:, None, :] * ctx.pair_rows.to(torch.float32)).sum(-1).to(w.dtype)
+        if pair_rows is not None:
+            grad_w = (g[:, None, :] * pair_rows.to(torch.float32)).sum(-1).to(w.dtype)
         return grad_y, grad_w, None
 
 
