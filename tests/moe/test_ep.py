@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -244,3 +245,76 @@ def test_group_none_is_the_default_group_and_local_is_r1(monkeypatch):
     assert res.shape.ranks == 1 and res.padded_group_end_offsets.shape == (4,)
     with pytest.raises(AssertionError, match="multi-rank group"):
         ep.dispatch(x, ids, num_experts=4, recipe="bf16")
+
+
+def _two_rank_pool(monkeypatch, rank: int, sent: dict):
+    """A ``SymmetricPool`` as ``rank`` of 2 sees it, its slots plain CPU tensors and its count
+    all-gather served from ``sent`` (each rank's message, by rank)."""
+    import torch.distributed as dist
+
+    pool = ep.SymmetricPool.__new__(ep.SymmetricPool)
+    ep.SlotRing.__init__(pool)
+    pool.group, pool.ranks, pool.rank = None, 2, rank
+
+    def allocate(family, kinds, index):
+        views = {n: ep.SharedRows(torch.zeros(s, dtype=d), None, None) for n, (s, d) in kinds.items()}
+        return ep.Slot({rank: views}, torch.zeros(1, dtype=torch.int32), index)
+
+    def all_gather_into_tensor(out, mine, group=None):
+        sent[rank] = mine.clone()
+        for r in range(2):
+            out[r] = sent.get(r, mine)
+
+    pool._allocate = allocate
+    monkeypatch.setattr(dist, "all_gather_into_tensor", all_gather_into_tensor)
+    return pool
+
+
+@pytest.mark.parametrize("field", ["tokens", "hidden", "topk", "alignment", "recipe", "same"])
+def test_ranks_that_disagree_on_shapes_trip_the_slot_assert(monkeypatch, field):
+    """Two ranks take slot 0 of their dispatch family; when the families differ (T, D, k, alignment
+    or recipe) the tickets exchanged with the counts differ and the device assert fires."""
+    shape = ep.EpShape(2, 32, 128, 2, 4, 32, "bf16")
+    other = {"tokens": 16, "hidden": 256, "topk": 4, "alignment": 64, "recipe": "mxfp8", "same": None}[field]
+    peer_shape = shape if other is None else replace(shape, **{field: other})
+    sent: dict = {}
+    ids = torch.randint(0, 4, (32, 2))
+    for rank, s in ((1, peer_shape), (0, shape)):
+        pool = _two_rank_pool(monkeypatch, rank, sent)
+        slot = pool.acquire(ep._family(s, "dispatch"), ep._dispatch_kinds(s))
+        assert slot.index == 0
+        routing = ep.route(ids, 4, slot.ticket)
+        if rank == 1 or field == "same":
+            pool.exchange_counts(routing, slot)
+        else:
+            with pytest.raises(RuntimeError):
+                pool.exchange_counts(routing, slot)
+
+
+def test_slot_ticket_is_stable_across_processes():
+    """The ticket is a CRC of the family's repr, not Python's per-process salted hash: another
+    interpreter (another PYTHONHASHSEED) computes the same."""
+    family = ep._family(ep.EpShape(2, 32, 128, 2, 4, 32, "mxfp8"), "dispatch")
+    code = (
+        "from torch_bindings import ep; "
+        "print(ep.slot_ticket(ep._family(ep.EpShape(2, 32, 128, 2, 4, 32, 'mxfp8'), 'dispatch'), 3))"
+    )
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert int(out.stdout) == ep.slot_ticket(family, 3)
+    assert 0 <= ep.slot_ticket(family, 3) < 2**31 and ep.slot_ticket(family, 3) != ep.slot_ticket(family, 4)
+
+
+def test_slot_table_compares_tickets(monkeypatch):
+    """Combine's backward (no count exchange) checks the tickets every rank wrote into its slot table:
+    a peer's slot of another family trips the assert."""
+    shape = ep.EpShape(2, 32, 128, 2, 4, 32, "bf16")
+    pool = _two_rank_pool(monkeypatch, 0, {})
+    mine = pool.acquire(ep._family(shape, "grad"), ep._dispatch_kinds(shape))
+    theirs = ep.slot_ticket(ep._family(replace(shape, tokens=16), "grad"), 0)
+    table = torch.tensor([[mine.ticket], [theirs]], dtype=torch.int32)
+    pool._slot_table = ep.Slot({0: {"ids": ep.SharedRows(table, None, None)}})
+    with pytest.raises(RuntimeError):
+        pool.verify(mine)
+    table[1] = mine.ticket
+    pool.verify(mine)

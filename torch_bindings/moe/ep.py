@@ -39,6 +39,7 @@ group) runs the same kernels on local buffers, and on CPU the reference's moves.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -105,6 +106,8 @@ class Slot:
     views: dict[int, dict[str, SharedRows]]
     filled: torch.Tensor | None = None
     index: int = 0
+    #: What the ranks exchange to check they chose the same slot (:func:`slot_ticket`).
+    ticket: int = 0
     #: Storage use counts of the kinds' tensors when only the slot held them (``SymmetricPool``).
     baseline: tuple = ()
     #: Written by a CUDA graph capture: its replays write it again, so no eager call may take it.
@@ -206,6 +209,7 @@ class SlotRing:
                 "the results (and autograd graphs) of earlier steps, or raise torch_bindings.ep.MAX_SLOTS"
             )
         slot = self._allocate(family, kinds, len(slots))
+        slot.ticket = slot_ticket(family, slot.index)
         slot.baseline = tuple(_use_count(v.own) for v in slot.views[self.rank].values())
         slot.captured = capturing
         slots.append(slot)
@@ -223,7 +227,8 @@ class SymmetricPool(SlotRing):
     """Buffers in PyTorch symmetric memory over ``group`` (multicast is never used), reused as a
     :class:`SlotRing`: a new slot is a collective allocation (syncs once). Every rank makes the same
     choice as long as every rank holds the same results alive (SPMD); the count exchange carries the
-    slot number and a device assert stops a mismatch rather than mix the ranks' rows."""
+    slot's ticket (:func:`slot_ticket`: its family's shapes and its index) and a device assert stops
+    a mismatch rather than mix the ranks' rows."""
 
     def __init__(self, group) -> None:
         import torch.distributed as dist
@@ -259,13 +264,13 @@ class SymmetricPool(SlotRing):
         self._handle.barrier(channel=0)
 
     def announce(self, slot: Slot) -> None:
-        """Write this rank's slot number into every rank's (R, 1) table of slot numbers (row
-        ``rank``); after the next barrier :meth:`verify` checks that every rank chose the same. For
-        the sends that have no count exchange (combine's backward)."""
+        """Write this rank's slot ticket into every rank's (R, 1) table of tickets (row ``rank``);
+        after the next barrier :meth:`verify` checks that every rank chose the same slot of the same
+        family. For the sends that have no count exchange (combine's backward)."""
         if self._slot_table is None:
             self._slot_table = self._allocate("slot table", {"ids": ((self.ranks, 1), torch.int32)}, 0)
         table = self._slot_table.views[self.rank]["ids"]
-        src = torch.full((1, 1), slot.index, dtype=torch.int32, device=table.own.device)
+        src = torch.full((1, 1), slot.ticket, dtype=torch.int32, device=table.own.device)
         zero = _zeros_int(self.ranks, src.device)
         scatter_rows(src, table, zero, _arange(self.ranks, src.device) * self.ranks + self.rank)
 
@@ -273,13 +278,13 @@ class SymmetricPool(SlotRing):
         """After the barrier that follows :meth:`announce`: a device assert unless every rank chose
         ``slot``."""
         table = self._slot_table.views[self.rank]["ids"].own
-        torch._assert_async((table == slot.index).all(), _SLOT_MISMATCH)
+        torch._assert_async((table == slot.ticket).all(), _SLOT_MISMATCH)
 
     def exchange_counts(self, routing: Routing, slot: Slot) -> torch.Tensor:
-        """The routing's (E,) int32 counts of every rank, (R, E), over NCCL (no host sync). The slot
-        number rides along; every rank must have chosen the same (a device assert otherwise). The
-        routing kernel wrote counts and slot number into the vector sent (``routing.message``: no
-        copy); the PyTorch routing's counts are copied into one."""
+        """The routing's (E,) int32 counts of every rank, (R, E), over NCCL (no host sync). The slot's
+        ticket rides along; every rank must have chosen the same slot of the same family (a device
+        assert otherwise). The routing kernel wrote counts and ticket into the vector sent
+        (``routing.message``: no copy); the PyTorch routing's counts are copied into one."""
         import torch.distributed as dist
 
         counts = routing.counts
@@ -288,17 +293,27 @@ class SymmetricPool(SlotRing):
         if mine is None:
             mine = counts.new_empty(experts + 1)
             mine[:experts].copy_(counts)
-            mine[experts:].fill_(slot.index)
+            mine[experts:].fill_(slot.ticket)
         out = counts.new_empty((self.ranks, experts + 1))
         dist.all_gather_into_tensor(out, mine, group=self.group)
-        torch._assert_async((out[:, experts] == slot.index).all(), _SLOT_MISMATCH)
+        torch._assert_async((out[:, experts] == slot.ticket).all(), _SLOT_MISMATCH)
         return out[:, :experts]
 
 
 _SLOT_MISMATCH = (
-    "torch_bindings.ep: ranks wrote into different buffer slots (they hold different dispatch results "
-    "alive); every rank must run the same calls and keep the same results alive"
+    "torch_bindings.ep: ranks chose different buffer slots (they hold different dispatch results alive, "
+    "or called with different T, D, k, E, alignment or recipe); every rank must run the same calls "
+    "with the same shapes and keep the same results alive"
 )
+
+
+def slot_ticket(family, index: int) -> int:
+    """The int32 the ranks exchange for slot ``index`` of ``family`` (with the counts of a dispatch;
+    in the slot table for combine's backward): a CRC-32 of the family's repr (purpose and
+    ``EpShape``: R, T, D, k, E, alignment, recipe) and the index, as a non-negative int32. The same
+    in every process (Python's ``hash`` of a string is salted per process), and different, but for a
+    2**-31 chance, for ranks that chose different slots or slots of different shapes."""
+    return zlib.crc32(repr((family, index)).encode()) & 0x7FFFFFFF
 
 
 def _slot_free(slot: Slot, rank: int) -> bool:
@@ -382,7 +397,7 @@ class Routing:
     int64), ``counts`` (E,) int32 pairs per expert, ``position`` (P,) rank of each pair among the
     pairs of its expert (token, then slot order; PyTorch: int64; the kernel: int32, -1 for a
     dropped pair) and ``message``: the (E + 1,) int32 vector the count exchange sends, ``counts``
-    then the slot number (the kernel writes both; None: the exchange builds it)."""
+    then the slot's ticket (the kernel writes both; None: the exchange builds it)."""
 
     expert: torch.Tensor
     counts: torch.Tensor
@@ -405,9 +420,10 @@ def _id_variant(key: tuple, target) -> object:
     return EpIdVariant(key[1])
 
 
-def route(topk_idx: torch.Tensor, experts: int, slot_index: int = 0) -> Routing:
+def route(topk_idx: torch.Tensor, experts: int, ticket: int = 0) -> Routing:
     """:class:`Routing` of topk_idx (T, k) int32/int64 (any strides); on a GPU one launch of the
-    route kernel, which also writes ``slot_index`` after the counts (``Routing.message``)."""
+    route kernel, which also writes ``ticket`` (the slot's :func:`slot_ticket`) after the counts
+    (``Routing.message``)."""
     target = _routing_target(topk_idx, experts)
     if target is None:
         return _route_torch(topk_idx, experts)
@@ -416,7 +432,7 @@ def route(topk_idx: torch.Tensor, experts: int, slot_index: int = 0) -> Routing:
     message = torch.empty(experts + 1, dtype=torch.int32, device=ids.device)
     position = message.new_empty(ids.shape[0])
     kernel = target.kernel(("ep_route", _ID_NAMES[ids.dtype]), _id_variant)
-    kernel(ids, message, position, experts, slot_index)
+    kernel(ids, message, position, experts, ticket)
     return Routing(ids, message[:experts], position, message)
 
 
@@ -865,7 +881,7 @@ def run_dispatch(
     """Steps 1-5 on this rank (module docstring)."""
     rank = pool.rank
     slot = pool.acquire(_family(shape, "dispatch"), _dispatch_kinds(shape))
-    routing = route(topk_idx, shape.experts, slot.index)
+    routing = route(topk_idx, shape.experts, slot.ticket)
     all_counts = pool.exchange_counts(routing, slot)
     lay = layout(routing, all_counts, rank, shape, slot.filled)
     _send_and_land(x, lay, slot, shape, pool, scaling_mode)
