@@ -302,6 +302,22 @@ def test_auto_on_a_gpu_without_kernels_raises_naming_what_is_missing(monkeypatch
         backend.select("quantize_fp8_2d", "cute", torch.device("cpu"))
 
 
+@pytest.mark.parametrize("recipe", ["fp8_rowwise", "mxfp8"])
+def test_quantized_tokens_dequantized_honours_the_backend(monkeypatch, recipe):
+    """QuantizedTokens.dequantized resolves ``backend`` as the ops do (backend.select: "cute" where
+    no kernel runs and "auto" on a GPU without the kernels raise); "reference" runs."""
+    x, ids = torch.randn(TOKENS, DIM).bfloat16(), torch.randint(0, EXPERTS, (TOKENS, TOPK))
+    tokens = ep.dispatch(x, ids, num_experts=EXPERTS, recipe=recipe).tokens
+    want = tokens.dequantized()
+    assert_same(tokens.dequantized(backend="reference"), want, "reference")
+    with pytest.raises(RuntimeError, match="backend='cute' cannot run"):
+        tokens.dequantized(backend="cute")
+    seen = []
+    monkeypatch.setattr(backend, "select", lambda op, b, device: seen.append(b))  # what the ops call
+    tokens.dequantized(backend="cute")
+    assert seen == ["cute"]
+
+
 def test_capabilities_report_each_path(monkeypatch):
     cpu = tb.capabilities("cpu")
     assert set(cpu.ops.values()) == {"reference"} and cpu.gemm["bf16"] == "native"

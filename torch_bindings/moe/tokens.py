@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import backend as _backend
 from .. import reference
 from ..dequantize_fp8 import dequantize_fp8_rows
 
@@ -37,13 +38,17 @@ class QuantizedTokens:
     plain_scales: torch.Tensor | None = None
     grad_anchor: torch.Tensor | None = None
 
-    def dequantized(self) -> torch.Tensor:
+    def dequantized(self, backend: str = "auto") -> torch.Tensor:
         """(M, K) bf16 ``q * scale`` (exact: the scales are powers of 2 and q has 3 mantissa bits).
         fp8_rowwise: only the rows below the last group end, the rows any GEMM reads
-        (:func:`dequantize_fp8_rows`: the bounded kernel on a GPU, no sync; the rows past the end
-        unspecified); mxfp8: every row, in PyTorch."""
+        (:func:`dequantize_fp8_rows` with ``backend``: the bounded kernel on a GPU, no sync; the
+        rows past the end unspecified); mxfp8: every row, in PyTorch elementwise ops on q's device
+        (no sync; there is no kernel for it). ``backend`` resolves as every op's
+        (``torch_bindings.backend``): ``"auto"`` raises on a CUDA device where the kernels cannot
+        run, ``"cute"`` wherever they cannot (CPU included), ``"reference"`` runs anywhere."""
         if self.recipe == "fp8_rowwise":
-            return dequantize_fp8_rows(self.q, self.scales, self.group_end_offsets)
+            return dequantize_fp8_rows(self.q, self.scales, self.group_end_offsets, backend=backend)
+        _backend.select("QuantizedTokens.dequantized", backend, self.q.device)
         return dequant_mx(self.q, self.plain_scales)
 
     def anchor(self) -> torch.Tensor:
