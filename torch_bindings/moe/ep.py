@@ -31,10 +31,12 @@ tag names, waits at the barrier, and sums the k slots per token in fp32
 dispatch's gradient is a combine with unit weights, combine's is a dispatch of the per-slot
 weighted output gradient plus the weights' gradient.
 
-Buffers: one set per (group, shapes), allocated on first use (a collective that syncs once) and
-reused: a ``DispatchResult``'s ``q`` is a view of them, valid until the next ``dispatch`` with the
-same group and shapes (combine's backward dispatches into a set of its own). The R = 1 path (no
-group) runs the same kernels on local buffers, and on CPU the reference's moves.
+Groups: ``group=None`` is torch.distributed's default group (R = 1 when it is not initialized or
+has one rank), :data:`LOCAL` is R = 1 whatever is initialized (what ``MoELayer`` uses without a
+group). Buffers (notes/buffer-lifetime.md): R = 1 takes fresh rows from the caching allocator per
+call (the same kernels on local buffers; on CPU the reference's moves); R > 1 reuses slots of
+symmetric memory (:class:`SlotRing`), a slot only when no tensor views it, the ranks' choice checked
+by a ticket (:func:`slot_ticket`). The autograd contexts keep the routing, never the rows.
 """
 
 from __future__ import annotations
