@@ -275,7 +275,9 @@ def _x_operands(call: ExpertsCall, ops, x: Tensor, ends: Tensor, need_cols: bool
     """x's forward (row) operand and, when w13 needs a gradient, its wgrad (column) operand."""
     if call.tokens is not None:
         rows = ops.tokens_rows(call.tokens)
-        return rows, (ops.cols(call.tokens.dequantized(), ends) if need_cols else None)
+        return rows, (
+            ops.cols(call.tokens.dequantized(backend=call.step.backend), ends) if need_cols else None
+        )
     if isinstance(ops, Mxfp8):
         rows, cols = ops._both(x, ends)
         return rows, (cols if need_cols else None)

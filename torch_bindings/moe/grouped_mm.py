@@ -202,7 +202,7 @@ def _fp8_forward(x, w, groups: _Groups, x_aligned, step: _Step, need_w: bool, to
     q_w, s_w = quantize_fp8_3d(w, axis="K", backend=step.backend)
     if tokens is not None:
         q, s = tokens.q, tokens.scales
-        cols = _fp8_cols(tokens.dequantized(), groups, step) if need_w else (None, None)
+        cols = _fp8_cols(tokens.dequantized(backend=step.backend), groups, step) if need_w else (None, None)
     else:
         q, s = quantize_fp8_2d(x, axis="row", group_end_offsets=groups.ends, backend=step.backend)
         cols = _fp8_cols(x_aligned, groups, step) if need_w else (None, None)
@@ -275,7 +275,9 @@ def _mx_forward(x, w, groups: _Groups, x_aligned, step: _Step, need_w: bool, tok
         q, s = tokens.q, (tokens.plain_scales if step.emulated else tokens.scales)
         q_col = s_col = None
         if need_w:
-            _, _, q_col, s_col = _mx_quantize(tokens.dequantized(), groups.padded_end, step)
+            _, _, q_col, s_col = _mx_quantize(
+                tokens.dequantized(backend=step.backend), groups.padded_end, step
+            )
     else:
         q, s, q_col, s_col = _mx_quantize(x_aligned, groups.padded_end, step)
     q_w, s_w = quantize_mxfp8_3d(w, block="1x32", blocked_scales=not step.emulated, backend=step.backend)
