@@ -7,7 +7,7 @@ Three kernels, each one launch:
 - :class:`EpRouteKernel` (before the count exchange): ``ids`` (P,) int32/int64 expert ids of the
   (token, slot) pairs in pair order (``topk_idx`` flattened, token-major) -> ``counts[e]`` pairs of
   expert e for e < E (ids outside ``[0, E)`` are dropped: counted nowhere), ``counts[E] = tail``
-  when ``counts`` is longer (the slot number the exchange carries), and ``position[i]`` the rank
+  when ``counts`` is longer (the slot ticket the exchange carries), and ``position[i]`` the rank
   of pair i among the pairs of its expert in pair order (-1 for a dropped pair). CTA ``c`` owns a
   chunk of ``warps * 32 * steps`` pairs: it counts every pair before its chunk into a shared
   histogram (warp-aggregated shared atomics: ``match.any`` groups the lanes of one expert, the
