@@ -20,11 +20,14 @@ Defaults: R = 4, T = 8192, k = 8, E_local = 8, alignment 16, D = 7168 (about 3.8
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 import torch_bindings as tb
 from bench.common.baselines import copy_baseline_best
 from bench.common.cli import make_parser, output_paths, timing_kwargs
+from bench.common.device import cuda_or_none
 from bench.common.report import report
 from bench.common.timing import time_cuda
 
@@ -59,7 +62,7 @@ def _dequantize_rows(q: torch.Tensor, s: torch.Tensor, ends: torch.Tensor, timin
     return [{"pass": name, "us": time_cuda(fn, **timing), "copy_us": copy_us} for name, fn in calls.items()]
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=8192)
@@ -68,6 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dim", type=int, default=7168)
     parser.add_argument("--fill", type=float, default=None, help="filled fraction (default 1 / ranks)")
     args = parser.parse_args(argv)
+    if cuda_or_none("bench_bounded_rows") is None:
+        return 2
     tokens = args.tokens // 4 if args.quick else args.tokens
     rows = _rows(args.ranks, tokens, args.topk, args.local_experts, 16)
     bound = int(rows * (args.fill if args.fill is not None else 1.0 / args.ranks)) // 16 * 16
@@ -82,7 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     json_path, _ = output_paths(args.out, "bounded_rows")
     columns = ["pass", "rows", "bound", "D", "us", "copy_us", "ratio to copy"]
     report(results, columns, "Row passes bounded by the last group end", json_path=json_path, panel_key=None)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

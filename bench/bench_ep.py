@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 for _name, _value in (
@@ -259,7 +260,7 @@ def layer_rows(
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--hidden", type=int, default=7168)
@@ -269,10 +270,14 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--expert-hidden", type=int, default=2048, help="H of the MoE layer rows")
     parser.add_argument("--layer-experts", type=int, default=64, help="E of the MoE layer rows (0: none)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if "WORLD_SIZE" not in os.environ or not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-        print("bench_ep: needs >= 2 GPUs, one process each: torchrun --nproc-per-node N -m bench.bench_ep")
-        return
+        print(
+            "error: bench_ep needs >= 2 CUDA GPUs, one process each: "
+            "torchrun --nproc-per-node N -m bench.bench_ep",
+            file=sys.stderr,
+        )
+        return 2
     dist.init_process_group("nccl")
     torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
     for experts in args.experts:
@@ -286,7 +291,8 @@ def main() -> None:
         if dist.get_rank() == 0:
             print("\n".join(lines), flush=True)
     dist.destroy_process_group()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -17,11 +17,12 @@ configs (``SendConfig``: threads, vectors per thread, CTAs per SM) with the byte
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
 from bench.common.baselines import copy_baseline_us
-from bench.common.device import device_name, require_cuda
+from bench.common.device import cuda_or_none, device_name
 from bench.common.timing import time_cuda
 from torch_bindings import ep, quantize_fp8_2d, quantize_mxfp8_2d
 from torch_bindings.ep_send import PeerBuffers, SendBuffers, buffer_specs, quantize_and_send
@@ -125,7 +126,7 @@ def bench_case(args, recipe: str, ranks: int) -> list[str]:
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--hidden", type=int, default=7168)
@@ -134,15 +135,17 @@ def main() -> None:
     parser.add_argument("--recipes", nargs="+", default=["mxfp8", "fp8_rowwise", "bf16"])
     parser.add_argument("--configs", action="store_true", help="also time other SendConfigs")
     parser.add_argument("--no-graph", action="store_true", help="time eager calls, not graph replays")
-    args = parser.parse_args()
-    require_cuda("bench_ep_send")
+    args = parser.parse_args(argv)
+    if cuda_or_none("bench_ep_send") is None:
+        return 2
     print(f"### EP send, T={args.tokens} D={args.hidden} k={args.topk} ({device_name()})")
     print("| recipe | R | MB moved | op | time us | GB/s | ratio to copy | fused vs chain | same bytes |")
     print("|---|---|---|---|---|---|---|---|---|")
     for recipe in args.recipes:
         for ranks in args.ranks:
             print("\n".join(bench_case(args, recipe, ranks)), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

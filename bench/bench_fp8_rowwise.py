@@ -15,11 +15,14 @@ Run (GPU machine, project root on PYTHONPATH)::
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 import torch_bindings
 from bench.common.baselines import copy_baseline_best
 from bench.common.cli import make_parser, output_paths
+from bench.common.device import cuda_or_none
 from bench.common.report import report
 from bench.common.rows import gbps
 from bench.common.timing import make_rotating_inputs, time_cuda
@@ -61,8 +64,10 @@ def bench_shape(shape: tuple[int, ...], torchao_fn) -> dict:
     return row
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = make_parser(__doc__.splitlines()[0]).parse_args(argv)  # --quick: K = 7168 only
+    if cuda_or_none("bench_fp8_rowwise") is None:
+        return 2
     torchao_fn = _torchao_rowwise()
     shapes = [(m, k) for m in ROWS for k in ((7168,) if args.quick else COLS)] + EXPERTS
     rows = [bench_shape(shape, torchao_fn) for shape in shapes]
@@ -76,7 +81,8 @@ def main(argv: list[str] | None = None) -> None:
         json_path=json_path,
         panel_key=None,
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -84,18 +84,18 @@ def _step_ms(implementation: str, layers: int, batch: int, seq: int, steps: int)
     return row
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0])
     args = parser.parse_args(argv)
     if cuda_or_none("bench_model") is None:
-        raise SystemExit(2)
+        return 2
     try:
         from torch_bindings.moe import hf
 
         hf.register()
     except ImportError as error:
         print(f"error: bench_model needs transformers ({error})", file=sys.stderr)
-        raise SystemExit(2) from None
+        return 2
     print(f"device: {torch.cuda.get_device_name()}")
     rows = []
     for name in IMPLEMENTATIONS:
@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
         json_path=output_paths(args.out, "model")[0],
         panel_key=None,
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

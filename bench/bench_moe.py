@@ -20,6 +20,7 @@ Run (GPU machine, project root on PYTHONPATH)::
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -407,10 +408,10 @@ def module_rows(s: Shape, torchao_mm, copy_gbps: float) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = make_parser(__doc__.splitlines()[0]).parse_args(argv)  # --quick: the first shape only
     if cuda_or_none("bench_moe") is None:
-        raise SystemExit(2)
+        return 2
     torchao_mm = _torchao_mm()
     copy_gbps = (1 << 31) / copy_baseline_best(1 << 31, torch.device("cuda"))[0].us / 1e3
     print(f"device: {torch.cuda.get_device_name()}, copy {copy_gbps:.0f} GB/s (read + write)")
@@ -438,7 +439,8 @@ def main(argv: list[str] | None = None) -> None:
         panel_key=None,
         meta=meta,
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -16,11 +16,14 @@ Run (GPU machine, project root on PYTHONPATH)::
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 import torch_bindings
 from bench.common.baselines import copy_baseline_best
 from bench.common.cli import make_parser, output_paths
+from bench.common.device import cuda_or_none
 from bench.common.groups import block_group_ends
 from bench.common.report import report
 from bench.common.rows import gbps
@@ -78,10 +81,12 @@ def bench_shape(rows: int, cols: int, groups: int | None, dual: bool) -> dict:
     return row
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0])  # --quick: one shape per M
     parser.add_argument("--no-dual", action="store_true")
     args = parser.parse_args(argv)
+    if cuda_or_none("bench_quantize_32x1") is None:
+        return 2
     cols_list = (7168,) if args.quick else COLS
     rows_out = []
     for rows in ROWS:
@@ -94,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     report(
         rows_out, keys, "quantize_mxfp8_2d 32x1 and dual (bf16, rceil)", json_path=json_path, panel_key=None
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +29,7 @@ import torch
 import torch_bindings
 from bench.common.baselines import copy_baseline_best
 from bench.common.cli import make_parser, progress
+from bench.common.device import cuda_or_none
 from bench.common.groups import skewed_group_ends
 from bench.common.timing import make_rotating_inputs, tensor_nbytes, time_cuda
 from cute_kernels import configs, registry
@@ -156,10 +158,12 @@ def measure_points() -> list[dict]:
     return points
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0])
     parser.add_argument("--write", type=Path, help="merge the points into this JSON table")
     args = parser.parse_args(argv)
+    if cuda_or_none("calibrate_model") is None:
+        return 2
     device = torch.cuda.get_device_name()
     entry = {"arch": _arch(), "sms": torch.cuda.get_device_properties(0).multi_processor_count}
     entry["points"] = measure_points()
@@ -170,7 +174,8 @@ def main(argv: list[str] | None = None) -> None:
         table[device] = entry
         args.write.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
         print(f"wrote {len(entry['points'])} points for {device} into {args.write}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 from pathlib import Path
 
 import torch
 
 from bench.common.baselines import copy_baseline_best
 from bench.common.cli import make_parser, progress
+from bench.common.device import cuda_or_none
 from bench.common.groups import skewed_group_ends
 from bench.common.timing import make_rotating_inputs, time_cuda
 from bench.common.tuned import merge_tuned
@@ -126,11 +128,13 @@ def _best(case: Case, name: str, kernels: dict, sets: list) -> object:
     return results[0][2]
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0])
     parser.add_argument("--dual", action="store_true", help="tune the dual variants' classes")
     parser.add_argument("--write", type=Path, default=None, help="merge the winners into this table")
     args = parser.parse_args(argv)
+    if cuda_or_none("tune_fp8_cols") is None:
+        return 2
     arch = {9: "sm_90a", 10: "sm_100a"}[torch.cuda.get_device_capability()[0]]
     device = torch.cuda.get_device_name()
     if args.quick and args.write:
@@ -155,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.write is not None:
         for name, entries in winners.items():
             merge_tuned(args.write, name, arch, device, entries)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 from pathlib import Path
 
 import torch
 
 from bench.common.baselines import copy_baseline_best
 from bench.common.cli import make_parser, progress
+from bench.common.device import cuda_or_none
 from bench.common.timing import make_rotating_inputs, time_cuda
 from bench.common.tuned import merge_tuned
 from cute_kernels import registry
@@ -58,10 +60,12 @@ def _ratios(cols: int, kernels: dict) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0])
     parser.add_argument("--write", type=Path, default=None, help="merge the winners into this table")
     args = parser.parse_args(argv)
+    if cuda_or_none("tune_fp8_rowwise") is None:
+        return 2
     arch = {9: "sm_90a", 10: "sm_100a"}[torch.cuda.get_device_capability()[0]]
     device = torch.cuda.get_device_name()
     configs = [c for c in CONFIGS if c.row_per_cta] if args.quick else CONFIGS
@@ -81,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.write is not None:
         entries = {f"bfloat16/k{k_class}": dataclasses.asdict(c) for k_class, c in winners.items()}
         merge_tuned(args.write, "quantize_fp8_row", arch, device, entries)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

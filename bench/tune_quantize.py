@@ -12,12 +12,12 @@ import torch
 
 from bench.common import (
     copy_baseline_us,
+    cuda_or_none,
     make_parser,
     make_rotating_inputs,
     output_paths,
     progress,
     report,
-    require_cuda,
     time_cuda,
 )
 from cute_kernels import registry
@@ -107,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--padded", action="store_true", help="sweep the fused-padding variant instead")
     args = parser.parse_args(argv)
-    device = require_cuda("tune_quantize")
+    device = cuda_or_none("tune_quantize")
+    if device is None:
+        return 2
     arch, _ = kernel_arch(device)
     dtype = getattr(torch, args.dtype)
     configs = [

@@ -10,10 +10,12 @@ first candidate's, and prints one line per (config, shape).
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
 from bench.common import block_group_ends, copy_baseline_best, make_rotating_inputs, time_cuda
+from bench.common.device import cuda_or_none
 from cute_kernels import registry
 from cute_kernels.quantize_32x1 import Quantize32x1Config, Quantize32x1Variant, ScaleLayout
 from torch_bindings.quantize_32x1 import scales_shape_32x1
@@ -36,10 +38,12 @@ GROUP_CANDIDATES = {
 SHAPES = ((32768, 2048), (32768, 7168), (131072, 2048), (131072, 5120), (131072, 7168))
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, default=0, help="G row groups (the K-groups layout)")
     args = parser.parse_args(argv)
+    if cuda_or_none("tune_quantize_32x1") is None:
+        return 2
     candidates = GROUP_CANDIDATES if args.groups else CANDIDATES
     layout = ScaleLayout.K_GROUPS if args.groups else ScaleLayout.BLOCKED
     variant = Quantize32x1Variant("bfloat16", "rceil", layout, rank=2)  # the 2-D op's entry
@@ -70,7 +74,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{rows}x{cols} {name:12s} {us:9.1f} us  ratio {copy_us / us:.3f}  same={same}")
         del sets
         torch.cuda.empty_cache()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -13,11 +13,13 @@ and prints one line per (config, shape).
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
 import torch_bindings
 from bench.common import block_group_ends, copy_baseline_best, make_rotating_inputs, progress, time_cuda
+from bench.common.device import cuda_or_none
 from cute_kernels import registry
 from cute_kernels.quantize_dual import DualConfig, DualVariant, ScaleLayout
 
@@ -51,7 +53,7 @@ def _bytes(tensors) -> list[torch.Tensor]:
     return [t.contiguous().view(torch.uint8) for t in tensors]
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="first two candidates only")
     parser.add_argument("--groups", type=int, default=0, help="G row groups (the grouped layout)")
@@ -59,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, nargs="+", help="only shapes with these row counts")
     parser.add_argument("--candidates", nargs="+", choices=sorted(CANDIDATES), help="only these configs")
     args = parser.parse_args(argv)
+    if cuda_or_none("tune_quantize_dual") is None:
+        return 2
     names = args.candidates or list(CANDIDATES)[: 2 if args.quick else None]
     candidates = {name: CANDIDATES[name] for name in names}
     layout = ScaleLayout.GROUPS if args.groups else ScaleLayout.BLOCKED
@@ -99,7 +103,8 @@ def main(argv: list[str] | None = None) -> None:
             )
         del sets
         torch.cuda.empty_cache()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

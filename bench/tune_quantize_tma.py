@@ -15,11 +15,11 @@ import torch
 
 from bench.common import (
     copy_baseline_us,
+    cuda_or_none,
     make_parser,
     output_paths,
     progress,
     report,
-    require_cuda,
     time_cuda,
     timing_kwargs,
 )
@@ -90,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0])
     parser.add_argument("--mode", default="rceil", choices=["floor", "rceil"])
     args = parser.parse_args(argv)
-    device = require_cuda("tune_quantize_tma")
+    device = cuda_or_none("tune_quantize_tma")
+    if device is None:
+        return 2
     arch, _ = kernel_arch(device)
     timing = timing_kwargs(args)
     configs = QUICK_CONFIGS if args.quick else CONFIGS
