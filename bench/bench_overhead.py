@@ -9,11 +9,11 @@ Ops: ``swizzle_scales`` (plain, M-groups, K-groups), ``quantize_mxfp8_2d`` (1x32
 blocked, M-groups; 32x1), ``quantize_mxfp8_2d_dual``, ``quantize_mxfp8_3d`` (1x32, 32x1),
 ``pad_token_groups``, ``unpad_token_groups`` (with ``num_tokens``, the no-sync form),
 ``pad_and_quantize_mxfp8_2d``, ``quantize_fp8_2d(axis="row")``, ``quantize_fp8_3d(axis="K")``,
-``swiglu_quantize_fp8`` and ``swiglu_backward_quantize_fp8``.
-``pad_and_quantize_mxfp8_2d``, ``quantize_fp8_2d(axis="row")`` (also bounded by row groups),
-``quantize_fp8_3d(axis="K")`` and ``dequantize_fp8_rows``.
-An op that raises gets a row saying so. The last rows time the
-``torch.ops`` custom-op dispatch (the ``torch.compile`` path) and bare allocations, for scale.
+``swiglu_quantize_fp8``, ``swiglu_backward_quantize_fp8``, ``quantize_fp8_2d(axis="row")`` bounded
+by row groups and ``dequantize_fp8_rows``. ``--runs N`` (default 3) measures every row N times and
+judges it on its median run (SPEC section 6: the median over at least 3 runs). An op that raises
+gets a row saying so. The last rows time the ``torch.ops`` custom-op dispatch (the
+``torch.compile`` path) and bare allocations, for scale.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 import torch_bindings
-from bench.common.cli import make_parser, output_paths
+from bench.common.cli import make_parser, output_paths, progress
 from bench.common.device import cuda_or_none
 from bench.common.report import report
 from bench.common.rowlog import short_error
@@ -172,11 +172,28 @@ def floor_of(fn: Callable[[], object], device: torch.device) -> Callable[[], Non
     return floor
 
 
-def _status(host_us: float, floor_us: float) -> str:
+def _limit(floor_us: float) -> float:
     """SPEC section 6: at most ``RATIO`` x the floor, and at most ``CAP_US`` where the floor is under
     ``SMALL_FLOOR_US`` (both must hold)."""
-    limit = RATIO * floor_us if floor_us >= SMALL_FLOOR_US else min(RATIO * floor_us, CAP_US)
+    return RATIO * floor_us if floor_us >= SMALL_FLOOR_US else min(RATIO * floor_us, CAP_US)
+
+
+def _status(host_us: float, floor_us: float) -> str:
+    """``"ok"`` when ``host_us`` keeps the rule of :func:`_limit`, else ``"over <limit> us"``."""
+    limit = _limit(floor_us)
     return "ok" if host_us <= limit else f"over {limit:.1f} us"
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One op's row judged on its median run: of the runs of :func:`measure` for that op, the one
+    whose host time over the rule's limit is the median (the lower one for an even count), with
+    ``runs`` (every run's ratio to its floor) added. A run that raised gives the row instead."""
+    raised = [r for r in runs if r["host_us"] is None]
+    if raised:
+        return {**raised[0], "runs": f"{len(raised)} of {len(runs)} raised"}
+    ordered = sorted(runs, key=lambda r: r["host_us"] / _limit(r["floor_us"]))
+    ratios = " / ".join(f"{r['ratio']:.2f}" for r in runs)
+    return {**ordered[(len(ordered) - 1) // 2], "runs": ratios}
 
 
 def measure(name: str, fn: Callable[[], object], device: torch.device) -> dict[str, Any]:
@@ -229,29 +246,58 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="no GPU: run each op's host path on CPU tensors with no-op kernels (Python cost only)",
     )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=3,
+        help="measure every row this many times and judge it on its median run (default: 3)",
+    )
     args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     device = cpu_mock() if args.cpu_mock else cuda_or_none("bench_overhead")
     if device is None:
         return 2
-    rows = [measure(name, fn, device) for name, fn in op_cases(device).items()]
+    cases = op_cases(device)
+    runs = []
+    for run in range(args.runs):
+        progress(f"run {run + 1} of {args.runs}")
+        runs.append([measure(name, fn, device) for name, fn in cases.items()])
+    rows = [median_run(list(row_runs)) for row_runs in zip(*runs, strict=True)]
     if args.cpu_mock:  # no TVM-FFI call in the floor: the rule does not apply, the extra time does
         for row in rows:
             row["status"] = "mock" if row["host_us"] is not None else row["status"]
     else:
         for name, fn in scale_cases(device).items():
             us = host_us_per_call(fn)
-            rows.append({"call": name, "host_us": us, "floor_us": None, "ratio": None, "status": ""})
+            rows.append(
+                {"call": name, "host_us": us, "floor_us": None, "ratio": None, "runs": "", "status": ""}
+            )
     json_path, _ = output_paths(args, "bench_overhead")
     mode = " [CPU mock: no-op kernels]" if args.cpu_mock else ""
     report(
         rows,
-        ["call", "host_us", "floor_us", "ratio", "status"],
-        f"Eager host overhead per call (us): at most {RATIO:g} x floor (outputs + bare TVM-FFI calls), "
-        f"and {CAP_US:g} us where the floor is under {SMALL_FLOOR_US:g} us{mode}",
+        ["call", "host_us", "floor_us", "ratio", "runs", "status"],
+        f"Eager host overhead per call (us), median of {args.runs} runs per row: at most {RATIO:g} x floor "
+        f"(outputs + bare TVM-FFI calls), and {CAP_US:g} us where the floor is under {SMALL_FLOOR_US:g} us"
+        f"{mode}",
         json_path=json_path,
-        meta={"benchmark": "overhead", "ratio": RATIO, "cap_us": CAP_US, "small_floor_us": SMALL_FLOOR_US},
+        meta={
+            "benchmark": "overhead",
+            "ratio": RATIO,
+            "cap_us": CAP_US,
+            "small_floor_us": SMALL_FLOOR_US,
+            "runs": args.runs,
+        },
     )
-    return 1 if any(r["status"] not in ("ok", "", "mock") for r in rows) else 0
+    judged = [r for r in rows if r["status"] not in ("", "mock")]
+    within = sum(r["status"] == "ok" for r in judged)
+    if judged:
+        verdict = "met" if within == len(judged) else "missed"
+        print(
+            f"verdict: {within} of {len(judged)} rows within the rule, median of {args.runs} runs: {verdict}"
+        )
+    return 1 if within < len(judged) else 0
 
 
 if __name__ == "__main__":

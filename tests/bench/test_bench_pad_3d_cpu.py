@@ -3,6 +3,8 @@ checks through the reference, summaries, exit codes without a GPU; bench_fp8_col
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -200,3 +202,44 @@ def test_overhead_cpu_mock_runs_every_op(monkeypatch: pytest.MonkeyPatch, tmp_pa
     finally:
         targets._targets.pop(-1, None)  # cpu_mock's CPU target
 
+
+def test_overhead_median_run() -> None:
+    def run(host: float | None, floor: float | None) -> dict:
+        ratio = None if host is None else host / floor
+        status = "raised X" if host is None else bench_overhead._status(host, floor)
+        return {"call": "c", "host_us": host, "floor_us": floor, "ratio": ratio, "status": status}
+
+    row = bench_overhead.median_run([run(14.0, 10.0), run(12.0, 10.0), run(13.0, 10.0)])
+    assert (row["host_us"], row["status"], row["runs"]) == (13.0, "ok", "1.40 / 1.20 / 1.30")
+    row = bench_overhead.median_run([run(6.6, 5.0), run(9.5, 7.5), run(11.0, 7.5)])  # floors differ
+    assert row["host_us"] == 6.6 and row["status"] == "over 6.5 us"
+    row = bench_overhead.median_run([run(6.6, 5.0), run(6.0, 5.0)])  # even count: the lower one
+    assert row["host_us"] == 6.0
+    row = bench_overhead.median_run([run(6.0, 5.0), run(None, None)])
+    assert row["status"] == "raised X" and row["runs"] == "1 of 2 raised"
+
+
+def test_overhead_runs_judge_each_row_on_its_median(
+    monkeypatch: pytest.MonkeyPatch, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--runs 3`` with a scripted timer: row a is over the rule in one run of three (ok), row b in
+    two of three (over); the exit code is 1 and the verdict line says 1 of 2."""
+    script = {
+        "a": iter([(12.0, 10.0), (14.0, 10.0), (12.5, 10.0)]),
+        "b": iter([(7.0, 5.0), (6.0, 5.0), (6.8, 5.0)]),
+    }
+    monkeypatch.setattr(bench_overhead, "cuda_or_none", lambda what: torch.device("cpu"))
+    monkeypatch.setattr(bench_overhead, "op_cases", lambda device: {"a": lambda: "a", "b": lambda: "b"})
+    monkeypatch.setattr(bench_overhead, "scale_cases", lambda device: {})
+    monkeypatch.setattr(bench_overhead, "floor_of", lambda fn, device: None)
+    monkeypatch.setattr(bench_overhead, "paired_us", lambda fn, floor: next(script[fn()]))
+    assert bench_overhead.main(["--runs", "3", "--out", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "verdict: 1 of 2 rows within the rule, median of 3 runs: missed" in out
+    rows = {r["call"]: r for r in json.loads((tmp_path / "bench_overhead.json").read_text())["rows"]}
+    assert (rows["a"]["host_us"], rows["a"]["status"], rows["a"]["runs"]) == (
+        12.5,
+        "ok",
+        "1.20 / 1.40 / 1.25",
+    )
+    assert (rows["b"]["host_us"], rows["b"]["status"]) == (6.8, "over 6.5 us")
