@@ -364,13 +364,16 @@ def swizzle_k_groups(scales: Tensor, kends: Tensor) -> Tensor:
     return _e8m0(out.view(rp, out_cols))
 
 
-def check_group_end_offsets(offsets: Tensor, total: int | None) -> None:
+def check_group_end_offsets(
+    offsets: Tensor, total: int | None, *, op: str = "check_group_end_offsets"
+) -> None:
     """The explicit, **syncing** validator of group end offsets (reads the values).
 
     Requires: a torch.int32 tensor, 1-D, non-empty, values >= 0, non-decreasing, and (unless
-    ``total`` is None) last value <= ``total``. Raises ``ValueError`` naming what is wrong.
+    ``total`` is None) last value <= ``total``. Raises ``ValueError`` naming ``op`` (the op whose
+    offsets these are), the argument and what is wrong.
     """
-    name = "group_end_offsets"
+    name = f"{op}: group_end_offsets"
     if not isinstance(offsets, torch.Tensor):
         raise ValueError(f"{name} must be a torch.int32 tensor, got {type(offsets).__name__}")
     if offsets.dtype != torch.int32:
@@ -392,14 +395,15 @@ def check_group_end_offsets(offsets: Tensor, total: int | None) -> None:
         raise ValueError(f"{name} last value ({int(v[-1])}) must be <= the total size ({total})")
 
 
-def _scale_ends_from_row_ends(group_end_offsets: Tensor) -> Tensor:
-    """Row-group end offsets (multiples of 32) -> scale-column end offsets (``kend = end / 32``)."""
+def _scale_ends_from_row_ends(group_end_offsets: Tensor, op: str) -> Tensor:
+    """Row-group end offsets (multiples of 32) -> scale-column end offsets (``kend = end / 32``);
+    ``op`` names the op in the error."""
     ends = group_end_offsets.to(torch.int64)
     bad = torch.nonzero(ends % BLOCK_SIZE)
     if bad.numel():
         i = int(bad[0])
         raise ValueError(
-            f"group_end_offsets must be multiples of 32 for block='32x1' (row groups of whole 32x1 "
+            f"{op}: group_end_offsets must be multiples of 32 for block='32x1' (row groups of whole 32x1 "
             f"blocks), got {int(ends[i])} at index {i}"
         )
     return ends // BLOCK_SIZE
@@ -431,7 +435,7 @@ def swizzle_scales(scales: Tensor, *, group_end_offsets: Tensor | None = None, g
     if group_end_offsets is None:
         return to_blocked(scales)
     total = scales.shape[0] if groups == "M" else scales.shape[1]
-    check_group_end_offsets(group_end_offsets, total)
+    check_group_end_offsets(group_end_offsets, total, op="swizzle_scales")
     return _finish_scales(_u8(scales), group_end_offsets, True, groups)
 
 
@@ -463,14 +467,16 @@ def quantize_mxfp8_2d(
     checks.check_quantize_2d(x, block, group_end_offsets, scaling_mode, blocked_scales)
     m, k = x.shape
     if group_end_offsets is not None:
-        check_group_end_offsets(group_end_offsets, m)
+        check_group_end_offsets(group_end_offsets, m, op="quantize_mxfp8_2d")
     if block == "1x32":
         q, s = _quantize_rows(x, scaling_mode)
         return q, _finish_scales(s, group_end_offsets, blocked_scales, "M")
     q_rm, s_cols = _quantize_cols(x, scaling_mode)
     q = q_rm.t().contiguous().t()  # (M, K) with strides (1, M)
     s = s_cols.t().contiguous()  # S = (K, M/32)
-    kends = None if group_end_offsets is None else _scale_ends_from_row_ends(group_end_offsets)
+    kends = None
+    if group_end_offsets is not None:
+        kends = _scale_ends_from_row_ends(group_end_offsets, "quantize_mxfp8_2d")
     return q, _finish_scales(s, kends, blocked_scales, "K")
 
 
@@ -486,6 +492,9 @@ def quantize_mxfp8_2d_dual(
     ``quantize_mxfp8_2d`` calls with ``block="1x32"`` and ``block="32x1"`` (same offsets: M-groups for
     1x32, K-groups with ``kend = end / 32`` for 32x1)."""
     checks.check_quantize_2d_dual(x, group_end_offsets, scaling_mode, blocked_scales)
+    if group_end_offsets is not None:  # the values, before the single calls (errors name the dual)
+        check_group_end_offsets(group_end_offsets, x.shape[0], op="quantize_mxfp8_2d_dual")
+        _scale_ends_from_row_ends(group_end_offsets, "quantize_mxfp8_2d_dual")
     kw = dict(group_end_offsets=group_end_offsets, scaling_mode=scaling_mode, blocked_scales=blocked_scales)
     q_r, s_r = quantize_mxfp8_2d(x, block="1x32", **kw)
     q_c, s_c = quantize_mxfp8_2d(x, block="32x1", **kw)
@@ -553,7 +562,7 @@ def pad_token_groups(
     """
     checks.check_pad(x, group_end_offsets, alignment)
     m, d = x.shape
-    check_group_end_offsets(group_end_offsets, m)
+    check_group_end_offsets(group_end_offsets, m, op="pad_token_groups")
     padded_start, padded_end = padded_group_offsets(group_end_offsets, alignment)
     ends = group_end_offsets.to(torch.int64)
     out = x.new_zeros((padded_rows(m, ends.numel(), alignment), d))
@@ -577,7 +586,7 @@ def unpad_token_groups(
     group's padded range is outside ``padded``, or that last end is.
     """
     checks.check_unpad(padded, group_end_offsets, padded_start, num_tokens=num_tokens)
-    check_group_end_offsets(group_end_offsets, num_tokens)
+    check_group_end_offsets(group_end_offsets, num_tokens, op="unpad_token_groups")
     ends = group_end_offsets.to(torch.int64)
     starts = _starts(ends)
     pstart = padded_start.to(torch.int64)
@@ -610,6 +619,7 @@ def pad_and_quantize_mxfp8_2d(
     Returns (q, scales, padded_start, padded_end).
     """
     checks.check_pad_and_quantize(x, group_end_offsets, alignment, scaling_mode)
+    check_group_end_offsets(group_end_offsets, x.shape[0], op="pad_and_quantize_mxfp8_2d")
     padded, padded_start, padded_end = pad_token_groups(x, group_end_offsets, alignment=alignment)
     q, scales = quantize_mxfp8_2d(
         padded, block="1x32", group_end_offsets=padded_end, scaling_mode=scaling_mode, blocked_scales=True
@@ -699,15 +709,15 @@ def _fp8_group_cols(x: Tensor, ends: list[int], round_scales: bool) -> tuple[Ten
     return q.view(torch.float8_e4m3fn), scales
 
 
-def _last_end(group_end_offsets: Tensor, total: int) -> int:
-    """The last group end after the syncing validation (offsets valid for ``total`` rows)."""
-    check_group_end_offsets(group_end_offsets, total)
+def _last_end(group_end_offsets: Tensor, total: int, op: str) -> int:
+    """The last group end after the syncing validation (offsets of ``op``, valid for ``total`` rows)."""
+    check_group_end_offsets(group_end_offsets, total, op=op)
     return int(group_end_offsets[-1])
 
 
 def _fp8_rows_bounded(x: Tensor, group_end_offsets: Tensor, round_scales: bool) -> tuple[Tensor, Tensor]:
     """Row scales of the rows of x (M, K) below the last group end; the rows past it q 0, scale 1.0."""
-    bound = _last_end(group_end_offsets, x.shape[0])
+    bound = _last_end(group_end_offsets, x.shape[0], "quantize_fp8_2d")
     q = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)  # bytes: float8 slices do not compile
     scales = torch.ones(x.shape[0], dtype=torch.float32, device=x.device)
     q_rows, scales[:bound] = _fp8_rows(x[:bound], round_scales)
@@ -746,7 +756,7 @@ def quantize_fp8_2d(
     if group_end_offsets is None:
         q, scales = _fp8_cols(x, round_scales_to_power_of_2)
         return _col_major(q), scales
-    check_group_end_offsets(group_end_offsets, x.shape[0])
+    check_group_end_offsets(group_end_offsets, x.shape[0], op="quantize_fp8_2d")
     ends = group_end_offsets.tolist()
     q, scales = _fp8_group_cols(x, ends, round_scales_to_power_of_2)
     return _col_major(q), scales
@@ -758,6 +768,8 @@ def quantize_fp8_2d_dual(
     """``(q_row, s_row, q_col, s_col)``: :func:`quantize_fp8_2d` with ``axis="row"`` and with
     ``axis="col"`` (and the row groups, if given), bit for bit (SPEC section 7)."""
     checks.check_quantize_fp8_2d_dual(x, group_end_offsets, round_scales_to_power_of_2)
+    if group_end_offsets is not None:  # the values, before the single calls (errors name the dual)
+        check_group_end_offsets(group_end_offsets, x.shape[0], op="quantize_fp8_2d_dual")
     q_row, s_row = quantize_fp8_2d(x, axis="row", round_scales_to_power_of_2=round_scales_to_power_of_2)
     rounding = round_scales_to_power_of_2
     q_col, s_col = quantize_fp8_2d(
@@ -967,10 +979,10 @@ def swiglu_backward(grad_h: Tensor, h13: Tensor) -> Tensor:
     return out
 
 
-def _swiglu_bound(group_end_offsets: Tensor | None, rows: int) -> int:
-    """The rows the SwiGLU ops compute: all ``rows``, or the last group end after the syncing
+def _swiglu_bound(group_end_offsets: Tensor | None, rows: int, op: str) -> int:
+    """The rows the SwiGLU op ``op`` computes: all ``rows``, or the last group end after the syncing
     validation (:func:`check_group_end_offsets`: last end <= ``rows``)."""
-    return rows if group_end_offsets is None else _last_end(group_end_offsets, rows)
+    return rows if group_end_offsets is None else _last_end(group_end_offsets, rows, op)
 
 
 def _swiglu_padded(outputs: tuple[Tensor, Tensor, Tensor], rows: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -999,7 +1011,7 @@ def swiglu_quantize_fp8(
     last end are computed; the rows past it are unspecified by contract (the kernel leaves them
     unwritten), here h 0, q 0 and scale 1.0 (the bounded FP8 row reference's padding rows)."""
     checks.check_swiglu_quantize_fp8(h13, group_end_offsets, round_scales_to_power_of_2)
-    bound = _swiglu_bound(group_end_offsets, h13.shape[0])
+    bound = _swiglu_bound(group_end_offsets, h13.shape[0], "swiglu_quantize_fp8")
     h = swiglu(h13[:bound])
     q, scales = quantize_fp8_2d(h, axis="row", round_scales_to_power_of_2=round_scales_to_power_of_2)
     return _swiglu_padded((h, q, scales), h13.shape[0])
@@ -1018,7 +1030,7 @@ def swiglu_backward_quantize_fp8(
     offsets, the rows past the last end as in :func:`swiglu_quantize_fp8` (grad_h13 0, q 0, scale
     1.0)."""
     checks.check_swiglu_backward_quantize_fp8(grad_h, h13, group_end_offsets, round_scales_to_power_of_2)
-    bound = _swiglu_bound(group_end_offsets, h13.shape[0])
+    bound = _swiglu_bound(group_end_offsets, h13.shape[0], "swiglu_backward_quantize_fp8")
     grad_h13 = swiglu_backward(grad_h[:bound], h13[:bound])
     q, scales = quantize_fp8_2d(grad_h13, axis="row", round_scales_to_power_of_2=round_scales_to_power_of_2)
     return _swiglu_padded((grad_h13, q, scales), h13.shape[0])
@@ -1040,7 +1052,7 @@ def dequantize_fp8_rows(q: Tensor, scales: Tensor, group_end_offsets: Tensor) ->
     range) for r below the last end. The rows past it are unspecified by contract (the kernel leaves
     them unwritten), here 0."""
     checks.check_dequantize_fp8_rows(q, scales, group_end_offsets)
-    bound = _last_end(group_end_offsets, q.shape[0])
+    bound = _last_end(group_end_offsets, q.shape[0], "dequantize_fp8_rows")
     x = torch.zeros(q.shape, dtype=torch.bfloat16, device=q.device)
     step = max(1, _CHUNK_ELEMS // max(q.shape[1], 1))
     for r0 in range(0, bound, step):

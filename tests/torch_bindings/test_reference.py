@@ -18,6 +18,7 @@ import pytest
 import torch
 from conftest import random_bits
 
+import torch_bindings as tb
 from torch_bindings import checks
 from torch_bindings import reference as ref
 
@@ -545,6 +546,43 @@ def test_check_group_end_offsets():
     for bad, total, msg in cases:
         with pytest.raises(ValueError, match=msg):
             ref.check_group_end_offsets(bad, total)
+        with pytest.raises(ValueError, match="^swizzle_scales: group_end_offsets"):
+            ref.check_group_end_offsets(bad, total, op="swizzle_scales")
+
+
+def _offset_value_calls(ends: torch.Tensor) -> dict[str, object]:
+    """``{op: call}``: every public op that takes group end offsets, called on the reference (CPU)
+    with ``ends`` (the data has 64 rows)."""
+    x = torch.randn(64, 64, dtype=torch.bfloat16)
+    s = torch.zeros(64, 2, dtype=torch.uint8)
+    padded, start, _ = tb.pad_token_groups(x, torch.tensor([32, 64], dtype=torch.int32))
+    h13 = torch.randn(64, 128, dtype=torch.bfloat16)
+    q8 = torch.zeros(64, 64, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    return {
+        "swizzle_scales": lambda: tb.swizzle_scales(s, group_end_offsets=ends),
+        "quantize_mxfp8_2d": lambda: tb.quantize_mxfp8_2d(x, group_end_offsets=ends),
+        "quantize_mxfp8_2d_dual": lambda: tb.quantize_mxfp8_2d_dual(x, group_end_offsets=ends),
+        "pad_token_groups": lambda: tb.pad_token_groups(x, ends),
+        "unpad_token_groups": lambda: tb.unpad_token_groups(padded, ends, start, num_tokens=64),
+        "pad_and_quantize_mxfp8_2d": lambda: tb.pad_and_quantize_mxfp8_2d(x, ends),
+        "quantize_fp8_2d": lambda: tb.quantize_fp8_2d(x, group_end_offsets=ends),
+        "quantize_fp8_2d_dual": lambda: tb.quantize_fp8_2d_dual(x, group_end_offsets=ends),
+        "swiglu_quantize_fp8": lambda: tb.swiglu_quantize_fp8(h13, group_end_offsets=ends),
+        "swiglu_backward_quantize_fp8": lambda: tb.swiglu_backward_quantize_fp8(
+            x, h13, group_end_offsets=ends
+        ),
+        "dequantize_fp8_rows": lambda: tb.dequantize_fp8_rows(q8, torch.ones(64), ends),
+    }
+
+
+@pytest.mark.parametrize("op", sorted(_offset_value_calls(torch.zeros(1, dtype=torch.int32))))
+@pytest.mark.parametrize(
+    ("ends", "what"), [([32, 0], "non-decreasing"), ([-32, 32], ">= 0"), ([32, 96], "<= the total")]
+)
+def test_offset_value_errors_name_the_op(op: str, ends: list[int], what: str) -> None:
+    call = _offset_value_calls(torch.tensor(ends, dtype=torch.int32))[op]
+    with pytest.raises(ValueError, match=f"^{op}: group_end_offsets.*{what}"):
+        call()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -602,9 +640,11 @@ def test_grouped_quantize_equals_swizzle_of_unblocked(mode):
 
 def test_32x1_offsets_must_be_multiples_of_32():
     x = rand_x(64, 32, torch.float32)
-    with pytest.raises(ValueError, match="multiples of 32"):
+    with pytest.raises(ValueError, match="^quantize_mxfp8_2d: group_end_offsets must be multiples of 32"):
         ref.quantize_mxfp8_2d(x, block="32x1", group_end_offsets=torch.tensor([16, 64], dtype=torch.int32))
-    with pytest.raises(ValueError, match="multiples of 32"):
+    with pytest.raises(
+        ValueError, match="^quantize_mxfp8_2d_dual: group_end_offsets must be multiples of 32"
+    ):
         ref.quantize_mxfp8_2d_dual(x, group_end_offsets=torch.tensor([33, 64], dtype=torch.int32))
 
 
