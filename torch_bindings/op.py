@@ -7,12 +7,18 @@ declines; everything else (and whatever ``fast`` declines) runs the full checks 
 clear errors), picks the backend, and under ``torch.compile`` goes through the op's
 ``torch.library`` custom op so the graph holds one opaque node with a fake. Host overhead: see
 notes/host-overhead.md.
+
+``torch.compile`` of an op is a GPU feature: the graph holds the kernel's custom op. Where the
+reference runs (CPU tensors, ``backend="reference"``), Inductor cannot compile it (its
+``float8_e8m0fnu`` outputs, its data-dependent offset checks), so under ``torch.compile`` the
+reference runs eagerly outside the graph (a graph break), and ``fullgraph=True`` raises dynamo's
+``Unsupported`` error carrying that reason.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,6 +32,17 @@ _is_compiling = torch.compiler.is_compiling  # the function dynamo folds to True
 
 def _decline(target: Any, args: tuple) -> None:
     return None
+
+
+def _outside_graph(name: str, reference: Callable[..., Any]) -> Callable[..., Any]:
+    """``reference`` wrapped with ``torch.compiler.disable``, its reason naming the op ``name``."""
+    reason = (
+        f"{name}: torch.compile of the cute_kernels ops is a GPU feature (the graph holds the CuTeDSL "
+        "kernel's custom op, on a CUDA tensor of an sm_90/sm_100 GPU); on CPU, or with "
+        "backend='reference', the PyTorch reference runs eagerly outside the graph, so "
+        "fullgraph=True cannot compile it. Call the op eagerly there (same bytes)."
+    )
+    return torch.compiler.disable(reference, reason=reason)
 
 
 @dataclass(frozen=True)
@@ -54,6 +71,11 @@ class KernelOp:
     reference: Callable[..., Any]
     custom_op: Callable[..., Any]
     fast: Callable[..., Any] = _decline
+    #: ``reference`` as ``torch.compile`` meets it: run eagerly, outside the graph (module docstring).
+    reference_outside_graph: Callable[..., Any] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reference_outside_graph", _outside_graph(self.name, self.reference))
 
     def dispatch(self, backend: str, *args: Any) -> Any:
         """Run the op on ``args`` with ``backend`` (a method with positional arguments: the fastest
@@ -71,7 +93,7 @@ class KernelOp:
         self.check(*args)
         target = targets.select(self.name, backend, args[0])
         if target is None:
-            return self.reference(*args)
+            return self.reference_outside_graph(*args) if compiling else self.reference(*args)
         if compiling:
             return self.custom_op(*args)
         return self.run(target, *args)

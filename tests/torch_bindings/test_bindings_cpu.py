@@ -350,3 +350,27 @@ def test_cpu_demo_checks_the_contract(capsys):
     out = capsys.readouterr().out
     assert "FAIL" not in out and out.count(" ok ") >= 8
     assert len(out.splitlines()) < 40
+
+
+def test_torch_compile_on_cpu_runs_the_reference_outside_the_graph():
+    """Compiling an op is a GPU feature: on CPU the reference (float8_e8m0fnu outputs and
+    data-dependent offset checks Inductor cannot compile) runs eagerly in a graph break, with the
+    eager bytes; ``fullgraph=True`` raises dynamo's error carrying the op's reason (torch_bindings/op.py)."""
+    x = torch.randn(64, 64, dtype=torch.bfloat16)
+    ends = torch.tensor([32, 64], dtype=torch.int32)
+
+    def grouped(x, ends):
+        return torch_bindings.quantize_mxfp8_2d(x, group_end_offsets=ends)
+
+    q, s = torch.compile(grouped)(x, ends)
+    q_eager, s_eager = grouped(x, ends)
+    assert torch.equal(q.view(torch.uint8), q_eager.view(torch.uint8))
+    assert torch.equal(s.view(torch.uint8), s_eager.view(torch.uint8))
+
+    def grouped_fullgraph(x, ends):
+        return torch_bindings.quantize_mxfp8_2d(x, group_end_offsets=ends)
+
+    with pytest.raises(
+        torch._dynamo.exc.Unsupported, match="quantize_mxfp8_2d: torch.compile .* GPU feature"
+    ):
+        torch.compile(grouped_fullgraph, fullgraph=True)(x, ends)
