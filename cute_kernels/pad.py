@@ -12,8 +12,8 @@ Work decomposition (both kernels): a *row chunk* is ``32 U`` vectors of one outp
 (``U = vectors_per_lane``); item ``i`` is output row ``i // chunks``, vectors ``[32 U c, 32 U (c + 1))``
 with ``c = i % chunks``. The grid is not persistent: each CTA moves a contiguous run of
 ``items_per_warp`` items per warp, its warps taking them round-robin, and the hardware schedules the
-CTAs in waves (on an H200 this beat a persistent grid of SMs x 4 CTAs by 4-7%: fewer warps idle in
-the last wave). Each CTA first scans the group sizes into shared memory
+CTAs in waves (this beat a persistent grid of SMs x 4 CTAs, notes/pad-unpad-grid.md: fewer warps
+idle in the last wave). Each CTA first scans the group sizes into shared memory
 (:func:`cute_utils.groups.scan_group_sizes`, unit A for pad, 1 for unpad). A vector is 16
 bytes when the row size, row strides and data pointers allow it, else 4 bytes or one element (a
 compile-time choice). Consecutive rows of one group map to consecutive source rows, so a warp keeps

@@ -109,9 +109,8 @@ class QuantizeConfig:
     ``chunk_major``: consecutive CTAs take consecutive column runs of one row unit (else
     consecutive row units of one column run); ``fit_waves`` (the grouped layouts only): when the
     grid would take between one and two waves of resident CTAs, CTAs take twice the column tiles
-    if that splits the columns evenly (one wave and a bit leaves most SMs idle at the end: 16384 x
-    2048 M-groups and padded 0.85 -> 0.89 of copy on an H200; an uneven split, 1536 columns, lost
-    15%)."""
+    if that splits the columns evenly (one wave and a bit leaves most SMs idle at the end; an
+    uneven split was slower: notes/quantize-1x32-groups-and-padding.md)."""
 
     batch_vectors: int = 2
     stages: int = 3
@@ -135,7 +134,7 @@ class QuantizeConfig:
 # (``quantize_1x32``; sm100 uses the same): 2 vectors per unit x 3 stages, warps side by side along K,
 # ~32768 CTAs numbered run-fastest, a 40-register cap (none for fp32). ``SMALL_GROUPS``
 # (``cute_utils.constants``) is the M-groups variant for G <= 64: its smaller scan arrays leave room
-# for more CTAs per SM (small shapes gain ~10%).
+# for more CTAs per SM (notes/quantize-1x32-groups-and-padding.md).
 
 
 def _vector_view(tensor: cute.Tensor, rows, cols, dtype=None) -> cute.Tensor:

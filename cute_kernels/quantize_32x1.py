@@ -23,8 +23,8 @@ one word of a blocked tile (``blocked`` and ``k_groups``: one 4-byte store per c
 group from its start (fewer at the group's end; rows past the last group come after all groups'
 tiles, with no scales), so its 4 scale columns are exactly one word of the group's blocked tiles,
 padding columns included (source-aligned tiles straddle groups whose sizes are not multiples of
-128: byte stores, up to 2x the L2 store transactions of the E4M3 data; 0.83 -> 0.86 of copy at
-32768 x 2048, notes/quantize-32x1-grid-and-groups.md). Each CTA finds its tile with a group scan
+128: byte stores, up to 2x the L2 store transactions of the E4M3 data;
+notes/quantize-32x1-grid-and-groups.md). Each CTA finds its tile with a group scan
 before its first load; up to 32 groups a warp scan in registers (one offset load per lane, shuffles
 and a ballot: no shared memory, no barrier), more in shared memory. An L2 prefetch of guessed rows
 during the scan was slower (same note).

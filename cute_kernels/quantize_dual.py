@@ -26,17 +26,17 @@ layout: stores) their bytes and hands out the inverse scales by shuffles.
 Stores: each lane puts its 8-byte runs of q rows and of q^T rows into two shared-memory staging
 tiles (128 x 128 bytes each, 16-byte chunks permuted so a warp's stores hit distinct banks);
 after a CTA barrier every thread copies 16-byte chunks out, 8 threads per 128-byte line. q^T from
-registers would leave as 32-byte pieces per warp (one 32x1 block of rows): 2-3% slower.
+registers would leave as 32-byte pieces per warp (one 32x1 block of rows): slower.
 The blocked and grouped scale bytes are staged the same way (1 KiB: one blocked tile of each scale
-matrix per step) and leave as 64 16-byte stores; byte stores from every lane were 1-4% slower
+matrix per step) and leave as 64 16-byte stores; byte stores from every lane were slower
 (notes/quantize-dual-kernel.md).
 With ``DualConfig.spread_rows`` (the bf16 configs) CTAs take their 128-row tiles in
 :func:`~cute_utils.occupancy.spread_row_tile` order: where M is a multiple of 2^17, two runs of tiles
-at once, so the q^T lines written at once lie at two places of each q^T row (1.5-3% faster there,
+at once, so the q^T lines written at once lie at two places of each q^T row (faster there,
 notes/quantize-dual-row-order.md).
 Grouped CTAs find their tile with a group scan (up to 32 groups a warp scan in registers, more in
 shared memory, in the staging bytes) before their first load. An L2 prefetch of guessed rows
-during the scan gained 1-2% with 2 tiles per CTA but lost 0-1.5% with one (same note).
+during the scan gained with 2 tiles per CTA but lost with one (same note).
 
 Loads go through a per-lane ``cp.async`` ring in shared memory (``stages`` tiles per warp; each
 lane reads back only what it copied, so completion is its own ``wait_group``, no barrier). A tile

@@ -48,8 +48,8 @@ def spread_row_tile(tile: Int32, tiles: Int32, row_stride_bytes: Int32) -> Int32
     In order, but where that stride is a multiple of :data:`SPREAD_STRIDE`: there even numbers walk
     the first half of the tiles and odd numbers the second half (``tile // 2``, ``tiles // 2 + tile
     // 2``; an odd count's last tile last), so the CTAs running at once write at two places of each
-    output row, not one, and neighbouring tiles still run close together. On an H200 this gains
-    1.5-3% at such strides and loses ~1% at others (notes/quantize-dual-row-order.md)."""
+    output row, not one, and neighbouring tiles still run close together. This gains at such
+    strides and loses a little at others (notes/quantize-dual-row-order.md)."""
     half = tiles // 2
     spread = tile
     if row_stride_bytes % SPREAD_STRIDE == 0 and tile < 2 * half:

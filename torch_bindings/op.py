@@ -55,7 +55,7 @@ class KernelOp:
     - ``reference(*args)``: ``torch_bindings.reference``'s implementation;
     - ``custom_op(*args)``: the ``torch.library`` op that calls ``run`` (``torch.compile`` path);
     - ``fast(target, args)``: the eager fast path, called with the ``args`` tuple itself (no star
-      call: ~0.1 us less) and ``args[0]`` a tensor on ``target``'s device: the outputs of
+      call: cheaper, notes/host-overhead.md) and ``args[0]`` a tensor on ``target``'s device: the outputs of
       ``run(target, *args)``, or ``None`` (nothing launched) unless ``check``
       and ``run``'s kernel-path checks surely pass, judged from metadata reads only, or left to the
       TVM-FFI wrapper of a kernel it surely launches (each tensor's device, rank, alignment and
@@ -79,7 +79,7 @@ class KernelOp:
 
     def dispatch(self, backend: str, *args: Any) -> Any:
         """Run the op on ``args`` with ``backend`` (a method with positional arguments: the fastest
-        call Python has, ~0.3 us less than ``__call__`` with a keyword)."""
+        call Python has, cheaper than ``__call__`` with a keyword: notes/host-overhead.md)."""
         compiling = _is_compiling()  # first: dynamo must not guard on the tables
         if not compiling and (backend == "auto" or backend == "cute") and isinstance(args[0], _Tensor):
             target = _TARGETS.get(args[0].get_device())  # targets.known, inlined (hot path)

@@ -37,8 +37,8 @@ class DeviceTarget:
         self.name = name
         self.device = device
         # Empty tensors of the output dtypes on the device: ``target.e4m3.new_empty(rows, cols)``
-        # allocates without a dtype argument to parse (0.2-0.3 us less than ``x.new_empty(...,
-        # dtype=)``; notes/host-overhead.md).
+        # allocates without a dtype argument to parse (cheaper than ``x.new_empty(..., dtype=)``;
+        # notes/host-overhead.md).
         self.e4m3, self.e8m0, self.f32 = (
             (None, None, None)
             if device is None

@@ -3,7 +3,7 @@
 No Blackwell GPU has been measured. Every kernel runs the same instructions on sm_100a as on
 sm_90a, so a kernel takes Hopper's config (``sm90``) unless the bytes-in-flight model
 (``python -m cute_kernels.model``, notes/bandwidth-model.md) says that config keeps too few load
-bytes in flight per SM for B200 (7 TB/s over 148 SMs: ~62 KiB at Hopper's fitted latency); those
+bytes in flight per SM for B200 (~62 KiB at Hopper's fitted latency, by the model); those
 choices are here, each with the model's numbers at K = 7168. Hopper runs these configs too: the
 GPU tests of the ops that launch them pass there under ``CUTE_KERNELS_TEST_CONFIG_ARCH=sm_100a``
 (tests/conftest.py).
@@ -49,7 +49,7 @@ def swizzle(variant):
 # --- FP8 rowwise, one scale per row ---
 # Hopper's heuristic (a 512-thread CTA per row at K = 7168, 2048 threads per SM) keeps 14 KiB per
 # CTA, 56 KiB per SM: 0.90x B200's need. 128-thread CTAs with the whole row in flight (``unroll``
-# = the row's steps / 128, at most 8; the config H200's tuner picked at every K class) keep the same
+# = the row's steps / 128, at most 8; the config Hopper's tuner picked at every K class) keep the same
 # 14 KiB per CTA and fit ~9 CTAs per SM (52 registers, bf16): ~126 KiB per SM, ~2x the need.
 def quantize_fp8_row(variant):
     return quantize_fp8_row_for_shape(variant, f"{variant.dtype}/k8192", None)

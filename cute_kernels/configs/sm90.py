@@ -1,7 +1,7 @@
 """Hopper (sm_90a) launch configs, one function per registered kernel: ``name(variant) -> config``.
 
-Every choice was measured with the kernel's tuner in ``bench/`` (H200 unless said); the reasons are
-one line here and the numbers in the note cited.
+Every choice was measured with the kernel's tuner in ``bench/``; the reasons are one line here,
+the numbers (and the device) in the note cited.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from cute_kernels.swizzle import SwizzleConfig
 
 # --- swizzle (notes/swizzle-persistent-grid.md, notes/swizzle-grouped-window-and-prefetch.md) ---
 # A 64-column window, 256 threads, 4 CTAs per SM: faster than 2 CTAs per SM or 128-thread CTAs;
-# the 128-column window only where it wins (grouped layouts, > 64 columns, <= 64 MiB: +1-5%) and
+# the 128-column window only where it wins (grouped layouts, > 64 columns, <= 64 MiB) and
 # never in 3-D (it spills there).
 _SWIZZLE = SwizzleConfig()
 _SWIZZLE_WIDE = SwizzleConfig(window_cols=128)
@@ -27,8 +27,8 @@ def swizzle(variant) -> SwizzleConfig:
 
 
 # --- quantize 1x32 (notes/quantize-1x32.md, notes/quantize-1x32-groups-and-padding.md) ---
-# 2 vectors per unit x 3 stages (4 KB in flight per warp), warps side by side along K (+2-4% at
-# M K >= 32768 x 7168), ~32768 CTAs numbered run-fastest (+4-6% at 131072 x 7168), a 40-register cap
+# 2 vectors per unit x 3 stages (4 KB in flight per warp), warps side by side along K,
+# ~32768 CTAs numbered run-fastest, a 40-register cap
 # (12 CTAs per SM; uncapped took 42). fp32 without the cap: its padded variant spills under it.
 _QUANTIZE_1X32 = QuantizeConfig()
 _QUANTIZE_1X32_FP32 = replace(_QUANTIZE_1X32, min_ctas_per_sm=0)
@@ -40,8 +40,8 @@ def quantize_1x32(variant) -> QuantizeConfig:
 
 
 # --- quantize 32x1 (notes/quantize-32x1-grid-and-groups.md) ---
-# 4 CTAs per SM (128 registers, no spills in K-groups) beat no cap by 5-10%; ~32768 CTAs beat
-# ~16384 by 6% and 4096 by 15% at 131072 x 5120/7168; lane-pair sector stores beat per-lane 1.35x.
+# 4 CTAs per SM (128 registers, no spills in K-groups) beat no cap; ~32768 CTAs beat ~16384 and
+# 4096 at the large shapes; lane-pair sector stores beat per-lane stores.
 _QUANTIZE_32X1 = Quantize32x1Config()
 
 
@@ -51,8 +51,8 @@ def quantize_32x1(variant) -> Quantize32x1Config:
 
 # --- quantize dual (notes/quantize-dual-kernel.md, notes/quantize-dual-row-order.md) ---
 # bf16: one tile per CTA, no ring beyond it (65 KiB of shared memory: 3 CTAs per SM at the
-# 80-register cap), rows spread (0.874-0.898 -> 0.899-0.912 of copy at 131072 x 5120/7168);
-# longer CTAs lost 2-10%. fp32: tiles in order (the spread order's extra register spills the
+# 80-register cap), rows spread (notes/quantize-dual-row-order.md);
+# longer CTAs were slower. fp32: tiles in order (the spread order's extra register spills the
 # blocked variant); grouped fp32 takes 2 tiles per CTA and no ring (a 2-stage fp32 ring leaves one
 # CTA per SM).
 _DUAL_BF16 = DualConfig(stages=1, tiles_per_cta=1)
@@ -67,8 +67,8 @@ def quantize_dual(variant) -> DualConfig:
 
 
 # --- pad / unpad (notes/pad-unpad-grid.md) ---
-# 128 threads, 4 x 16-byte vectors per lane, 2 row chunks per warp, a non-persistent grid:
-# 0.94-0.99 of copy against 0.89-0.93 for a persistent grid of 4 x 256-thread CTAs per SM.
+# 128 threads, 4 x 16-byte vectors per lane, 2 row chunks per warp, a non-persistent grid: faster
+# than a persistent grid of 4 x 256-thread CTAs per SM.
 _PAD = PadConfig()
 
 
@@ -134,8 +134,8 @@ def quantize_fp8_row(variant):
 def quantize_fp8_row_for_shape(variant, shape_class: str, tuned: dict | None):
     """The row kernel per K class (``"<dtype>/k<next power of 2 of K>"``): the tuned entry (measured
     on the vector variant: taken for it only), else a whole CTA per row, ``threads x unroll`` steps
-    about the row's (unroll 4 up to K = 4096, else 2; 128 to 1024 threads; tuner: 1.00-1.02 of copy
-    at K = 2048 and 7168, notes/fp8-rowwise-row-kernel.md)."""
+    about the row's (unroll 4 up to K = 4096, else 2; 128 to 1024 threads; the tuner's figures for
+    it: notes/fp8-rowwise-row-kernel.md)."""
     from cute_kernels.quantize_fp8 import VECTOR, Fp8RowConfig
 
     if tuned is not None and variant.vector:
@@ -157,10 +157,10 @@ def dequantize_fp8_rows(variant):
 
 
 # --- FP8 column scales (notes/fp8-col-kernels.md) ---
-# Amax pass: 128-thread CTAs over 256-column tiles, row spans shrunk until ~8192 CTAs (1.01 of
-# copy at 16384 x 7168 G = 8 on H100; 2048: 0.95); cast pass: 128 rows x a run of 256-column tiles
-# per CTA, two 32-row blocks of loads in flight for bf16 (0.92 vs one block: 0.76; 4 blocks spill:
-# 0.16-0.26; fp32 and the element variants spill with two), 3 CTAs per SM (one block, 2 or 4: 0.69).
+# Amax pass: 128-thread CTAs over 256-column tiles, row spans shrunk until ~8192 CTAs (2048 are
+# slower); cast pass: 128 rows x a run of 256-column tiles per CTA, two 32-row blocks of loads in
+# flight for bf16 (one block is slower, 4 blocks spill; fp32 and the element variants spill with
+# two), 3 CTAs per SM (one block at 2 or 4 CTAs per SM is slower).
 def quantize_fp8_col_amax(variant):
     from cute_kernels.quantize_fp8_col import Fp8ColAmaxConfig
 
@@ -215,7 +215,7 @@ def swiglu_fp8(variant):
 
 # --- quantize TMA, experimental (notes/quantize-tma.md) ---
 # 8-row boxes, 3 stages, TMA stores of q: 4 KB in flight per warp, 7 CTAs per SM. Not tuned: it
-# measured 2-6% slower than the cp.async 1x32 kernel and no public op runs it.
+# is slower than the cp.async 1x32 kernel and no public op runs it.
 def quantize_tma(variant):
     from cute_kernels.experimental.quantize_tma import TmaQuantizeConfig
 

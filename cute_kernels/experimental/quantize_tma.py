@@ -33,10 +33,9 @@ row-major, K % 32 == 0, 16-byte aligned, M >= 1. ``q``: (M, K) ``float8_e4m3fn``
 ``float8_e8m0fnu``, (M, K/32) for ``plain``, (128 ceil(M/128), 4 ceil(K/128)) for ``blocked``. M and K
 are symbolic: one compile per (dtype, mode, layout, config, arch).
 
-Measured against the cp.async kernel (``bench/tune_quantize_tma.py``, H200, bf16 blocked, same
-bytes): 0.97-0.98x its speed with TMA stores and 16-row boxes, 0.94-0.96x with 8-byte stores,
-at 8192 x 7168, 32768 x 2048 and 131072 x 7168. The bindings therefore use the cp.async kernel;
-this one stays as the TMA alternative (and the user of :mod:`cute_utils.tma`).
+It is slower than the cp.async kernel on the same bytes (``bench/tune_quantize_tma.py``, with TMA
+or 8-byte stores of q; notes/quantize-tma.md), so the bindings use the cp.async kernel; this one
+stays as the TMA alternative (and the user of :mod:`cute_utils.tma`).
 """
 
 from dataclasses import dataclass

@@ -213,7 +213,7 @@ def _fp8_forward(x, w, groups: _Groups, x_aligned, step: _Step, need_w: bool, to
 def _fp8_backward(grad_y, w, groups: _Groups, saved, step: _Step, need_x: bool, need_w: bool):
     """Rows of grad_y for the dgrad (the caller's groups: any sizes) and columns of its aligned copy
     for the wgrad, each only when its gradient is asked for (rows and columns in two kernels rather
-    than the dual: on H200 they run nearer copy speed, notes/grouped-gemm-op.md)."""
+    than the dual: they run nearer copy speed, notes/grouped-gemm-op.md)."""
     q_col_x, s_col_x = saved
     grad_x = grad_w = None
     if need_x:
