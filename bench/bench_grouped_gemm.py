@@ -13,6 +13,7 @@ CUDA GPU it exits 2.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -114,21 +115,24 @@ def rows_for(s: Shape, device: torch.device) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = make_parser(__doc__.splitlines()[0]).parse_args(argv)
     device = cuda_or_none("bench_grouped_gemm")
     if device is None:
-        raise SystemExit(2)
+        return 2
     if torch.cuda.get_device_capability(device)[0] != 9:
-        print("error: bench_grouped_gemm needs an sm_90 GPU (the cute kernel is sm_90a only)")
-        raise SystemExit(2)
+        print(
+            "error: bench_grouped_gemm needs an sm_90 GPU (the cute kernel is sm_90a only)", file=sys.stderr
+        )
+        return 2
     rows = []
     for s in SHAPES[:1] if args.quick else SHAPES:
         progress(f"grouped GEMM: {s.name}")
         rows += rows_for(s, device)
     json_path = output_paths(args.out, "grouped_gemm")[0]
     report(rows, list(rows[0]), "FP8 grouped GEMM, sm_90a", json_path=json_path, panel_key=None)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -155,7 +155,7 @@ def test_quant3d_goals() -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# --help (exit codes without a GPU: tests/test_bench_no_gpu.py)
+# --help (exit codes without a GPU: tests/bench/test_bench_no_gpu.py)
 # ------------------------------------------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 SCRIPTS = sorted(
     p.stem for p in [*BENCH.glob("bench_*.py"), *BENCH.glob("tune_*.py"), BENCH / "calibrate_model.py"]
 )
