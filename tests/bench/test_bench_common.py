@@ -463,12 +463,22 @@ def test_cuda_or_none_without_gpu(
     assert "error: bench_x needs a CUDA GPU" in capsys.readouterr().err
 
 
-def test_raise_recompile_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_raise_recompile_limit() -> None:
+    """Saved and restored by hand: ``monkeypatch`` on dynamo's config module broke its later use
+    (``recompile_limit does not exist`` in a later ``torch.compile`` in the same process)."""
     cfg = torch._dynamo.config
+    names = [
+        n for n in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit") if hasattr(cfg, n)
+    ]
+    saved = {n: getattr(cfg, n) for n in names}
     name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-    monkeypatch.setattr(cfg, name, 8)
-    common.raise_recompile_limit(64)
-    assert getattr(cfg, name) == 64
+    try:
+        setattr(cfg, name, 8)
+        common.raise_recompile_limit(64)
+        assert getattr(cfg, name) == 64
+    finally:
+        for n, value in saved.items():
+            setattr(cfg, n, value)
 
 
 # ------------------------------------------------------------------------------------------
