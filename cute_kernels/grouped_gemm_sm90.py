@@ -67,6 +67,7 @@ CONSUMER_WARPGROUPS = 2
 THREADS = WARPGROUP * (1 + CONSUMER_WARPGROUPS)
 CONSUMER_THREADS = WARPGROUP * CONSUMER_WARPGROUPS
 _MASK_BARRIER = 1  # named barrier of the consumer threads (0 is the CTA barrier)
+_CHUNK = 16  # bytes the 128-byte swizzle moves as one unit: a row's 16-byte chunks stay contiguous
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,8 @@ class GroupedGemmSm90Kernel(Kernel):
 
     @cute.jit
     def __call__(
+        for ring in (ring_a, ring_b):  # _zero_chunk: the swizzle keeps 16-byte chunks contiguous
+            assert (1 << ring.inner.num_base) % _CHUNK == 0, ring.inner
         self,
         a: cute.Tensor,
         b: cute.Tensor,
@@ -290,7 +293,8 @@ class GroupedGemmSm90Kernel(Kernel):
                               total_tiles, extents)  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_registers)
-            self._consume(tiled_mma, ring, ring_a, ring_b, scale_a, scale_b, offsets, out, prefix, ends,
+            raw = _RawRings(storage, ring_a_layout, ring_b_layout, self.config)
+            self._consume(tiled_mma, ring, ring_a, ring_b, raw, scale_a, scale_b, offsets, out, prefix, ends,
                           total_tiles, extents, tidx - WARPGROUP)  # fmt: skip
 
     def _make_pipeline(self, barriers):
@@ -377,7 +381,7 @@ class GroupedGemmSm90Kernel(Kernel):
 
     @cute.jit
     def _consume(
-        self, tiled_mma, ring, ring_a, ring_b, scale_a, scale_b, offsets, out, prefix, ends, total_tiles,
+        self, tiled_mma, ring, ring_a, ring_b, raw, scale_a, scale_b, offsets, out, prefix, ends, total_tiles,
         extents, ctid: Int32,
     ):  # fmt: skip
         """The consumer warpgroups (``ctid``: thread index among them): per tile, the wgmma mainloop
@@ -394,15 +398,13 @@ class GroupedGemmSm90Kernel(Kernel):
         step = Int32(cute.arch.grid_dim()[0])
         while tile < total_tiles:
             work = self._work(tile, offsets, prefix, ends, reduction, rows, cols)
-            read, release = self._mainloop(tiled_mma, ring, acc, frag_a, frag_b, ring_a, ring_b, work, read,
-                                           release, ctid)  # fmt: skip
+            read, release = self._mainloop(tiled_mma, ring, acc, frag_a, frag_b, raw, work, read, release,
+                                           ctid)  # fmt: skip
             self._epilogue(acc, coords, scale_a, scale_b, out, work, cols)
             tile += step
 
     @cute.jit
-    def _mainloop(
-        self, tiled_mma, ring, acc, frag_a, frag_b, ring_a, ring_b, work: _Work, read, release, ctid
-    ):
+    def _mainloop(self, tiled_mma, ring, acc, frag_a, frag_b, raw, work: _Work, read, release, ctid):
         """acc = the tile's reduction: per ring slot, wait for its bytes (2d2d: zero the rows past the
         group's end in its last slot), issue its wgmmas and release the slot before (one wgmma
         group stays in flight). Returns the advanced (read, release) pipeline states."""
@@ -413,7 +415,7 @@ class GroupedGemmSm90Kernel(Kernel):
             ring.consumer_wait(read)
             if cutlass.const_expr(self.form == "2d2d"):
                 if kt == work.k_tiles - 1 and work.tail < TILE_K:
-                    self._zero_tail(ring_a, ring_b, read.index, work.tail, ctid)
+                    self._zero_tail(raw, read.index, work.tail, ctid)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(k_blocks):
                 slot = (None, None, kb, read.index)
@@ -431,18 +433,18 @@ class GroupedGemmSm90Kernel(Kernel):
         return read, release
 
     @cute.jit
-    def _zero_tail(self, ring_a, ring_b, stage: Int32, tail: Int32, ctid: Int32):
-        """2d2d: zero reduction elements ``[tail, TILE_K)`` of every row of slot ``stage`` of both
-        rings (rows of the next group, or TMA zeros past M), one row per consumer thread at a time;
-        then make the writes visible to wgmma (async proxy) and wait for every consumer thread."""
-        bytes_a = cute.recast_tensor(ring_a, cutlass.Uint8)
-        bytes_b = cute.recast_tensor(ring_b, cutlass.Uint8)
-        for r in cutlass.range(ctid, TILE_M + self.tile_n, CONSUMER_THREADS, unroll=1):
-            for c in cutlass.range(tail, TILE_K, unroll=1):
-                if r < TILE_M:
-                    bytes_a[r, c, stage] = cutlass.Uint8(0)
-                else:
-                    bytes_b[r - TILE_M, c, stage] = cutlass.Uint8(0)
+    def _zero_tail(self, raw, stage: Int32, tail: Int32, ctid: Int32):
+        """2d2d: zero reduction elements ``[tail, TILE_K)`` of every row of slot ``stage`` of both rings
+        (rows of the next group, or TMA zeros past M). The work is (row, 16-byte chunk) items, a warp
+        covering four whole rows per step; then the writes are made visible to wgmma (async proxy)
+        and every consumer thread waits for the others."""
+        chunks = TILE_K // _CHUNK
+        for item in cutlass.range(ctid, (TILE_M + self.tile_n) * chunks, CONSUMER_THREADS, unroll=1):
+            row, chunk = item // chunks, item % chunks
+            if row < TILE_M:
+                _zero_chunk(raw.bytes_a, raw.words_a, raw.layout_a, row, chunk, stage, tail)
+            else:
+                _zero_chunk(raw.bytes_b, raw.words_b, raw.layout_b, row - TILE_M, chunk, stage, tail)
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=_MASK_BARRIER, number_of_threads=CONSUMER_THREADS)
 
@@ -474,3 +476,41 @@ def _tma_boxes(atom, coords: cute.Tensor, slots: cute.Tensor, row: Int32, red0: 
         atom, 0, cute.make_layout(1), cute.group_modes(slots, 0, 2), cute.group_modes(boxes, 0, 2)
     )
     return src, dst
+
+
+class _RawRings:
+    """Unswizzled byte and 64-bit word views of the A and B rings (a ring's bytes at their physical
+    offsets) with the rings' swizzled layouts: a logical (row, reduction element, slot) of a ring is
+    byte ``cute.crd2idx((row, col, slot), layout)`` of its view (e4m3 elements are bytes)."""
+
+    def __init__(self, storage, layout_a: cute.ComposedLayout, layout_b: cute.ComposedLayout, config) -> None:
+        a_bytes, b_bytes = _stage_bytes(config)
+        size_a, size_b = a_bytes * config.stages, b_bytes * config.stages
+        self.bytes_a = storage.ring_a.get_tensor(cute.make_layout(size_a), dtype=cutlass.Uint8)
+        self.words_a = storage.ring_a.get_tensor(cute.make_layout(size_a // 8), dtype=cutlass.Uint64)
+        self.bytes_b = storage.ring_b.get_tensor(cute.make_layout(size_b), dtype=cutlass.Uint8)
+        self.words_b = storage.ring_b.get_tensor(cute.make_layout(size_b // 8), dtype=cutlass.Uint64)
+        self.layout_a, self.layout_b = layout_a, layout_b
+
+
+@cute.jit
+def ring_offset(layout: cute.ComposedLayout, row: Int32, col: Int32, stage: Int32) -> Int32:
+    """Physical byte offset in a ring of the logical element (``row``, reduction element ``col``,
+    slot ``stage``): the swizzled layout, where TMA puts the element and wgmma reads it."""
+    return cute.crd2idx((row, col, stage), layout)
+
+
+@cute.jit
+def _zero_chunk(ring_bytes, ring_words, layout, row: Int32, chunk: Int32, stage: Int32, tail: Int32):
+    """Zero the elements at or past ``tail`` among reduction elements ``[16 chunk, 16 chunk + 16)``
+    of ``row`` of slot ``stage``: two 64-bit stores when the whole chunk is past ``tail`` (its 16
+    bytes are contiguous, see ``GroupedGemmSm90Kernel._layouts``), byte stores for the chunk holding
+    ``tail``."""
+    first = chunk * _CHUNK
+    if first >= tail:
+        word = ring_offset(layout, row, first, stage) // 8
+        for w in cutlass.range_constexpr(_CHUNK // 8):
+            ring_words[word + w] = cutlass.Uint64(0)
+    elif first + _CHUNK > tail:
+        for col in cutlass.range(tail, first + _CHUNK, unroll=1):
+            ring_bytes[ring_offset(layout, row, col, stage)] = cutlass.Uint8(0)
