@@ -201,10 +201,14 @@ class GroupedGemmSm90Kernel(Kernel):
     @staticmethod
     def can_implement(form: str, m: int, n: int, k: int, groups: int) -> bool:
         """Whether the kernel takes these sizes: 1 to :data:`MAX_GROUPS` groups; the TMA-loaded
-        operands' row strides a multiple of 16 bytes (K for 2d3d, M for 2d2d)."""
+        operands' row strides a multiple of 16 bytes (K for 2d3d, M for 2d2d); 2d3d: K > 0 (an
+        empty reduction has no TMA box to load). Problems with an empty output or (2d2d) M = 0 are
+        taken but launch nothing (``torch_bindings.grouped_gemm_sm90``)."""
         if form not in FORMS or not 1 <= groups <= MAX_GROUPS or min(m, n, k) < 0:
             return False
-        return (k if form == "2d3d" else m) % 16 == 0
+        if form == "2d3d":
+            return k > 0 and k % 16 == 0
+        return m % 16 == 0
 
     # ---- host ----------------------------------------------------------------------------------
 
@@ -222,12 +226,12 @@ class GroupedGemmSm90Kernel(Kernel):
         )
         ring_a = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tiler, Float8E4M3FN, self.stages)
         ring_b = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tiler, Float8E4M3FN, self.stages)
+        for ring in (ring_a, ring_b):  # _zero_chunk: the swizzle keeps 16-byte chunks contiguous
+            assert (1 << ring.inner.num_base) % _CHUNK == 0, ring.inner
         return tiled_mma, ring_a, ring_b
 
     @cute.jit
     def __call__(
-        for ring in (ring_a, ring_b):  # _zero_chunk: the swizzle keeps 16-byte chunks contiguous
-            assert (1 << ring.inner.num_base) % _CHUNK == 0, ring.inner
         self,
         a: cute.Tensor,
         b: cute.Tensor,
