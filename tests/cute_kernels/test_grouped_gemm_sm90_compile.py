@@ -38,6 +38,13 @@ def test_compiles_with_expected_sass(compiled, target):
     assert kernel.opcode("SYNCS") >= 2, "mbarrier ring"
     assert kernel.threads == (384, 1, 1)
     assert kernel.registers <= 168, text  # 384 threads fit one CTA per SM before setmaxregister
+    # setmaxregister.inc waits until the CTA's pool holds the registers it asks for: what the
+    # producer warpgroup gives back must cover the consumers' increase, or they wait forever.
+    from cute_kernels.grouped_gemm_sm90 import CONSUMER_THREADS, WARPGROUP, GroupedGemmConfig
+
+    config = GroupedGemmConfig()
+    released = WARPGROUP * (kernel.registers - config.producer_registers)
+    assert released >= CONSUMER_THREADS * (config.consumer_registers - kernel.registers), kernel.registers
 
 
 def test_instruction_hashes_are_the_recorded_ones(compiled):
