@@ -36,11 +36,14 @@ no per-group tensor maps:
   (stores are predicated on ``row < end_g``). Tiles are numbered from a CTA-wide scan of the
   per-group tile counts (``cute_utils.groups.scan_group_sizes``, unit 128 rows).
 - 2d2d: a group's reduction starts at its own first row; the tail box of the reduction reads rows
-  of the next group, which are zeroed in shared memory (both operands) by the consumers before the
-  wgmma (then a proxy fence and a consumer barrier).
+  of the next group, which are zeroed in shared memory (both operands, at the swizzled offsets of
+  their logical coordinates) by the consumers before the wgmma (then a proxy fence and a consumer
+  barrier).
 
-The epilogue scales in fp32 (``acc * scale_a * scale_b``, in that order) and stores bf16 straight
-from the accumulator registers (predicated 2-byte stores).
+The epilogue scales in fp32 (``acc * scale_a * scale_b``, in that order), converts to bf16, stages
+the tile in shared memory and stores it as 16-byte row vectors, each predicated on its row (below
+the group's end for 2d3d) and columns; so the output's rows must be multiples of 16 bytes (N % 8
+for 2d3d, K % 8 for 2d2d).
 """
 
 from dataclasses import dataclass
@@ -68,6 +71,8 @@ THREADS = WARPGROUP * (1 + CONSUMER_WARPGROUPS)
 CONSUMER_THREADS = WARPGROUP * CONSUMER_WARPGROUPS
 _MASK_BARRIER = 1  # named barrier of the consumer threads (0 is the CTA barrier)
 _CHUNK = 16  # bytes the 128-byte swizzle moves as one unit: a row's 16-byte chunks stay contiguous
+_EPILOGUE_BARRIER = 2  # named barrier of the consumer threads around the epilogue's staging tile
+VECTOR = 8  # bf16 outputs per 16-byte store; the output's row length must be a multiple of it
 
 
 @dataclass(frozen=True)
@@ -121,8 +126,15 @@ def _shared_storage(config: GroupedGemmConfig):
         warp_totals: cute.struct.MemRange[Int32, THREADS // 32]
         ring_a: cute.struct.Align[cute.struct.MemRange[Float8E4M3FN, a_bytes * stages], 1024]
         ring_b: cute.struct.Align[cute.struct.MemRange[Float8E4M3FN, b_bytes * stages], 1024]
+        staging: cute.struct.Align[cute.struct.MemRange[BFloat16, TILE_M * _staging_stride(config)], 16]
 
     return SharedStorage
+
+
+def _staging_stride(config: GroupedGemmConfig) -> int:
+    """Row stride (bf16 elements) of the epilogue's staging tile: ``tile_n`` plus 16 bytes, so that
+    rows are 16-byte aligned and the fragment writes (8 rows x 4 words per warp) hit 32 banks."""
+    return config.tile_n + VECTOR
 
 
 @dataclass
@@ -177,9 +189,11 @@ class GroupedGemmSm90Kernel(Kernel):
     def fake_arguments(cls, variant: GroupedGemmVariant) -> tuple:
         """Fakes with symbolic sizes: M (tokens) and E (groups) symbolic, shared by the tensors that
         must agree; the reduction dim of the TMA-loaded operands is a multiple of 16 (16-byte row
-        strides). E is symbolic (not a variant field): one compile serves every expert count up
-        to :data:`MAX_GROUPS`."""
-        m, e, n, k = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int(divisibility=16)
+        strides), the output's row length a multiple of :data:`VECTOR` (16-byte stores). E is
+        symbolic (not a variant field): one compile serves every expert count up to
+        :data:`MAX_GROUPS`."""
+        m, e = cute.sym_int(), cute.sym_int()
+        n, k = cute.sym_int(divisibility=VECTOR), cute.sym_int(divisibility=16)
 
         def fake(dtype, shape):
             order = tuple(range(len(shape) - 1, -1, -1))
@@ -192,7 +206,7 @@ class GroupedGemmSm90Kernel(Kernel):
             scale_a, scale_b, out = fake(Float32, (m,)), fake(Float32, (e, n)), fake(BFloat16, (m, n))
         else:
             m = cute.sym_int(divisibility=16)
-            n, k = cute.sym_int(), cute.sym_int()
+            n, k = cute.sym_int(), cute.sym_int(divisibility=VECTOR)
             a, b = fake(Float8E4M3FN, (n, m)), fake(Float8E4M3FN, (k, m))
             scale_a, scale_b = fake(Float32, (cute.sym_int(),)), fake(Float32, (cute.sym_int(),))
             out = fake(BFloat16, (e, n, k))
@@ -201,14 +215,15 @@ class GroupedGemmSm90Kernel(Kernel):
     @staticmethod
     def can_implement(form: str, m: int, n: int, k: int, groups: int) -> bool:
         """Whether the kernel takes these sizes: 1 to :data:`MAX_GROUPS` groups; the TMA-loaded
-        operands' row strides a multiple of 16 bytes (K for 2d3d, M for 2d2d); 2d3d: K > 0 (an
-        empty reduction has no TMA box to load). Problems with an empty output or (2d2d) M = 0 are
-        taken but launch nothing (``torch_bindings.grouped_gemm_sm90``)."""
+        operands' row strides a multiple of 16 bytes (K for 2d3d, M for 2d2d); the output's rows
+        a multiple of 16 bytes (N for 2d3d, K for 2d2d: 16-byte stores); 2d3d: K > 0 (an empty
+        reduction has no TMA box to load). Problems with an empty output or (2d2d) M = 0 are taken
+        but launch nothing (``torch_bindings.grouped_gemm_sm90``)."""
         if form not in FORMS or not 1 <= groups <= MAX_GROUPS or min(m, n, k) < 0:
             return False
         if form == "2d3d":
-            return k > 0 and k % 16 == 0
-        return m % 16 == 0
+            return k > 0 and k % 16 == 0 and n % VECTOR == 0
+        return m % 16 == 0 and k % VECTOR == 0
 
     # ---- host ----------------------------------------------------------------------------------
 
@@ -298,8 +313,11 @@ class GroupedGemmSm90Kernel(Kernel):
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_registers)
             raw = _RawRings(storage, ring_a_layout, ring_b_layout, self.config)
-            self._consume(tiled_mma, ring, ring_a, ring_b, raw, scale_a, scale_b, offsets, out, prefix, ends,
-                          total_tiles, extents, tidx - WARPGROUP)  # fmt: skip
+            staging = storage.staging.get_tensor(
+                cute.make_layout((TILE_M, self.tile_n), stride=(_staging_stride(self.config), 1))
+            )
+            self._consume(tiled_mma, ring, ring_a, ring_b, raw, staging, scale_a, scale_b, offsets, out,
+                          prefix, ends, total_tiles, extents, tidx - WARPGROUP)  # fmt: skip
 
     def _make_pipeline(self, barriers):
         """The A/B ring's full/empty barriers: one TMA producer thread, one arrive per consumer warp."""
@@ -385,17 +403,18 @@ class GroupedGemmSm90Kernel(Kernel):
 
     @cute.jit
     def _consume(
-        self, tiled_mma, ring, ring_a, ring_b, raw, scale_a, scale_b, offsets, out, prefix, ends, total_tiles,
-        extents, ctid: Int32,
+        self, tiled_mma, ring, ring_a, ring_b, raw, staging, scale_a, scale_b, offsets, out, prefix, ends,
+        total_tiles, extents, ctid: Int32,
     ):  # fmt: skip
         """The consumer warpgroups (``ctid``: thread index among them): per tile, the wgmma mainloop
-        over the ring, then the scaled, predicated bf16 epilogue."""
+        over the ring, then the scaled bf16 epilogue through the shared ``staging`` tile."""
         thr_mma = tiled_mma.get_slice(ctid)
         frag_a = tiled_mma.make_fragment_A(thr_mma.partition_A(ring_a))
         frag_b = tiled_mma.make_fragment_B(thr_mma.partition_B(ring_b))
         coords = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
         acc = cute.make_rmem_tensor(tiled_mma.partition_shape_C((TILE_M, self.tile_n)), Float32)
         reduction, rows, cols = extents
+        out_vectors = _vector_view(out)
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         tile = Int32(cute.arch.block_idx()[0])
@@ -404,7 +423,7 @@ class GroupedGemmSm90Kernel(Kernel):
             work = self._work(tile, offsets, prefix, ends, reduction, rows, cols)
             read, release = self._mainloop(tiled_mma, ring, acc, frag_a, frag_b, raw, work, read, release,
                                            ctid)  # fmt: skip
-            self._epilogue(acc, coords, scale_a, scale_b, out, work, cols)
+            self._epilogue(acc, coords, scale_a, scale_b, staging, out_vectors, work, cols, ctid)
             tile += step
 
     @cute.jit
@@ -453,22 +472,52 @@ class GroupedGemmSm90Kernel(Kernel):
         cute.arch.barrier(barrier_id=_MASK_BARRIER, number_of_threads=CONSUMER_THREADS)
 
     @cute.jit
-    def _epilogue(self, acc, coords, scale_a, scale_b, out, work: _Work, cols: Int32):
+    def _epilogue(self, acc, coords, scale_a, scale_b, staging, out_vectors, work: _Work, cols: Int32, ctid):
         """Store ``bf16(acc * scale_a * scale_b)`` for the tile's elements inside the output: rows
-        below ``work.row_end`` (2d3d: the group's end), columns below ``cols``. 2d2d: an empty
-        group's tile is zeros whatever its scales hold."""
+        below ``work.row_end`` (2d3d: the group's end), columns below ``cols``. The consumer threads
+        put the values into ``staging`` in the accumulator layout and store it back as 16-byte
+        row vectors (``out_vectors``, :func:`_vector_view`), each predicated on its row and columns.
+        2d2d: an empty group's tile is zeros whatever its scales hold."""
+        values = self._scaled(acc, coords, scale_a, scale_b, work, cols)
+        # the previous tile's vectors are read out of staging before anyone writes this tile's
+        cute.arch.barrier(barrier_id=_EPILOGUE_BARRIER, number_of_threads=CONSUMER_THREADS)
         for i in cutlass.range_constexpr(cute.size(acc)):
             r, c = coords[i]
-            row = work.row0 + r
-            col = work.col0 + c
-            if row < work.row_end and col < cols:
+            staging[r, c] = values[i]
+        cute.arch.barrier(barrier_id=_EPILOGUE_BARRIER, number_of_threads=CONSUMER_THREADS)
+        rows_vectors = _vector_view(staging)
+        per_row = self.tile_n // VECTOR
+        for it in cutlass.range_constexpr(TILE_M * per_row // CONSUMER_THREADS):
+            item = it * CONSUMER_THREADS + ctid  # eight threads read one 128-byte line of a row
+            r, v = item // per_row, item % per_row
+            vector = cute.make_rmem_tensor(cute.make_layout(VECTOR), BFloat16)
+            cute.autovec_copy(rows_vectors[r, v, None], vector)
+            row, first = work.row0 + r, work.col0 + v * VECTOR
+            if row < work.row_end and first < cols:
                 if cutlass.const_expr(self.form == "2d3d"):
-                    out[row, col] = (acc[i] * scale_a[row] * scale_b[work.g, col]).to(BFloat16)
+                    cute.autovec_copy(vector, out_vectors[row, first // VECTOR, None])
                 else:
-                    value = acc[i] * scale_a[work.g * work.row_end + row] * scale_b[work.g * cols + col]
-                    if work.k_tiles == 0:
-                        value = Float32(0.0)
-                    out[work.g, row, col] = value.to(BFloat16)
+                    cute.autovec_copy(vector, out_vectors[work.g, row, first // VECTOR, None])
+
+    @cute.jit
+    def _scaled(self, acc, coords, scale_a, scale_b, work: _Work, cols: Int32):
+        """``bf16(acc * scale_a * scale_b)`` per accumulator element (a register tensor like ``acc``).
+        Elements outside the output (never stored) read the scales of the last row / column, so every
+        scale load is in bounds and unconditional: the loads of one row or column are one load."""
+        values = cute.make_rmem_tensor(acc.layout, BFloat16)
+        last_row, last_col = work.row_end - 1, cols - 1
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            r, c = coords[i]
+            row = cutlass.min(work.row0 + r, last_row)
+            col = cutlass.min(work.col0 + c, last_col)
+            if cutlass.const_expr(self.form == "2d3d"):
+                values[i] = (acc[i] * scale_a[row] * scale_b[work.g, col]).to(BFloat16)
+            else:
+                value = acc[i] * scale_a[work.g * work.row_end + row] * scale_b[work.g * cols + col]
+                if work.k_tiles == 0:
+                    value = Float32(0.0)
+                values[i] = value.to(BFloat16)
+        return values
 
 
 def _tma_boxes(atom, coords: cute.Tensor, slots: cute.Tensor, row: Int32, red0: Int32, rows: int):
@@ -518,3 +567,13 @@ def _zero_chunk(ring_bytes, ring_words, layout, row: Int32, chunk: Int32, stage:
     elif first + _CHUNK > tail:
         for col in cutlass.range(tail, first + _CHUNK, unroll=1):
             ring_bytes[ring_offset(layout, row, col, stage)] = cutlass.Uint8(0)
+
+
+def _vector_view(t: cute.Tensor) -> cute.Tensor:
+    """``t`` (rows of bf16 with unit stride last, row strides multiples of :data:`VECTOR`) viewed
+    with its last mode split into (length / VECTOR, VECTOR): ``[..., v, None]`` is 16-byte vector v
+    of a row."""
+    *outer, length = t.shape
+    *strides, _ = t.stride
+    layout = cute.make_layout((*outer, length // VECTOR, VECTOR), stride=(*strides, VECTOR, 1))
+    return cute.make_tensor(t.iterator, layout)
