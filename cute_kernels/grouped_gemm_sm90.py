@@ -475,9 +475,9 @@ class GroupedGemmSm90Kernel(Kernel):
     def _epilogue(self, acc, coords, scale_a, scale_b, staging, out_vectors, work: _Work, cols: Int32, ctid):
         """Store ``bf16(acc * scale_a * scale_b)`` for the tile's elements inside the output: rows
         below ``work.row_end`` (2d3d: the group's end), columns below ``cols``. The consumer threads
-        put the values into ``staging`` in the accumulator layout and store it back as 16-byte
-        row vectors (``out_vectors``, :func:`_vector_view`), each predicated on its row and columns.
-        2d2d: an empty group's tile is zeros whatever its scales hold."""
+        put the values into ``staging`` in the accumulator layout, then store it as 16-byte row
+        vectors (``out_vectors``, :func:`_vector_view`). 2d2d: an empty group's tile is zeros
+        whatever its scales hold."""
         values = self._scaled(acc, coords, scale_a, scale_b, work, cols)
         # the previous tile's vectors are read out of staging before anyone writes this tile's
         cute.arch.barrier(barrier_id=_EPILOGUE_BARRIER, number_of_threads=CONSUMER_THREADS)
@@ -485,13 +485,19 @@ class GroupedGemmSm90Kernel(Kernel):
             r, c = coords[i]
             staging[r, c] = values[i]
         cute.arch.barrier(barrier_id=_EPILOGUE_BARRIER, number_of_threads=CONSUMER_THREADS)
-        rows_vectors = _vector_view(staging)
+        self._store_vectors(_vector_view(staging), out_vectors, work, cols, ctid)
+
+    @cute.jit
+    def _store_vectors(self, staged, out_vectors, work: _Work, cols: Int32, ctid: Int32):
+        """Each consumer thread copies 16-byte row vectors of the staged tile (``staged[r, v, None]``)
+        to the output, eight threads per 128-byte line of a row, each vector predicated on its row
+        (below ``work.row_end``) and its columns (below ``cols``, a multiple of :data:`VECTOR`)."""
         per_row = self.tile_n // VECTOR
         for it in cutlass.range_constexpr(TILE_M * per_row // CONSUMER_THREADS):
-            item = it * CONSUMER_THREADS + ctid  # eight threads read one 128-byte line of a row
+            item = it * CONSUMER_THREADS + ctid
             r, v = item // per_row, item % per_row
             vector = cute.make_rmem_tensor(cute.make_layout(VECTOR), BFloat16)
-            cute.autovec_copy(rows_vectors[r, v, None], vector)
+            cute.autovec_copy(staged[r, v, None], vector)
             row, first = work.row0 + r, work.col0 + v * VECTOR
             if row < work.row_end and first < cols:
                 if cutlass.const_expr(self.form == "2d3d"):
