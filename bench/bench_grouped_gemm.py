@@ -40,25 +40,30 @@ class Shape:
 SHAPES = (Shape(8, 16384, 7168, 2048), Shape(16, 16384, 5120, 8192))
 
 
-def _operands(s: Shape, device: torch.device, ends: list[int]):
-    """Quantized operands of the three GEMMs (reference quantizers, on the GPU)."""
+def _operands(s: Shape, device: torch.device, ends: list[int], torch_ends: list[int]):
+    """Quantized operands of the three GEMMs (reference quantizers, on the GPU); torch's FP8 wgrad
+    gets its own, with column scales over its groups of ``torch_ends``."""
     from torch_bindings import reference as ref
 
     x = torch.randn(s.tokens, s.dim, device=device, dtype=torch.bfloat16)
     w = (torch.randn(s.experts, s.hidden, s.dim, device=device) * 0.02).to(torch.bfloat16)
     grad_y = torch.randn(s.tokens, s.hidden, device=device, dtype=torch.bfloat16)
     offsets = torch.tensor(ends, dtype=torch.int32, device=device)
+    torch_offsets = torch.tensor(torch_ends, dtype=torch.int32, device=device)
     q_x, s_x = ref.quantize_fp8_2d(x, axis="row")
     q_w, s_w = ref.quantize_fp8_3d(w, axis="K")
     q_gy, s_gy = ref.quantize_fp8_2d(grad_y, axis="row")
     q_wn, s_wn = ref.quantize_fp8_3d(w, axis="N")
     qc_gy, sc_gy = ref.quantize_fp8_2d(grad_y, axis="col", group_end_offsets=offsets)
     qc_x, sc_x = ref.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets)
-    return dict(x=x, w=w, grad_y=grad_y, offsets=offsets, fwd=(q_x, q_w, s_x, s_w),
-                dgrad=(q_gy, q_wn, s_gy, s_wn), wgrad=(qc_gy, qc_x, sc_gy, sc_x))  # fmt: skip
+    tc_gy, tsc_gy = ref.quantize_fp8_2d(grad_y, axis="col", group_end_offsets=torch_offsets)
+    tc_x, tsc_x = ref.quantize_fp8_2d(x, axis="col", group_end_offsets=torch_offsets)
+    return dict(x=x, w=w, grad_y=grad_y, offsets=offsets, torch_offsets=torch_offsets,
+                fwd=(q_x, q_w, s_x, s_w), dgrad=(q_gy, q_wn, s_gy, s_wn), wgrad=(qc_gy, qc_x, sc_gy, sc_x),
+                torch_wgrad=(tc_gy, tc_x, tsc_gy, tsc_x))  # fmt: skip
 
 
-def _calls(ops: dict, torch_offsets: torch.Tensor) -> dict:
+def _calls(ops: dict) -> dict:
     """{gemm: {impl: zero-argument call}} for ours, torch FP8 rowwise and torch bf16."""
     from torch_bindings.grouped_gemm_sm90 import grouped_gemm_fp8_rowwise_sm90 as ours
 
@@ -73,6 +78,7 @@ def _calls(ops: dict, torch_offsets: torch.Tensor) -> dict:
     q_x, q_w, s_x, s_w = ops["fwd"]
     q_gy, q_wn, s_gy, s_wn = ops["dgrad"]
     qc_gy, qc_x, sc_gy, sc_x = ops["wgrad"]
+    tc_gy, tc_x, tsc_gy, tsc_x = ops["torch_wgrad"]
     return {
         "forward": {
             "cute": lambda: ours("2d3d", q_x, q_w, s_x, s_w, off),
@@ -86,7 +92,7 @@ def _calls(ops: dict, torch_offsets: torch.Tensor) -> dict:
         },
         "wgrad": {
             "cute": lambda: ours("2d2d", qc_gy.t(), qc_x.t(), sc_gy, sc_x, off),
-            "torch_fp8": fp8(qc_gy.t(), qc_x, sc_gy, sc_x, torch_offsets),
+            "torch_fp8": fp8(tc_gy.t(), tc_x, tsc_gy, tsc_x, ops["torch_offsets"]),
             "torch_bf16": lambda: torch._grouped_mm(gy.t(), x, off),
         },
     }
@@ -95,11 +101,10 @@ def _calls(ops: dict, torch_offsets: torch.Tensor) -> dict:
 def rows_for(s: Shape, device: torch.device) -> list[dict]:
     ends = skewed_group_ends(s.tokens, s.experts, seed=1)
     aligned = [e // 16 * 16 for e in ends[:-1]] + [ends[-1]]
-    ops = _operands(s, device, ends)
-    torch_offsets = torch.tensor(aligned, dtype=torch.int32, device=device)
+    ops = _operands(s, device, ends, aligned)
     flops = 2 * s.tokens * s.dim * s.hidden
     rows = []
-    for gemm, impls in _calls(ops, torch_offsets).items():
+    for gemm, impls in _calls(ops).items():
         row = {"shape": s.name, "gemm": gemm}
         for impl, call in impls.items():
             try:

@@ -36,11 +36,14 @@ no per-group tensor maps:
   (stores are predicated on ``row < end_g``). Tiles are numbered from a CTA-wide scan of the
   per-group tile counts (``cute_utils.groups.scan_group_sizes``, unit 128 rows).
 - 2d2d: a group's reduction starts at its own first row; the tail box of the reduction reads rows
-  of the next group, which are zeroed in shared memory (both operands) by the consumers before the
-  wgmma (then a proxy fence and a consumer barrier).
+  of the next group, which are zeroed in shared memory (both operands, at the swizzled offsets of
+  their logical coordinates) by the consumers before the wgmma (then a proxy fence and a consumer
+  barrier).
 
-The epilogue scales in fp32 (``acc * scale_a * scale_b``, in that order) and stores bf16 straight
-from the accumulator registers (predicated 2-byte stores).
+The epilogue scales in fp32 (``acc * scale_a * scale_b``, in that order), converts to bf16, stages
+the tile in shared memory and stores it as 16-byte row vectors, each predicated on its row (below
+the group's end for 2d3d) and columns; so the output's rows must be multiples of 16 bytes (N % 8
+for 2d3d, K % 8 for 2d2d).
 """
 
 from dataclasses import dataclass
@@ -67,6 +70,9 @@ CONSUMER_WARPGROUPS = 2
 THREADS = WARPGROUP * (1 + CONSUMER_WARPGROUPS)
 CONSUMER_THREADS = WARPGROUP * CONSUMER_WARPGROUPS
 _MASK_BARRIER = 1  # named barrier of the consumer threads (0 is the CTA barrier)
+_CHUNK = 16  # bytes the 128-byte swizzle moves as one unit: a row's 16-byte chunks stay contiguous
+_EPILOGUE_BARRIER = 2  # named barrier of the consumer threads around the epilogue's staging tile
+VECTOR = 8  # bf16 outputs per 16-byte store; the output's row length must be a multiple of it
 
 
 @dataclass(frozen=True)
@@ -120,8 +126,15 @@ def _shared_storage(config: GroupedGemmConfig):
         warp_totals: cute.struct.MemRange[Int32, THREADS // 32]
         ring_a: cute.struct.Align[cute.struct.MemRange[Float8E4M3FN, a_bytes * stages], 1024]
         ring_b: cute.struct.Align[cute.struct.MemRange[Float8E4M3FN, b_bytes * stages], 1024]
+        staging: cute.struct.Align[cute.struct.MemRange[BFloat16, TILE_M * _staging_stride(config)], 16]
 
     return SharedStorage
+
+
+def _staging_stride(config: GroupedGemmConfig) -> int:
+    """Row stride (bf16 elements) of the epilogue's staging tile: ``tile_n`` plus 16 bytes, so that
+    rows are 16-byte aligned and the fragment writes (8 rows x 4 words per warp) hit 32 banks."""
+    return config.tile_n + VECTOR
 
 
 @dataclass
@@ -176,9 +189,11 @@ class GroupedGemmSm90Kernel(Kernel):
     def fake_arguments(cls, variant: GroupedGemmVariant) -> tuple:
         """Fakes with symbolic sizes: M (tokens) and E (groups) symbolic, shared by the tensors that
         must agree; the reduction dim of the TMA-loaded operands is a multiple of 16 (16-byte row
-        strides). E is symbolic (not a variant field): one compile serves every expert count up
-        to :data:`MAX_GROUPS`."""
-        m, e, n, k = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int(divisibility=16)
+        strides), the output's row length a multiple of :data:`VECTOR` (16-byte stores). E is
+        symbolic (not a variant field): one compile serves every expert count up to
+        :data:`MAX_GROUPS`."""
+        m, e = cute.sym_int(), cute.sym_int()
+        n, k = cute.sym_int(divisibility=VECTOR), cute.sym_int(divisibility=16)
 
         def fake(dtype, shape):
             order = tuple(range(len(shape) - 1, -1, -1))
@@ -191,7 +206,7 @@ class GroupedGemmSm90Kernel(Kernel):
             scale_a, scale_b, out = fake(Float32, (m,)), fake(Float32, (e, n)), fake(BFloat16, (m, n))
         else:
             m = cute.sym_int(divisibility=16)
-            n, k = cute.sym_int(), cute.sym_int()
+            n, k = cute.sym_int(), cute.sym_int(divisibility=VECTOR)
             a, b = fake(Float8E4M3FN, (n, m)), fake(Float8E4M3FN, (k, m))
             scale_a, scale_b = fake(Float32, (cute.sym_int(),)), fake(Float32, (cute.sym_int(),))
             out = fake(BFloat16, (e, n, k))
@@ -200,10 +215,15 @@ class GroupedGemmSm90Kernel(Kernel):
     @staticmethod
     def can_implement(form: str, m: int, n: int, k: int, groups: int) -> bool:
         """Whether the kernel takes these sizes: 1 to :data:`MAX_GROUPS` groups; the TMA-loaded
-        operands' row strides a multiple of 16 bytes (K for 2d3d, M for 2d2d)."""
+        operands' row strides a multiple of 16 bytes (K for 2d3d, M for 2d2d); the output's rows
+        a multiple of 16 bytes (N for 2d3d, K for 2d2d: 16-byte stores); 2d3d: K > 0 (an empty
+        reduction has no TMA box to load). Problems with an empty output or (2d2d) M = 0 are taken
+        but launch nothing (``torch_bindings.grouped_gemm_sm90``)."""
         if form not in FORMS or not 1 <= groups <= MAX_GROUPS or min(m, n, k) < 0:
             return False
-        return (k if form == "2d3d" else m) % 16 == 0
+        if form == "2d3d":
+            return k > 0 and k % 16 == 0 and n % VECTOR == 0
+        return m % 16 == 0 and k % VECTOR == 0
 
     # ---- host ----------------------------------------------------------------------------------
 
@@ -221,6 +241,8 @@ class GroupedGemmSm90Kernel(Kernel):
         )
         ring_a = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tiler, Float8E4M3FN, self.stages)
         ring_b = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tiler, Float8E4M3FN, self.stages)
+        for ring in (ring_a, ring_b):  # _zero_chunk: the swizzle keeps 16-byte chunks contiguous
+            assert (1 << ring.inner.num_base) % _CHUNK == 0, ring.inner
         return tiled_mma, ring_a, ring_b
 
     @cute.jit
@@ -290,8 +312,12 @@ class GroupedGemmSm90Kernel(Kernel):
                               total_tiles, extents)  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_registers)
-            self._consume(tiled_mma, ring, ring_a, ring_b, scale_a, scale_b, offsets, out, prefix, ends,
-                          total_tiles, extents, tidx - WARPGROUP)  # fmt: skip
+            raw = _RawRings(storage, ring_a_layout, ring_b_layout, self.config)
+            staging = storage.staging.get_tensor(
+                cute.make_layout((TILE_M, self.tile_n), stride=(_staging_stride(self.config), 1))
+            )
+            self._consume(tiled_mma, ring, ring_a, ring_b, raw, staging, scale_a, scale_b, offsets, out,
+                          prefix, ends, total_tiles, extents, tidx - WARPGROUP)  # fmt: skip
 
     def _make_pipeline(self, barriers):
         """The A/B ring's full/empty barriers: one TMA producer thread, one arrive per consumer warp."""
@@ -377,32 +403,31 @@ class GroupedGemmSm90Kernel(Kernel):
 
     @cute.jit
     def _consume(
-        self, tiled_mma, ring, ring_a, ring_b, scale_a, scale_b, offsets, out, prefix, ends, total_tiles,
-        extents, ctid: Int32,
+        self, tiled_mma, ring, ring_a, ring_b, raw, staging, scale_a, scale_b, offsets, out, prefix, ends,
+        total_tiles, extents, ctid: Int32,
     ):  # fmt: skip
         """The consumer warpgroups (``ctid``: thread index among them): per tile, the wgmma mainloop
-        over the ring, then the scaled, predicated bf16 epilogue."""
+        over the ring, then the scaled bf16 epilogue through the shared ``staging`` tile."""
         thr_mma = tiled_mma.get_slice(ctid)
         frag_a = tiled_mma.make_fragment_A(thr_mma.partition_A(ring_a))
         frag_b = tiled_mma.make_fragment_B(thr_mma.partition_B(ring_b))
         coords = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
         acc = cute.make_rmem_tensor(tiled_mma.partition_shape_C((TILE_M, self.tile_n)), Float32)
         reduction, rows, cols = extents
+        out_vectors = _vector_view(out)
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         tile = Int32(cute.arch.block_idx()[0])
         step = Int32(cute.arch.grid_dim()[0])
         while tile < total_tiles:
             work = self._work(tile, offsets, prefix, ends, reduction, rows, cols)
-            read, release = self._mainloop(tiled_mma, ring, acc, frag_a, frag_b, ring_a, ring_b, work, read,
-                                           release, ctid)  # fmt: skip
-            self._epilogue(acc, coords, scale_a, scale_b, out, work, cols)
+            read, release = self._mainloop(tiled_mma, ring, acc, frag_a, frag_b, raw, work, read, release,
+                                           ctid)  # fmt: skip
+            self._epilogue(acc, coords, scale_a, scale_b, staging, out_vectors, work, cols, ctid)
             tile += step
 
     @cute.jit
-    def _mainloop(
-        self, tiled_mma, ring, acc, frag_a, frag_b, ring_a, ring_b, work: _Work, read, release, ctid
-    ):
+    def _mainloop(self, tiled_mma, ring, acc, frag_a, frag_b, raw, work: _Work, read, release, ctid):
         """acc = the tile's reduction: per ring slot, wait for its bytes (2d2d: zero the rows past the
         group's end in its last slot), issue its wgmmas and release the slot before (one wgmma
         group stays in flight). Returns the advanced (read, release) pipeline states."""
@@ -413,7 +438,7 @@ class GroupedGemmSm90Kernel(Kernel):
             ring.consumer_wait(read)
             if cutlass.const_expr(self.form == "2d2d"):
                 if kt == work.k_tiles - 1 and work.tail < TILE_K:
-                    self._zero_tail(ring_a, ring_b, read.index, work.tail, ctid)
+                    self._zero_tail(raw, read.index, work.tail, ctid)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(k_blocks):
                 slot = (None, None, kb, read.index)
@@ -431,38 +456,74 @@ class GroupedGemmSm90Kernel(Kernel):
         return read, release
 
     @cute.jit
-    def _zero_tail(self, ring_a, ring_b, stage: Int32, tail: Int32, ctid: Int32):
-        """2d2d: zero reduction elements ``[tail, TILE_K)`` of every row of slot ``stage`` of both
-        rings (rows of the next group, or TMA zeros past M), one row per consumer thread at a time;
-        then make the writes visible to wgmma (async proxy) and wait for every consumer thread."""
-        bytes_a = cute.recast_tensor(ring_a, cutlass.Uint8)
-        bytes_b = cute.recast_tensor(ring_b, cutlass.Uint8)
-        for r in cutlass.range(ctid, TILE_M + self.tile_n, CONSUMER_THREADS, unroll=1):
-            for c in cutlass.range(tail, TILE_K, unroll=1):
-                if r < TILE_M:
-                    bytes_a[r, c, stage] = cutlass.Uint8(0)
-                else:
-                    bytes_b[r - TILE_M, c, stage] = cutlass.Uint8(0)
+    def _zero_tail(self, raw, stage: Int32, tail: Int32, ctid: Int32):
+        """2d2d: zero reduction elements ``[tail, TILE_K)`` of every row of slot ``stage`` of both rings
+        (rows of the next group, or TMA zeros past M). The work is (row, 16-byte chunk) items, a warp
+        covering four whole rows per step; then the writes are made visible to wgmma (async proxy)
+        and every consumer thread waits for the others."""
+        chunks = TILE_K // _CHUNK
+        for item in cutlass.range(ctid, (TILE_M + self.tile_n) * chunks, CONSUMER_THREADS, unroll=1):
+            row, chunk = item // chunks, item % chunks
+            if row < TILE_M:
+                _zero_chunk(raw.bytes_a, raw.words_a, raw.layout_a, row, chunk, stage, tail)
+            else:
+                _zero_chunk(raw.bytes_b, raw.words_b, raw.layout_b, row - TILE_M, chunk, stage, tail)
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=_MASK_BARRIER, number_of_threads=CONSUMER_THREADS)
 
     @cute.jit
-    def _epilogue(self, acc, coords, scale_a, scale_b, out, work: _Work, cols: Int32):
+    def _epilogue(self, acc, coords, scale_a, scale_b, staging, out_vectors, work: _Work, cols: Int32, ctid):
         """Store ``bf16(acc * scale_a * scale_b)`` for the tile's elements inside the output: rows
-        below ``work.row_end`` (2d3d: the group's end), columns below ``cols``. 2d2d: an empty
-        group's tile is zeros whatever its scales hold."""
+        below ``work.row_end`` (2d3d: the group's end), columns below ``cols``. The consumer threads
+        put the values into ``staging`` in the accumulator layout, then store it as 16-byte row
+        vectors (``out_vectors``, :func:`_vector_view`). 2d2d: an empty group's tile is zeros
+        whatever its scales hold."""
+        values = self._scaled(acc, coords, scale_a, scale_b, work, cols)
+        # the previous tile's vectors are read out of staging before anyone writes this tile's
+        cute.arch.barrier(barrier_id=_EPILOGUE_BARRIER, number_of_threads=CONSUMER_THREADS)
         for i in cutlass.range_constexpr(cute.size(acc)):
             r, c = coords[i]
-            row = work.row0 + r
-            col = work.col0 + c
-            if row < work.row_end and col < cols:
+            staging[r, c] = values[i]
+        cute.arch.barrier(barrier_id=_EPILOGUE_BARRIER, number_of_threads=CONSUMER_THREADS)
+        self._store_vectors(_vector_view(staging), out_vectors, work, cols, ctid)
+
+    @cute.jit
+    def _store_vectors(self, staged, out_vectors, work: _Work, cols: Int32, ctid: Int32):
+        """Each consumer thread copies 16-byte row vectors of the staged tile (``staged[r, v, None]``)
+        to the output, eight threads per 128-byte line of a row, each vector predicated on its row
+        (below ``work.row_end``) and its columns (below ``cols``, a multiple of :data:`VECTOR`)."""
+        per_row = self.tile_n // VECTOR
+        for it in cutlass.range_constexpr(TILE_M * per_row // CONSUMER_THREADS):
+            item = it * CONSUMER_THREADS + ctid
+            r, v = item // per_row, item % per_row
+            vector = cute.make_rmem_tensor(cute.make_layout(VECTOR), BFloat16)
+            cute.autovec_copy(staged[r, v, None], vector)
+            row, first = work.row0 + r, work.col0 + v * VECTOR
+            if row < work.row_end and first < cols:
                 if cutlass.const_expr(self.form == "2d3d"):
-                    out[row, col] = (acc[i] * scale_a[row] * scale_b[work.g, col]).to(BFloat16)
+                    cute.autovec_copy(vector, out_vectors[row, first // VECTOR, None])
                 else:
-                    value = acc[i] * scale_a[work.g * work.row_end + row] * scale_b[work.g * cols + col]
-                    if work.k_tiles == 0:
-                        value = Float32(0.0)
-                    out[work.g, row, col] = value.to(BFloat16)
+                    cute.autovec_copy(vector, out_vectors[work.g, row, first // VECTOR, None])
+
+    @cute.jit
+    def _scaled(self, acc, coords, scale_a, scale_b, work: _Work, cols: Int32):
+        """``bf16(acc * scale_a * scale_b)`` per accumulator element (a register tensor like ``acc``).
+        Elements outside the output (never stored) read the scales of the last row / column, so every
+        scale load is in bounds and unconditional: the loads of one row or column are one load."""
+        values = cute.make_rmem_tensor(acc.layout, BFloat16)
+        last_row, last_col = work.row_end - 1, cols - 1
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            r, c = coords[i]
+            row = cutlass.min(work.row0 + r, last_row)
+            col = cutlass.min(work.col0 + c, last_col)
+            if cutlass.const_expr(self.form == "2d3d"):
+                values[i] = (acc[i] * scale_a[row] * scale_b[work.g, col]).to(BFloat16)
+            else:
+                value = acc[i] * scale_a[work.g * work.row_end + row] * scale_b[work.g * cols + col]
+                if work.k_tiles == 0:
+                    value = Float32(0.0)
+                values[i] = value.to(BFloat16)
+        return values
 
 
 def _tma_boxes(atom, coords: cute.Tensor, slots: cute.Tensor, row: Int32, red0: Int32, rows: int):
@@ -474,3 +535,51 @@ def _tma_boxes(atom, coords: cute.Tensor, slots: cute.Tensor, row: Int32, red0: 
         atom, 0, cute.make_layout(1), cute.group_modes(slots, 0, 2), cute.group_modes(boxes, 0, 2)
     )
     return src, dst
+
+
+class _RawRings:
+    """Unswizzled byte and 64-bit word views of the A and B rings (a ring's bytes at their physical
+    offsets) with the rings' swizzled layouts: a logical (row, reduction element, slot) of a ring is
+    byte ``cute.crd2idx((row, col, slot), layout)`` of its view (e4m3 elements are bytes)."""
+
+    def __init__(self, storage, layout_a: cute.ComposedLayout, layout_b: cute.ComposedLayout, config) -> None:
+        a_bytes, b_bytes = _stage_bytes(config)
+        size_a, size_b = a_bytes * config.stages, b_bytes * config.stages
+        self.bytes_a = storage.ring_a.get_tensor(cute.make_layout(size_a), dtype=cutlass.Uint8)
+        self.words_a = storage.ring_a.get_tensor(cute.make_layout(size_a // 8), dtype=cutlass.Uint64)
+        self.bytes_b = storage.ring_b.get_tensor(cute.make_layout(size_b), dtype=cutlass.Uint8)
+        self.words_b = storage.ring_b.get_tensor(cute.make_layout(size_b // 8), dtype=cutlass.Uint64)
+        self.layout_a, self.layout_b = layout_a, layout_b
+
+
+@cute.jit
+def ring_offset(layout: cute.ComposedLayout, row: Int32, col: Int32, stage: Int32) -> Int32:
+    """Physical byte offset in a ring of the logical element (``row``, reduction element ``col``,
+    slot ``stage``): the swizzled layout, where TMA puts the element and wgmma reads it."""
+    return cute.crd2idx((row, col, stage), layout)
+
+
+@cute.jit
+def _zero_chunk(ring_bytes, ring_words, layout, row: Int32, chunk: Int32, stage: Int32, tail: Int32):
+    """Zero the elements at or past ``tail`` among reduction elements ``[16 chunk, 16 chunk + 16)``
+    of ``row`` of slot ``stage``: two 64-bit stores when the whole chunk is past ``tail`` (its 16
+    bytes are contiguous, see ``GroupedGemmSm90Kernel._layouts``), byte stores for the chunk holding
+    ``tail``."""
+    first = chunk * _CHUNK
+    if first >= tail:
+        word = ring_offset(layout, row, first, stage) // 8
+        for w in cutlass.range_constexpr(_CHUNK // 8):
+            ring_words[word + w] = cutlass.Uint64(0)
+    elif first + _CHUNK > tail:
+        for col in cutlass.range(tail, first + _CHUNK, unroll=1):
+            ring_bytes[ring_offset(layout, row, col, stage)] = cutlass.Uint8(0)
+
+
+def _vector_view(t: cute.Tensor) -> cute.Tensor:
+    """``t`` (rows of bf16 with unit stride last, row strides multiples of :data:`VECTOR`) viewed
+    with its last mode split into (length / VECTOR, VECTOR): ``[..., v, None]`` is 16-byte vector v
+    of a row."""
+    *outer, length = t.shape
+    *strides, _ = t.stride
+    layout = cute.make_layout((*outer, length // VECTOR, VECTOR), stride=(*strides, VECTOR, 1))
+    return cute.make_tensor(t.iterator, layout)

@@ -813,8 +813,11 @@ def quantize_fp8_3d_dual(
 
 
 def _clamped_group_bounds(group_end_offsets: Tensor, total: int) -> list[tuple[int, int]]:
-    """``(start, end)`` per group as the kernels read end offsets: each end clamped to ``[0, total]``,
-    a group whose end is below its start empty."""
+    """``(start, end)`` per group: each end clamped to ``[0, total]``, a group starting where the
+    previous one ended and empty when its end is below that. This is how the kernels read valid
+    (non-decreasing) offsets; for garbage offsets whose clamped ends fall, the kernels start a group
+    at the previous clamped end (``cute_utils.groups.group_bounds``), so groups may overlap there
+    (in bounds, results unspecified: bit equality holds for valid offsets only)."""
     bounds, start = [], 0
     for end in group_end_offsets.tolist():
         end = max(min(max(end, 0), total), start)

@@ -37,7 +37,18 @@ def test_compiles_with_expected_sass(compiled, target):
     assert kernel.opcode("USETMAXREG") >= 2, "producer gives registers to the consumers"
     assert kernel.opcode("SYNCS") >= 2, "mbarrier ring"
     assert kernel.threads == (384, 1, 1)
+    # epilogue: the tile goes through shared memory and out as 16-byte row vectors, 8 per thread
+    # (128 x 128 bf16 over 256 threads); the fragment writes pair adjacent columns
+    assert kernel.global_stores() == kernel.global_stores(128) == 8, kernel.memory
+    assert kernel.shared_loads(128) == 8 and kernel.shared_stores(32) >= 32, kernel.memory
     assert kernel.registers <= 168, text  # 384 threads fit one CTA per SM before setmaxregister
+    # setmaxregister.inc waits until the CTA's pool holds the registers it asks for: what the
+    # producer warpgroup gives back must cover the consumers' increase, or they wait forever.
+    from cute_kernels.grouped_gemm_sm90 import CONSUMER_THREADS, WARPGROUP, GroupedGemmConfig
+
+    config = GroupedGemmConfig()
+    released = WARPGROUP * (kernel.registers - config.producer_registers)
+    assert released >= CONSUMER_THREADS * (config.consumer_registers - kernel.registers), kernel.registers
 
 
 def test_instruction_hashes_are_the_recorded_ones(compiled):
@@ -74,8 +85,11 @@ def test_shared_memory_and_limits():
     assert ring < kernel.shared_bytes(kernel.variants()[0], config) <= 232448
     assert kernel.can_implement("2d3d", 17, 2048, 7168, 8)
     assert not kernel.can_implement("2d3d", 17, 64, 100, 8), "K % 16: TMA row stride"
+    assert not kernel.can_implement("2d3d", 17, 68, 128, 8), "N % 8: 16-byte output rows"
+    assert not kernel.can_implement("2d3d", 17, 64, 0, 8), "K = 0: no TMA box"
     assert kernel.can_implement("2d2d", 16384, 2048, 7168, 8)
     assert not kernel.can_implement("2d2d", 100, 64, 64, 2), "M % 16: TMA row stride"
+    assert not kernel.can_implement("2d2d", 128, 64, 68, 2), "K % 8: 16-byte output rows"
     assert not kernel.can_implement("2d3d", 128, 64, 64, MAX_GROUPS + 1)
     with pytest.raises(ValueError):
         GroupedGemmConfig(tile_n=24)

@@ -102,3 +102,24 @@ def test_form_is_checked():
     with pytest.raises(ValueError, match="form"):
         offsets = torch.zeros(1, dtype=torch.int32)
         reference.grouped_gemm_fp8_rowwise_reference("3d3d", *(torch.zeros(1),) * 4, offsets)
+
+
+def test_launcher_checks_sizes_and_launches_nothing_for_empty_problems():
+    """The launcher's host checks and its empty-problem paths (no kernel runs in any of these)."""
+    from torch_bindings.grouped_gemm_sm90 import grouped_gemm_fp8_rowwise_sm90 as launch
+
+    e4m3 = torch.float8_e4m3fn
+    offsets = torch.tensor([0, 0], dtype=torch.int32)
+    a, b = torch.zeros(4, 0, dtype=e4m3), torch.zeros(8, 0, dtype=e4m3)  # 2d2d with M = 0
+    out = launch("2d2d", a, b, torch.ones(8), torch.ones(16), offsets, torch.full((2, 4, 8), 7.0).bfloat16())
+    assert out.shape == (2, 4, 8) and not out.any(), "M = 0: every group empty, zeros"
+    with pytest.raises(ValueError, match="G\\*N=8"):
+        launch("2d2d", a, b, torch.ones(7), torch.ones(16), offsets)
+    with pytest.raises(ValueError, match="out must have shape"):
+        launch("2d2d", a, b, torch.ones(8), torch.ones(16), offsets, torch.zeros(2, 8, 4).bfloat16())
+    empty = launch("2d3d", torch.zeros(0, 32, dtype=e4m3), torch.zeros(2, 8, 32, dtype=e4m3), torch.ones(0),
+                   torch.ones(2, 8), offsets)  # fmt: skip
+    assert empty.shape == (0, 8)
+    with pytest.raises(ValueError, match="not supported"):
+        launch("2d3d", torch.zeros(4, 0, dtype=e4m3), torch.zeros(2, 8, 0, dtype=e4m3), torch.ones(4),
+               torch.ones(2, 8), offsets)  # fmt: skip

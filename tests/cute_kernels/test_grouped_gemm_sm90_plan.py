@@ -1,0 +1,154 @@
+"""The index math of the sm_90a FP8 grouped GEMM (``cute_kernels.grouped_gemm_sm90``) on a CPU.
+
+- The ring offsets the 2d2d tail masking writes through (``ring_offset``, the kernel's own helper,
+  evaluated at trace time) are where TMA's 128-byte swizzle puts each element.
+- Pure-Python mirrors of the kernel's device math, against brute force, for group patterns that
+  include empty groups, groups past M and garbage offsets: the tile scheduler (``_work``: every
+  stored output element belongs to exactly one tile, in bounds) and the tail masking
+  (``_zero_tail``: exactly the reduction elements past the group's end are zeroed).
+
+The mirrors copy the kernel's formulas; a change there must change them too."""
+
+from __future__ import annotations
+
+import pytest
+
+TILE_M = TILE_K = 128
+THREADS = 256  # consumer threads
+PATTERNS = {
+    "ragged": [100, 100, 357, 612, 1000],
+    "empty first and last": [0, 300, 777, 1000, 1000],
+    "around the tile": [127, 255, 384, 513, 640, 768, 1000],
+    "one-row groups": [1, 2, 3, 4, 1000],
+    "all in one": [1000],
+    "last end below M": [64, 500, 900],
+    "garbage: past M, negative, decreasing": [-5, 40, 1 << 30, 7, 2000],
+    "garbage: not monotone": [500, 10, 800],
+}
+M = 1000
+
+
+def _tma_swizzle_128b(linear: int) -> int:
+    """Where TMA's 128-byte swizzle stores byte ``linear`` of a 1024-byte aligned box: its 16-byte
+    chunk index (bits 4-6) XOR the row within the 1024-byte pattern (bits 7-9)."""
+    return linear ^ (((linear >> 7) & 7) << 4)
+
+
+def test_ring_offsets_follow_the_tma_swizzle():
+    import cutlass
+    import cutlass.cute as cute
+
+    from cute_kernels.grouped_gemm_sm90 import (
+        GroupedGemmConfig,
+        GroupedGemmSm90Kernel,
+        GroupedGemmVariant,
+        ring_offset,
+    )
+
+    config = GroupedGemmConfig(tile_n=64)
+    got: dict = {}
+
+    @cute.jit
+    def probe():
+        _, ring_a, ring_b = GroupedGemmSm90Kernel(GroupedGemmVariant("2d2d"), config)._layouts()
+        for name, layout, rows in (("a", ring_a, TILE_M), ("b", ring_b, config.tile_n)):
+            for r in cutlass.range_constexpr(rows):
+                for c in cutlass.range_constexpr(0, TILE_K, 3):
+                    got[name, r, c] = ring_offset(layout, r, c, config.stages - 1)
+
+    cute.compile(probe, options="--gpu-arch sm_90a")
+    assert len(got) == (TILE_M + config.tile_n) * len(range(0, TILE_K, 3))
+    for (name, r, c), offset in got.items():
+        box = (TILE_M if name == "a" else config.tile_n) * TILE_K
+        assert offset == (config.stages - 1) * box + _tma_swizzle_128b(r * TILE_K + c), (name, r, c)
+
+
+def _zeroed_bytes(tail: int, rows: int) -> list[int]:
+    """Mirror of ``_zero_tail`` / ``_zero_chunk`` on one ring slot of ``rows`` rows: the physical
+    bytes written, in order, by all consumer threads."""
+    chunks, out = TILE_K // 16, []
+    for ctid in range(THREADS):
+        for item in range(ctid, rows * chunks, THREADS):
+            row, chunk = item // chunks, item % chunks
+            first = chunk * 16
+            if first >= tail:
+                base = _tma_swizzle_128b(row * TILE_K + first)
+                out += range(base, base + 16)
+            elif first + 16 > tail:
+                out += [_tma_swizzle_128b(row * TILE_K + c) for c in range(tail, first + 16)]
+    return out
+
+
+@pytest.mark.parametrize("rows", [TILE_M + 128, TILE_M + 64])
+def test_tail_masking_zeroes_exactly_the_elements_past_the_group(rows):
+    for tail in range(1, TILE_K):
+        written = _zeroed_bytes(tail, rows)
+        expected = {_tma_swizzle_128b(r * TILE_K + c) for r in range(rows) for c in range(tail, TILE_K)}
+        assert len(written) == len(set(written)), f"tail {tail}: a byte written twice"
+        assert set(written) == expected, f"tail {tail}"
+
+
+def _bounds(ends: list[int], total: int) -> list[tuple[int, int]]:
+    """``cute_utils.groups.group_bounds`` / ``smem_group_bounds``: start = the previous end clamped to
+    [0, total], end = max(own end clamped, start)."""
+    clamped = [min(max(e, 0), total) for e in ends]
+    out = []
+    for g, end in enumerate(clamped):
+        start = clamped[g - 1] if g else 0
+        out.append((start, max(end, start)))
+    return out
+
+
+def _find_group(prefix: list[int], groups: int, key: int, steps: int = 9) -> int:
+    """``cute_utils.groups.find_group``."""
+    pos = 0
+    for k in range(steps):
+        candidate = pos + (1 << (steps - 1 - k))
+        if candidate < groups and prefix[candidate] <= key:
+            pos = candidate
+    return pos
+
+
+def _tiles_2d3d(ends: list[int], n: int, tile_n: int) -> list[tuple[int, int, int, int]]:
+    """Mirror of ``_scan_tiles`` + ``_work`` (2d3d): ``(g, row0, row_end, col0)`` per tile index."""
+    bounds = _bounds(ends, M)
+    prefix = [0]
+    for start, end in bounds:
+        prefix.append(prefix[-1] + (end - start + TILE_M - 1) // TILE_M)
+    n_tiles = -(-n // tile_n)
+    tiles = []
+    for tile in range(prefix[-1] * n_tiles):
+        row_block, n_block = tile // n_tiles, tile % n_tiles
+        g = _find_group(prefix, len(ends), row_block)
+        start, end = bounds[g]
+        tiles.append((g, start + (row_block - prefix[g]) * TILE_M, end, n_block * tile_n))
+    return tiles
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+@pytest.mark.parametrize("tile_n", [128, 48])
+def test_2d3d_tiles_cover_each_group_once(name, tile_n):
+    ends, n = PATTERNS[name], 200
+    stored: list[tuple[int, int, int]] = []
+    for g, row0, row_end, col0 in _tiles_2d3d(ends, n, tile_n):
+        assert 0 <= g < len(ends) and 0 <= row0 < row_end <= M and 0 <= col0 < n
+        rows, cols = range(row0, min(row0 + TILE_M, row_end)), range(col0, min(col0 + tile_n, n))
+        stored += [(g, r, c) for r in rows for c in cols]
+    expected = [(g, r, c) for g, (s, e) in enumerate(_bounds(ends, M)) for r in range(s, e) for c in range(n)]
+    assert sorted(stored) == sorted(expected)
+    if not name.startswith("garbage"):  # clamped garbage ends that fall may overlap: in bounds only
+        assert len({(r, c) for _, r, c in stored}) == len(stored), "an element stored twice"
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_2d2d_reduction_boxes_cover_each_group_once(name):
+    """Mirror of ``_work`` (2d2d): the boxes of group g read from its start, and the elements the
+    tail masking keeps are exactly the group's rows; empty groups run no stage (both sides)."""
+    ends = PATTERNS[name]
+    for start, end in _bounds(ends, M):
+        k_tiles = -(-(end - start) // TILE_K)
+        tail = end - start - (k_tiles - 1) * TILE_K
+        valid = [tail if kt == k_tiles - 1 else TILE_K for kt in range(k_tiles)]
+        kept = [start + kt * TILE_K + c for kt in range(k_tiles) for c in range(valid[kt])]
+        assert kept == list(range(start, end))
+        assert k_tiles == 0 or 1 <= tail <= TILE_K
