@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The GPU checks of a change in as few device calls as possible: each STAGE runs, its full output
+# goes to $OUT/<stage>.log, and a summary table (stage, exit code, seconds, last line) ends the
+# output. Stages run in the order given; a failing stage does not stop the others.
+#
+#   source .gpu/env.sh && bash tests/support/gpu_session.sh gemm suite fuzz sanitize
+#   source .gpu/env.sh && bash tests/support/gpu_session.sh bench
+#   (2+ GPUs) bash tests/support/gpu_session.sh multigpu
+#
+# Stages:
+#   gemm      the grouped GEMM's GPU tests (the kernel not yet verified on a GPU), then its bench
+#   suite     every GPU test (pytest -m gpu, XDIST workers, default 6)
+#   fuzz      the fuzz harness on dirty memory with garbage offsets (FUZZ_EXAMPLES per op)
+#   sanitize  compute-sanitizer memcheck + racecheck over the small fuzz, caching allocator off
+#   bench     bench_moe --quick, bench_overhead --runs 3, bench_model --quick
+#   multigpu  the EP tests under torchrun on every GPU, then bench_ep (NVLink multicast off)
+# Environment: OUT (default /tmp/gpu-session), PYTHON (default python3), XDIST, FUZZ_EXAMPLES, SEED.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+PYTHON=${PYTHON:-python3}
+OUT=${OUT:-/tmp/gpu-session}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+summary=()
+
+run_stage() {  # name, then the command
+    local name=$1 start rc last
+    shift
+    echo "== $name: $*"
+    start=$(date +%s)
+    "$@" >"$OUT/$name.log" 2>&1
+    rc=$?
+    last=$(grep -v '^\s*$' "$OUT/$name.log" | tail -n 1 | cut -c1-100)
+    summary+=("$(printf '%-10s rc=%-3s %5ss  %s' "$name" "$rc" "$(($(date +%s) - start))" "$last")")
+    echo "   rc=$rc  $last"
+}
+
+gpus=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
+echo "GPUs: $gpus ($("$PYTHON" -c 'import torch; print(torch.cuda.get_device_name(0))' 2>/dev/null))"
+for stage in "$@"; do
+    case "$stage" in
+    gemm)
+        run_stage gemm_tests "$PYTHON" -m pytest -q -x -m gpu tests/torch_bindings/test_grouped_gemm_sm90_gpu.py
+        run_stage gemm_bench "$PYTHON" -m bench.bench_grouped_gemm --out "$OUT"
+        ;;
+    suite) run_stage suite "$PYTHON" -m pytest -q -m gpu -n "${XDIST:-6}" tests ;;
+    fuzz)
+        run_stage fuzz "$PYTHON" tests/support/fuzz.py --garbage --examples "${FUZZ_EXAMPLES:-20}" \
+            --seed "${SEED:-11}"
+        ;;
+    sanitize) run_stage sanitize env PYTHON="$PYTHON" SEED="${SEED:-7}" EXAMPLES=3 bash tests/support/sanitize.sh ;;
+    bench)
+        run_stage bench_moe "$PYTHON" -m bench.bench_moe --quick --out "$OUT"
+        run_stage overhead "$PYTHON" -m bench.bench_overhead --runs 3
+        run_stage bench_model "$PYTHON" -m bench.bench_model --quick --out "$OUT"
+        ;;
+    multigpu)
+        run_stage ep_multigpu "$PYTHON" -m torch.distributed.run --nproc-per-node "$gpus" \
+            tests/support/ep_multigpu.py
+        run_stage bench_ep "$PYTHON" -m torch.distributed.run --nproc-per-node "$gpus" -m bench.bench_ep
+        ;;
+    *) echo "unknown stage: $stage" >&2 ;;
+    esac
+done
+echo "== summary ($OUT)"
+printf '%s\n' "${summary[@]}"
