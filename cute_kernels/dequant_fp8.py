@@ -26,6 +26,7 @@ from cutlass import BFloat16, Float8E4M3FN, Float32, Int32
 from cute_utils.blocked import ceil_div
 from cute_utils.fp8 import mul_rn
 from cute_utils.groups import clamped_end
+from cute_utils.rows import row_steps
 
 from .base import Kernel
 
@@ -55,13 +56,6 @@ class DequantFp8RowsVariant:
     element per step."""
 
     vector: bool = True
-
-
-def _steps(t: cute.Tensor, width: int) -> cute.Tensor:
-    """(rows, K / width, width) view of a row-major (rows, K) tensor: ``[r, v, None]`` is step v."""
-    rows, cols = t.shape
-    layout = cute.make_layout((rows, cols // width, width), stride=(t.stride[0], width, 1))
-    return cute.make_tensor(t.iterator, layout)
 
 
 class DequantFp8RowsKernel(Kernel):
@@ -123,7 +117,7 @@ class DequantFp8RowsKernel(Kernel):
         row = cta * self.warps + tid // _WARP
         lane = tid % _WARP
         if row < clamped_end(ends, ends.shape[0] - 1, q.shape[0]):
-            self._row(_steps(q, self.width), scales[row], _steps(x, self.width), row, lane)
+            self._row(row_steps(q, self.width), scales[row], row_steps(x, self.width), row, lane)
 
     @cute.jit
     def _row(self, q_steps: cute.Tensor, scale: Float32, x_steps: cute.Tensor, row: Int32, lane: Int32):

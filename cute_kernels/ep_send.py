@@ -56,6 +56,7 @@ from cute_utils.mx import (
     max_u16x2,
 )
 from cute_utils.peers import buffer_view, destination
+from cute_utils.rows import cta_max
 
 from .base import Kernel
 
@@ -202,19 +203,6 @@ def _chunk_amax(frag: cute.Tensor, amax: Uint32) -> Uint32:
     """``amax`` and the chunk's bf16 magnitudes, lane-wise per half (zeros past the row: no effect)."""
     for u in cutlass.range_constexpr(cute.size(frag, mode=[1])):
         amax = max_u16x2(amax, bf16x2_abs_max(frag[None, u]))
-    return amax
-
-
-@cute.jit
-def _cta_max(amax: Int32, warp_max: cute.Tensor, tid: Int32, warps: cutlass.Constexpr) -> Int32:
-    """Max of ``amax`` over the CTA: over each warp by shuffles, then the warps' maxima through
-    shared memory (one barrier; every thread of the CTA must call it)."""
-    amax = lane_group_max(amax, _WARP)
-    if tid % _WARP == 0:
-        warp_max[tid // _WARP] = amax
-    cute.arch.barrier()
-    for w in cutlass.range_constexpr(warps):
-        amax = cutlass.max(amax, warp_max[w])
     return amax
 
 
@@ -367,7 +355,7 @@ class QuantizeScatterKernel(Kernel):
         for first in cutlass.range(chunk, st.row_vectors, chunk, unroll=1):
             _load_chunk(x_w, frag, st, first, self.threads)
             halves = _chunk_amax(frag, halves)
-        amax = _cta_max(bf16_halves_max_bits(halves), warp_max, st.tid, self.warps)
+        amax = cta_max(lane_group_max(bf16_halves_max_bits(halves), _WARP), warp_max, st.tid, self.warps)
         q_scale = fp8_quant_scale(amax, self.variant.round_pow2)
         for first in cutlass.range(0, st.row_vectors, chunk, unroll=1):
             if st.row_vectors > chunk:

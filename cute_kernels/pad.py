@@ -50,8 +50,6 @@ from cutlass import (
     Int32,
     Int64,
     Uint8,
-    Uint16,
-    Uint32,
 )
 from cutlass.memory import SmemAllocator
 
@@ -64,10 +62,11 @@ from cute_utils.groups import (
     scan_group_sizes,
     smem_group_bounds,
 )
+from cute_utils.rows import chunk_fragment, load_row_chunk, row_vector_view, store_row_chunk
+from cute_utils.scan import WARP
 
 from .base import Kernel
 
-_WARP = 32
 VECTOR_BYTES = 16
 #: Element types the kernels move, one per element size: padding copies bytes, so every dtype of 1,
 #: 2, 4 or 8 bytes runs as the integer type of its size (the bindings pass a same-size view).
@@ -89,7 +88,6 @@ ELEMENT_TYPES = {
     "float8_e8m0fnu": Float8E8M0FNU,
 }
 assert set(ELEMENT_TYPES) == set(PAD_KERNEL_DTYPES), "cute_utils.constants.PAD_KERNEL_DTYPES"
-_WORD_BY_BYTES = {1: Uint8, 2: Uint16, 4: Uint32}
 
 
 @dataclass(frozen=True)
@@ -104,7 +102,7 @@ class PadConfig:
     items_per_warp: int = 2
 
     def __post_init__(self) -> None:
-        if self.threads % _WARP or not 0 < self.threads <= 1024:
+        if self.threads % WARP or not 0 < self.threads <= 1024:
             raise ValueError(f"threads={self.threads} must be a multiple of 32 in [32, 1024]")
         if self.vectors_per_lane < 1 or self.items_per_warp < 1:
             raise ValueError(
@@ -117,7 +115,7 @@ class PadConfig:
     @property
     def row_chunk(self) -> int:
         """Vectors of one row a warp moves per item."""
-        return _WARP * self.vectors_per_lane
+        return WARP * self.vectors_per_lane
 
 
 def vector_widths(dtype_name: str) -> tuple[int, ...]:
@@ -125,57 +123,6 @@ def vector_widths(dtype_name: str) -> tuple[int, ...]:
     size if wider (8 for 8-byte elements), then one element."""
     size = ELEMENT_TYPES[dtype_name].width // 8
     return tuple(sorted({VECTOR_BYTES, max(4, size), size}, reverse=True))
-
-
-def _word_and_count(vector_bytes: int):
-    """(integer word type, words per vector): a vector moves as ``count`` words (one access)."""
-    word_bytes = min(vector_bytes, 4)
-    return _WORD_BY_BYTES[word_bytes], vector_bytes // word_bytes
-
-
-def _vector_view(t: cute.Tensor, vector_bytes: int) -> cute.Tensor:
-    """(rows, vectors per row, words per vector) view of a row-major (rows, D) tensor whose row size
-    in bytes is a multiple of ``vector_bytes`` (the fake tensors' divisibility says so; it is restated
-    with ``cute.assume`` because integer arithmetic on strides drops it)."""
-    word, count = _word_and_count(vector_bytes)
-    element_bytes = t.element_type.width // 8
-    word_bytes = vector_bytes // count
-    rows, cols = t.shape
-    row_stride = cute.assume(t.stride[0] * element_bytes // word_bytes, divby=count)
-    row_vectors = cols * element_bytes // vector_bytes
-    layout = cute.make_layout((rows, row_vectors, count), stride=(row_stride, count, 1))
-    return cute.make_tensor(cute.recast_ptr(t.iterator, dtype=word), layout)
-
-
-def _chunk_fragment(dst, per_lane: int):
-    """Registers of one lane's row chunk: ``per_lane`` vectors of ``dst``'s words."""
-    count = dst.shape[2]
-    return cute.make_rmem_tensor(cute.make_layout((count, per_lane), stride=(1, count)), dst.element_type)
-
-
-@cute.jit
-def _load_row_chunk(src, frag, src_row, first, valid, lane, per_lane: cutlass.Constexpr):
-    """Load vectors ``first + 32 u + lane`` (u < ``per_lane``) of ``src`` row ``src_row`` into
-    ``frag``, zeros when not ``valid`` or past the row end."""
-    count = src.shape[2]
-    row_vectors = src.shape[1]
-    for u in cutlass.range_constexpr(per_lane):
-        for q in cutlass.range_constexpr(count):
-            frag[q, u] = frag.element_type(0)
-        col = first + u * _WARP + lane
-        if valid and col < row_vectors:
-            cute.autovec_copy(src[src_row, col, None], frag[None, u])
-
-
-@cute.jit
-def _store_row_chunk(frag, dst, dst_row, first, lane, per_lane: cutlass.Constexpr):
-    """Store ``frag`` (see :func:`_load_row_chunk`) to vectors ``first + 32 u + lane`` of ``dst`` row
-    ``dst_row``; vectors past the row end are skipped."""
-    row_vectors = dst.shape[1]
-    for u in cutlass.range_constexpr(per_lane):
-        col = first + u * _WARP + lane
-        if col < row_vectors:
-            cute.autovec_copy(frag[None, u], dst[dst_row, col, None])
 
 
 @cute.jit
@@ -232,14 +179,14 @@ class RowGatherVariant:
     vector_bytes: int = VECTOR_BYTES
 
 
-class _RowGatherKernel(Kernel):
+class RowGatherKernel(Kernel):
     """What pad and unpad share: the launch shape, the group scan and the row-chunk loop."""
 
     def __init__(self, variant: RowGatherVariant, config: PadConfig) -> None:
         super().__init__(variant, config)
         self.vector_bytes = variant.vector_bytes
         self.threads = config.threads
-        self.warps = config.threads // _WARP
+        self.warps = config.threads // WARP
         self.per_lane = config.vectors_per_lane
         self.row_chunk = config.row_chunk
         self.cta_items = self.warps * config.items_per_warp
@@ -308,15 +255,15 @@ class _RowGatherKernel(Kernel):
         :func:`_pad_segment`), looked up again only when a warp's row leaves its cached one."""
         warps, row_chunk = self.warps, self.row_chunk
         cta, _, _ = cute.arch.block_idx()
-        src_v = _vector_view(src, self.vector_bytes)
-        dst_v = _vector_view(dst, self.vector_bytes)
+        src_v = row_vector_view(src, self.vector_bytes)
+        dst_v = row_vector_view(dst, self.vector_bytes)
         chunks = ceil_div(dst_v.shape[1], row_chunk)
-        warp = cute.arch.make_warp_uniform(tid // _WARP)
-        lane = tid % _WARP
+        warp = cute.arch.make_warp_uniform(tid // WARP)
+        lane = tid % WARP
         # A contiguous run per CTA: a warp's rows advance slowly and its cached segment stays valid.
         first_item = cta * self.cta_items
         last_item = cutlass.min(first_item + self.cta_items, dst.shape[0] * chunks)
-        frag = _chunk_fragment(dst_v, self.per_lane)
+        frag = chunk_fragment(dst_v, self.per_lane)
         lo, hi, valid_lo, valid_hi, delta = Int32(0), Int32(0), Int32(0), Int32(0), Int32(0)
         for item in cutlass.range(first_item + warp, last_item, warps):
             row = item // chunks
@@ -324,11 +271,11 @@ class _RowGatherKernel(Kernel):
                 lo, hi, valid_lo, valid_hi, delta = segment_of(row)
             valid = row >= valid_lo and row < valid_hi
             first = (item - row * chunks) * row_chunk
-            _load_row_chunk(src_v, frag, row + delta, first, valid, lane, self.per_lane)
-            _store_row_chunk(frag, dst_v, row, first, lane, self.per_lane)
+            load_row_chunk(src_v, frag, row + delta, first, valid, lane, self.per_lane)
+            store_row_chunk(frag, dst_v, row, first, lane, self.per_lane)
 
 
-class PadKernel(_RowGatherKernel):
+class PadKernel(RowGatherKernel):
     """``pad``: x (M, D) -> out (P, D) plus padded_start / padded_end (module docstring).
 
     Launch: ``kernel(x, out, offsets, padded_start, padded_end, alignment)`` with x and out of one
@@ -375,7 +322,7 @@ class PadKernel(_RowGatherKernel):
         )
 
 
-class UnpadKernel(_RowGatherKernel):
+class UnpadKernel(RowGatherKernel):
     """``unpad``: padded (P, D) -> out (N, D) (module docstring).
 
     Launch: ``kernel(padded, out, offsets, padded_start)``; same dtype and vector rules as
@@ -423,6 +370,7 @@ __all__ = [
     "ELEMENT_TYPES",
     "PadConfig",
     "PadKernel",
+    "RowGatherKernel",
     "RowGatherVariant",
     "UnpadKernel",
     "vector_widths",

@@ -62,24 +62,24 @@ from cute_utils.groups import (
 )
 from cute_utils.mx import (
     BLOCK_SIZE,
-    e8m0_scale,
-    inverse_scale,
-    lane_group_max,
-    max_abs_bits,
-    scale_values,
+)
+from cute_utils.mx_rows import (
+    LANES_PER_ROW,
+    QUARTER_ROWS,
+    ROWS_PER_STEP,
+    TILE_K,
+    VECTOR,
+    WARPS,
+    mx_vector_view,
+    quantize_lane_vector,
+    row_scale_word,
+    store_plain_scales,
 )
 from cute_utils.occupancy import DEFAULT_NUM_SMS, MAX_GRID_Y, chunk_major_grid, resident_ctas
 
 from .base import Kernel
 
-VECTOR = 8  # elements per lane and vector step
-LANES_PER_BLOCK = BLOCK_SIZE // VECTOR  # 4
-TILE_K = TILE_COLS * BLOCK_SIZE  # 128 elements of K per blocked tile column group
-LANES_PER_ROW = TILE_K // VECTOR  # 16: a warp covers 2 rows of a tile per vector step
-ROWS_PER_STEP = 32 // LANES_PER_ROW
-QUARTER_ROWS = 32  # rows per warp: one lane per row of the quarter when scales are stored
 STEPS = QUARTER_ROWS // ROWS_PER_STEP  # 16 steps of 2 rows
-WARPS = TILE_ROWS // QUARTER_ROWS
 
 
 class ScaleLayout(str, Enum):
@@ -137,24 +137,6 @@ class QuantizeConfig:
 # for more CTAs per SM (notes/quantize-1x32-groups-and-padding.md).
 
 
-def _vector_view(tensor: cute.Tensor, rows, cols, dtype=None) -> cute.Tensor:
-    """(rows, cols / 8, 8) view of a row-major (rows, cols) tensor: ``[r, v, None]`` is vector v."""
-    ptr = tensor.iterator if dtype is None else cute.recast_ptr(tensor.iterator, dtype=dtype)
-    return cute.make_tensor(
-        ptr, cute.make_layout((rows, cols // VECTOR, VECTOR), stride=(tensor.layout.stride[0], VECTOR, 1))
-    )
-
-
-@cute.jit
-def _row_scale_word(s: Int32, lane: Int32) -> Uint32:
-    """Word of the 4 scale bytes of the row a lane works on (byte c = block c of the 128-column
-    tile), in all 16 lanes of that row: shift each block's byte into place and OR across blocks."""
-    word = Uint32(s) << (8 * ((lane % LANES_PER_ROW) // LANES_PER_BLOCK))
-    for k in cutlass.range_constexpr(2):
-        word = word | cute.arch.shuffle_sync_bfly(word, LANES_PER_BLOCK << k)
-    return word
-
-
 def _staging_ring(smem, x: cute.Tensor, batch: int, stages: int):
     """Per-lane cp.async staging: ``(ring, atom)``.
 
@@ -193,16 +175,6 @@ def _issue_unit(atom, x_vec: cute.Tensor, slots: cute.Tensor, row: Int32, rows_l
 
 
 @cute.jit
-def _store_plain_scales(scale_bytes: cute.Tensor, row: Int32, tile: Int32, word: Uint32, valid):
-    """Row ``row``'s scale bytes of 128-column tile ``tile`` (packed in ``word``) into the (M, K/32)
-    scale matrix, skipping columns past K/32."""
-    if valid:
-        for c in cutlass.range_constexpr(TILE_COLS):
-            if tile * TILE_COLS + c < scale_bytes.shape[1]:
-                scale_bytes[row, tile * TILE_COLS + c] = Uint8((word >> (8 * c)) & 0xFF)
-
-
-@cute.jit
 def _scale_word_place(scale_row: Int32):
     """``(block, slot)`` of blocked scale row ``scale_row``: row ``128 b + 32 q + l`` is word
     ``slot = 4 l + q`` of the 512-byte tiles of row block ``b`` (SPEC section 3); block -1 for a
@@ -223,25 +195,6 @@ def _store_scale_word(scale_words: cute.Tensor, place, col_tiles: Int32, tile: I
     word_index = (block * col_tiles + tile) * (TILE_ROWS * TILE_COLS // 4) + slot
     if block >= 0 and word_index < cute.size(scale_words):
         scale_words[word_index] = word
-
-
-@cute.jit
-def _quantize_vector(values, q_vec, row, vec, store, mode: cutlass.Constexpr):
-    """E4M3-quantize one lane's 8 elements as a quarter of a 32-element block (the 4 lanes of a block
-    agree on the scale through shuffles), store them to ``q_vec[row, vec, :]`` when ``store``, and
-    return the block's scale byte (0 when not ``store``: the 4 lanes of a block agree on that too)."""
-    xf = cute.make_rmem_tensor(cute.make_layout(VECTOR), Float32)
-    xf.store(values.load().to(Float32))
-    amax = lane_group_max(max_abs_bits(xf), LANES_PER_BLOCK)
-    s = e8m0_scale(amax, mode)
-    if not store:
-        s = Int32(0)  # a block outside the tensor (stale data): padding scale
-    scale_values(xf, inverse_scale(s))
-    q_frag = cute.make_rmem_tensor(cute.make_layout(VECTOR), Float8E4M3FN)
-    q_frag.store(xf.load().to(Float8E4M3FN))
-    if store:
-        cute.autovec_copy(q_frag, q_vec[row, vec, None])
-    return s
 
 
 def _smem_bytes(dtype_name: str, layout: ScaleLayout, config: QuantizeConfig, ring_units: int) -> int:
@@ -311,9 +264,9 @@ class _WarpWork:
 
 @dataclass(frozen=True)
 class _Loads:
-    """A warp's cp.async pipeline: the copy ``atom``, ``x_vec`` (:func:`_vector_view` of x), the
-    lane's ``ring`` (:func:`_staging_ring`), its ``units`` (0: nothing to load), and the row block's
-    rows of x, ``[src_row, src_row + src_rows)``."""
+    """A warp's cp.async pipeline: the copy ``atom``, ``x_vec`` (:func:`~cute_utils.mx_rows.mx_vector_view`
+    of x), the lane's ``ring`` (:func:`_staging_ring`), its ``units`` (0: nothing to load), and the
+    row block's rows of x, ``[src_row, src_row + src_rows)``."""
 
     atom: object
     x_vec: cute.Tensor
@@ -598,7 +551,7 @@ class Quantize1x32Kernel(Kernel):
         and for the grouped layouts a zero word at its ``zero_place``."""
         if cutlass.const_expr(self.layout is ScaleLayout.PLAIN):
             row = warp.quarter_row + warp.lane
-            _store_plain_scales(stores.view, loads.src_row + row, tile, word, row < loads.src_rows)
+            store_plain_scales(stores.view, loads.src_row + row, tile, word, row < loads.src_rows)
         else:
             _store_scale_word(stores.view, stores.place, stores.col_tiles, tile, word)
             if cutlass.const_expr(self.layout.scans_groups):
@@ -627,11 +580,9 @@ class Quantize1x32Kernel(Kernel):
                     out_row = cute.arch.shuffle_sync(q_row, r - warp.quarter_row)
                     store = out_row >= 0 and in_cols
                 values = loads.ring[u % self.ring_units, i, lane, None]
-                s = _quantize_vector(values, q_vec, out_row, vec, store, self.mode)
+                s = quantize_lane_vector(values, q_vec, out_row, vec, store, self.mode)
                 # Route the row's scale word to lane (row % 32) of the quarter.
-                word = cute.arch.shuffle_sync(
-                    _row_scale_word(s, lane), (lane % ROWS_PER_STEP) * LANES_PER_ROW
-                )
+                word = cute.arch.shuffle_sync(row_scale_word(s, lane), (lane % ROWS_PER_STEP) * LANES_PER_ROW)
                 if lane // ROWS_PER_STEP == step:
                     my_word = word
             if b == batches - 1:
@@ -663,7 +614,7 @@ class Quantize1x32Kernel(Kernel):
         out_rows = q.shape[0]
         scale_cols = cols // BLOCK_SIZE
         col_tiles = ceil_div(cols, TILE_K)
-        q_vec = _vector_view(q, out_rows, cols)
+        q_vec = mx_vector_view(q, out_rows, cols)
 
         smem = SmemAllocator()
         src_row, src_rows = self._block_rows(group_param, row_block, rows)
@@ -678,7 +629,7 @@ class Quantize1x32Kernel(Kernel):
 
         # Per-lane cp.async pipeline: unit u = batch (u % batches) of this warp's tile u // batches, in
         # ring slot u % ring_units; ``ahead`` units are in flight while one converts.
-        x_vec = _vector_view(x, rows, cols)
+        x_vec = mx_vector_view(x, rows, cols)
         ring, atom = _staging_ring(smem, x, self.batch, self.ring_units)
         tiles = cutlass.max(ceil_div(last_tile - first_tile, warp_tiles), 0)
         units = tiles * self.batches

@@ -58,6 +58,7 @@ from cute_utils.blocked import (
     ceil_div,
     zero_fill_chunks,
 )
+from cute_utils.columns import PAIR, as_one_expert, block_half_view, column_pair_view, store_sector_pairs
 from cute_utils.constants import MAX_GROUPS
 from cute_utils.groups import group_row_tile, k_groups_tile_column, prefix_smem_words
 from cute_utils.mx import BLOCK_SIZE, abs_bits, e8m0_scale, inverse_scale
@@ -65,7 +66,7 @@ from cute_utils.mx import BLOCK_SIZE, abs_bits, e8m0_scale, inverse_scale
 from .base import Kernel
 
 THREADS = 128
-COLS_PER_THREAD = 2
+COLS_PER_THREAD = PAIR
 TILE_K = THREADS * COLS_PER_THREAD  # 256 columns of x per column tile
 TILE_M = TILE_COLS * BLOCK_SIZE  # 128 rows: the 4 scale columns of one blocked-tile word
 BLOCKS = TILE_M // BLOCK_SIZE  # 4 row blocks per tile
@@ -87,25 +88,13 @@ class Quantize32x1Config:
     the group scan and lookups); ``min_ctas_per_sm``: register cap (0: none); ``max_groups``: most
     groups the ``k_groups`` variant takes (scan arrays in shared memory); ``pair_stores``: lane
     pairs exchange halves so each store instruction writes whole 32-byte sectors
-    (:func:`store_sector_pairs`) instead of each lane writing its own column's halves. Each arch's
-    choice and why: ``cute_kernels.configs`` (``quantize_32x1``)."""
+    (:func:`cute_utils.columns.store_sector_pairs`) instead of each lane writing its own column's
+    halves. Each arch's choice and why: ``cute_kernels.configs`` (``quantize_32x1``)."""
 
     target_ctas: int = 32768
     min_ctas_per_sm: int = 4
     max_groups: int = MAX_GROUPS
     pair_stores: bool = True
-
-
-def _pair_view(x: cute.Tensor) -> cute.Tensor:
-    """(E, M, K/2, 2) view of a row-major (E, M, K) tensor: ``[e, m, p, None]`` is columns 2p, 2p+1."""
-    experts, rows, cols = x.shape
-    return cute.make_tensor(
-        x.iterator,
-        cute.make_layout(
-            (experts, rows, cols // COLS_PER_THREAD, COLS_PER_THREAD),
-            stride=(x.layout.stride[0], x.layout.stride[1], COLS_PER_THREAD, 1),
-        ),
-    )
 
 
 def _block_view(qt: cute.Tensor) -> cute.Tensor:
@@ -116,19 +105,6 @@ def _block_view(qt: cute.Tensor) -> cute.Tensor:
         cute.make_layout(
             (experts, cols, rows // BLOCK_SIZE, BLOCK_SIZE),
             stride=(qt.layout.stride[0], qt.layout.stride[1], BLOCK_SIZE, 1),
-        ),
-    )
-
-
-def _half_view(qt: cute.Tensor) -> cute.Tensor:
-    """(E, K, M/32, 2, 4) Uint32 view of q^T (E, K, M): ``[e, k, c, h, None]`` is the 16-byte half h
-    of block c of column k."""
-    experts, cols, rows = qt.shape
-    return cute.make_tensor(
-        cute.recast_ptr(qt.iterator, dtype=Uint32),
-        cute.make_layout(
-            (experts, cols, rows // BLOCK_SIZE, 2, 4),
-            stride=(qt.layout.stride[0] // 4, qt.layout.stride[1] // 4, 8, 4, 1),
         ),
     )
 
@@ -170,48 +146,6 @@ def quantize_column(values: cute.Tensor, j: cutlass.Constexpr, s: Int32, q: cute
     q.store(scaled.load().to(Float8E4M3FN))
 
 
-@cute.jit
-def store_sector_pairs(
-    words: cute.Tensor, dst: cute.Tensor, e: Int32, k0: Int32, block: Int32, valid, cols=None
-):
-    """Store the E4M3 blocks of a thread's two columns (``words``: (2, 8) Uint32, column ``k0 + j``
-    in row j) so that lanes ``2i`` and ``2i + 1`` write the two 16-byte halves of one 32-byte sector
-    in each store instruction (whole sectors into L2, not half ones).
-
-    ``dst``: (E, K, M/32, 2, 4) Uint32 view of q^T (``[e, k, c, h, None]``: half h of block c of
-    column k). Lane pairs own columns ``k_even .. k_even + 3``; each lane gives its partner the
-    halves the partner stores (4 shuffles per column). Every lane must call this (shuffles);
-    only lanes with ``valid`` store, and with ``cols`` given only columns below it (a lane stores
-    into its partner's columns too: with K % 4 == 2 one of the pair may be past K).
-    """
-    odd = cute.arch.lane_idx() % 2
-    received = cute.make_rmem_tensor(cute.make_layout((COLS_PER_THREAD, 4), stride=(4, 1)), Uint32)
-    for j in cutlass.range_constexpr(COLS_PER_THREAD):
-        for i in cutlass.range_constexpr(4):
-            send = words[j, 4 + i]
-            if odd != 0:
-                send = words[j, i]
-            received[j, i] = cute.arch.shuffle_sync_bfly(send, 1)
-    first = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-    second = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-    for j in cutlass.range_constexpr(COLS_PER_THREAD):
-        for i in cutlass.range_constexpr(4):
-            first[i] = words[j, i]
-            second[i] = received[j, i]
-            if odd != 0:
-                first[i] = received[j, i]
-                second[i] = words[j, 4 + i]
-        if cutlass.const_expr(cols is None):
-            if valid:
-                cute.autovec_copy(first, dst[e, k0 - 2 * odd + j, block, odd, None])
-                cute.autovec_copy(second, dst[e, k0 + 2 - 2 * odd + j, block, odd, None])
-        else:
-            if valid and k0 - 2 * odd + j < cols:
-                cute.autovec_copy(first, dst[e, k0 - 2 * odd + j, block, odd, None])
-            if valid and k0 + 2 - 2 * odd + j < cols:
-                cute.autovec_copy(second, dst[e, k0 + 2 - 2 * odd + j, block, odd, None])
-
-
 @dataclass(frozen=True)
 class Quantize32x1Variant:
     """Compile-time choices: ``dtype`` (a :data:`DTYPES` name), ``mode`` (``"floor"`` or
@@ -230,19 +164,6 @@ class Quantize32x1Variant:
             raise ValueError(f"rank must be 2 or 3, got {self.rank}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be 'floor' or 'rceil', got {self.mode!r}")
-
-
-def _one_expert(t: cute.Tensor, divby: int, transpose: bool = False) -> cute.Tensor:
-    """A 2-D operand as the kernel's (1, R, C) one: row-major (R, C) ``t``, or with ``transpose`` a
-    column-major (C, R) ``t`` seen as its row-major (R, C) transpose. The leading extent is a
-    dynamic 1 and its stride a 64-bit R C divisible by ``divby``: the types of a 3-D operand's
-    layout, so the kernel compiles to the rank-3 variant's instructions."""
-    cols, rows = t.shape if transpose else t.shape[::-1]
-    row_stride = t.stride[1] if transpose else t.stride[0]
-    wide = cutlass.Int64(rows) * cols
-    stride = cute.assume(wide, divby=divby) if divby > 1 else wide
-    layout = cute.make_layout((Int32(1), rows, cols), stride=(stride, row_stride, 1))
-    return cute.make_tensor(t.iterator, layout)
 
 
 @dataclass(frozen=True)
@@ -341,8 +262,8 @@ class Quantize32x1Kernel(Kernel):
         stream,
     ):
         if cutlass.const_expr(self.variant.rank == 2):  # one matrix: x (M, K), q (M, K) column-major
-            x, qt = _one_expert(x, 1024), _one_expert(qt, 1024, transpose=True)
-            scales = _one_expert(scales, 1)
+            x, qt = as_one_expert(x, 1024), as_one_expert(qt, 1024, transpose=True)
+            scales = as_one_expert(scales, 1)
         else:  # q (E, M, K) with strides (M K, 1, M), seen as its row-major transpose (E, K, M)
             qt = cute.make_tensor(qt.iterator, cute.select(qt.layout, mode=[0, 2, 1]))
         experts, rows, cols = x.shape
@@ -421,9 +342,9 @@ class Quantize32x1Kernel(Kernel):
         tid, _, _ = cute.arch.thread_idx()
         _, rows, cols = x.shape
         e, first_row, tile_rows = span.e, span.first_row, span.rows
-        pairs = _pair_view(x)
+        pairs = column_pair_view(x)
         q_blocks = _block_view(qt)
-        q_halves = _half_view(qt)
+        q_halves = block_half_view(qt)
         if cutlass.const_expr(self.layout is ScaleLayout.PLAIN):
             scale_out = _flat_view(scales, Uint8, 1)
         else:
@@ -494,5 +415,4 @@ __all__ = [
     "column_amax_bits",
     "load_column_pair_block",
     "quantize_column",
-    "store_sector_pairs",
 ]

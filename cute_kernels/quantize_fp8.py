@@ -32,6 +32,7 @@ from cute_utils.blocked import ceil_div
 from cute_utils.fp8 import fp8_quant_scale, reciprocal_rn
 from cute_utils.groups import clamped_end
 from cute_utils.mx import lane_group_max, max_abs_bits, scale_values
+from cute_utils.rows import cta_max, row_steps
 
 from .base import Kernel
 
@@ -79,24 +80,6 @@ def _rows(t: cute.Tensor) -> cute.Tensor:
         return cute.make_tensor(t.iterator, cute.make_layout(experts * n, stride=t.stride[1]))
     experts, n, k = t.shape
     return cute.make_tensor(t.iterator, cute.make_layout((experts * n, k), stride=(t.stride[1], 1)))
-
-
-@cute.jit
-def cta_max(amax: Int32, warp_max: cute.Tensor, tid: Int32, warps: cutlass.Constexpr) -> Int32:
-    """Max of every warp's ``amax`` (each already warp-reduced), through shared memory."""
-    if tid % _WARP == 0:
-        warp_max[tid // _WARP] = amax
-    cute.arch.barrier()
-    for w in cutlass.range_constexpr(warps):
-        amax = cutlass.max(amax, warp_max[w])
-    return amax
-
-
-def row_steps(t: cute.Tensor, width: int) -> cute.Tensor:
-    """(rows, K / width, width) view of a row-major (rows, K) tensor: ``[r, v, None]`` is step v."""
-    rows, cols = t.shape
-    layout = cute.make_layout((rows, cols // width, width), stride=(t.stride[0], width, 1))
-    return cute.make_tensor(t.iterator, layout)
 
 
 class Fp8RowKernel(Kernel):
@@ -276,4 +259,4 @@ class Fp8RowKernel(Kernel):
                     cute.autovec_copy(q_frag, q_steps[row, v, None])
 
 
-__all__ = ["DTYPES", "Fp8RowConfig", "Fp8RowKernel", "Fp8RowVariant", "cta_max", "row_steps"]
+__all__ = ["DTYPES", "Fp8RowConfig", "Fp8RowKernel", "Fp8RowVariant"]

@@ -56,16 +56,15 @@ from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, Uint32
 from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import ceil_div
+from cute_utils.columns import PAIR, as_one_expert, block_half_view, column_pair_view, store_sector_pairs
 from cute_utils.fp8 import fp8_quant_scale_masked, reciprocal_rn
 from cute_utils.groups import group_bounds, group_of_row, row_group_bounds
 from cute_utils.mx import abs_bits, warp_transpose_max
 
 from .base import Kernel
-from .quantize_32x1 import _half_view, _one_expert, _pair_view, store_sector_pairs
 
 THREADS = 128
 WARPS = THREADS // 32
-PAIR = 2  # columns per thread
 TILE_K = THREADS * PAIR  # 256 columns per column tile
 BLOCK = 32  # rows per block (one 32-byte run of q^T per column)
 TILE_M = 4 * BLOCK  # rows per cast row tile
@@ -163,7 +162,7 @@ def _fake_offsets(variant: Fp8ColVariant):
 def _as_experts(x: cute.Tensor) -> cute.Tensor:
     """x as (E, R, K): a 2-D (M, K) operand is the E = 1 case (same instructions as rank 3)."""
     if cutlass.const_expr(cute.rank(x.layout) == 2):
-        return _one_expert(x, PAIR)
+        return as_one_expert(x, PAIR)
     return x
 
 
@@ -218,7 +217,7 @@ class _ColumnPass:
         (32, 2), zero elsewhere; every load issued before any is used."""
         raw.fill(0)
         if cutlass.const_expr(self.variant.vector_loads):
-            pairs = _pair_view(x)
+            pairs = column_pair_view(x)
             for i in cutlass.range_constexpr(BLOCK):
                 if row0 + i < last and at.pair * PAIR < at.cols:
                     cute.autovec_copy(pairs[at.e, row0 + i, at.pair, None], raw[i, None])
@@ -493,9 +492,9 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
     @cute.jit
     def __call__(self, x, q, amax, scales, offsets, mask: Int32, steps: Int32, q_rows, row_scales, stream):
         if cutlass.const_expr(self.variant.dual and self.variant.rank == 2):  # q_rows (M, K) as (1, M, K)
-            q_rows = _one_expert(q_rows, PAIR if self.variant.vector_loads else 1)
+            q_rows = as_one_expert(q_rows, PAIR if self.variant.vector_loads else 1)
         if cutlass.const_expr(self.variant.rank == 2):  # q (M, K) column-major: its transpose row-major
-            qt = _one_expert(q, 16 if self.variant.vector_stores else 1, transpose=True)
+            qt = as_one_expert(q, 16 if self.variant.vector_stores else 1, transpose=True)
         else:  # q (E, N, K) with strides (N K, 1, N) seen as (E, K, N) row-major
             qt = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[0, 2, 1]))
         x = _as_experts(x)
@@ -656,7 +655,7 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
                 q_pair.store(pair.load().to(Float8E4M3FN))
                 if cutlass.const_expr(self.variant.vector_loads):
                     if k0 < at.cols:
-                        cute.autovec_copy(q_pair, _pair_view(dual.q)[at.e, row, at.pair, None])
+                        cute.autovec_copy(q_pair, column_pair_view(dual.q)[at.e, row, at.pair, None])
                 else:
                     for j in cutlass.range_constexpr(PAIR):
                         if k0 + j < at.cols:
@@ -670,7 +669,7 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
         if cutlass.const_expr(self.variant.vector_stores):  # R % 16 == 0: each 16-row half whole
             odd = cute.arch.lane_idx() % 2
             valid = row0 + 16 * odd < at.rows
-            store_sector_pairs(q_words, _half_view(qt), at.e, k0, row0 // BLOCK, valid, at.cols)
+            store_sector_pairs(q_words, block_half_view(qt), at.e, k0, row0 // BLOCK, valid, at.cols)
         else:
             for j in cutlass.range_constexpr(PAIR):
                 q = cute.recast_tensor(q_words[j, None], Float8E4M3FN)

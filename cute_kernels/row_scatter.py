@@ -25,21 +25,13 @@ from cutlass import Int32, Int64
 
 from cute_utils.blocked import ceil_div
 from cute_utils.constants import SCATTER_VARIANTS
+from cute_utils.rows import chunk_fragment, load_row_chunk, row_vector_view, store_row_chunk, word_and_count
+from cute_utils.scan import WARP
 
-from .pad import (
-    _WARP,
-    ELEMENT_TYPES,
-    RowGatherVariant,
-    _chunk_fragment,
-    _load_row_chunk,
-    _RowGatherKernel,
-    _store_row_chunk,
-    _vector_view,
-    _word_and_count,
-)
+from .pad import ELEMENT_TYPES, RowGatherKernel, RowGatherVariant
 
 
-class RowScatterKernel(_RowGatherKernel):
+class RowScatterKernel(RowGatherKernel):
     """Row scatter (module docstring), on the pad kernels' launch shape and row-chunk loop. Launch:
     ``kernel(src, dst, src_rows, dst_index, buffer_ptrs)``: ``src`` (M, D) and ``dst`` (P, D)
     row-major of one dtype (``dst`` is this process's own buffer: it gives the destinations' shape),
@@ -95,7 +87,7 @@ class RowScatterKernel(_RowGatherKernel):
     @cute.jit
     def _destination(self, dst_v: cute.Tensor, buffer_ptrs: cute.Tensor, buffer):
         """``dst_v``'s vector view of buffer ``buffer`` (the same layout at that buffer's address)."""
-        word, _ = _word_and_count(self.vector_bytes)
+        word, _ = word_and_count(self.vector_bytes)
         ptr = cute.make_ptr(
             word, buffer_ptrs[buffer], cute.AddressSpace.gmem, assumed_align=self.vector_bytes
         )
@@ -106,16 +98,16 @@ class RowScatterKernel(_RowGatherKernel):
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         warps, row_chunk = self.warps, self.row_chunk
-        src_v = _vector_view(src, self.vector_bytes)
-        dst_v = _vector_view(dst, self.vector_bytes)
+        src_v = row_vector_view(src, self.vector_bytes)
+        dst_v = row_vector_view(dst, self.vector_bytes)
         chunks = ceil_div(dst_v.shape[1], row_chunk)
         rows_out = dst.shape[0]
         buffers = buffer_ptrs.shape[0]
-        warp = cute.arch.make_warp_uniform(tid // _WARP)
-        lane = tid % _WARP
+        warp = cute.arch.make_warp_uniform(tid // WARP)
+        lane = tid % WARP
         first_item = cta * self.cta_items
         last_item = cutlass.min(first_item + self.cta_items, src_rows.shape[0] * chunks)
-        frag = _chunk_fragment(dst_v, self.per_lane)
+        frag = chunk_fragment(dst_v, self.per_lane)
         for item in cutlass.range(first_item + warp, last_item, warps):
             i = item // chunks
             index = dst_index[i]
@@ -125,9 +117,9 @@ class RowScatterKernel(_RowGatherKernel):
                 src_row = src_rows[i]
                 valid = src_row >= 0 and src_row < src.shape[0]
                 first = (item - i * chunks) * row_chunk
-                _load_row_chunk(src_v, frag, src_row, first, valid, lane, self.per_lane)
+                load_row_chunk(src_v, frag, src_row, first, valid, lane, self.per_lane)
                 target = self._destination(dst_v, buffer_ptrs, buffer)
-                _store_row_chunk(frag, target, row, first, lane, self.per_lane)
+                store_row_chunk(frag, target, row, first, lane, self.per_lane)
 
 
 __all__ = ["SCATTER_VARIANTS", "RowScatterKernel"]

@@ -42,10 +42,10 @@ from cute_utils.fp8 import fp8_quant_scale, mul_rn, reciprocal_rn
 from cute_utils.groups import clamped_end
 from cute_utils.jit import compile_tvm_ffi
 from cute_utils.mx import lane_group_max, scale_values
+from cute_utils.rows import cta_max, row_steps
 from cute_utils.swiglu_math import amax_bits, bf16_amax, bf16x2, silu, silu_grad, silu_parts
 
 from .base import Kernel
-from .quantize_fp8 import cta_max, row_steps
 
 VECTOR = 8  # output columns per step of the vector variant (16-byte bf16 loads and stores)
 DIRECTIONS = ("fwd", "bwd")

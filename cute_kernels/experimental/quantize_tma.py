@@ -46,8 +46,11 @@ from cutlass import Float8E4M3FN, Float8E8M0FNU, Float32, Int32, Uint8, Uint32
 from cutlass.memory import SmemAllocator
 
 from cute_kernels.base import Kernel
-from cute_kernels.quantize import (
-    DTYPES,
+from cute_kernels.quantize import DTYPES, ScaleLayout
+from cute_utils import tma
+from cute_utils.blocked import TILE_COLS, TILE_ROWS, ceil_div
+from cute_utils.mx import BLOCK_SIZE, e8m0_scale, inverse_scale, lane_group_max, max_abs_bits, scale_values
+from cute_utils.mx_rows import (
     LANES_PER_BLOCK,
     LANES_PER_ROW,
     QUARTER_ROWS,
@@ -55,15 +58,11 @@ from cute_kernels.quantize import (
     TILE_K,
     VECTOR,
     WARPS,
-    ScaleLayout,
-    _quantize_vector,
-    _row_scale_word,
-    _store_plain_scales,
-    _vector_view,
+    mx_vector_view,
+    quantize_lane_vector,
+    row_scale_word,
+    store_plain_scales,
 )
-from cute_utils import tma
-from cute_utils.blocked import TILE_COLS, TILE_ROWS, ceil_div
-from cute_utils.mx import BLOCK_SIZE, e8m0_scale, inverse_scale, lane_group_max, max_abs_bits, scale_values
 
 LAYOUTS = (ScaleLayout.PLAIN, ScaleLayout.BLOCKED)
 SMEM_BYTES = 232448  # shared memory per CTA on sm_90 and sm_100
@@ -125,7 +124,7 @@ def _quantize_swapped_halves(
     store,
     mode: cutlass.Constexpr,
 ):
-    """:func:`cute_kernels.quantize._quantize_vector` for a lane whose 8 elements were read as two
+    """:func:`cute_utils.mx_rows.quantize_lane_vector` for a lane whose 8 elements were read as two
     4-element halves in a per-lane order: ``first`` is half ``swap`` (0 or 1) of the vector and
     ``second`` the other one. The block max and scale do not depend on the order; the two E4M3
     words are put back in order before the 8-byte store to ``q_words[row, vec, :]`` (a (M, K/8, 2)
@@ -376,7 +375,7 @@ class QuantizeTmaKernel(Kernel):
                     q_out.iterator, cute.make_layout((rows, cols // VECTOR, 2), stride=(cols // 4, 2, 1))
                 )
         else:
-            q_out = _vector_view(q_base, out_rows, TILE_K if self.tma_store else cols)
+            q_out = mx_vector_view(q_base, out_rows, TILE_K if self.tma_store else cols)
         return q_out, q_boxes, q_stages
 
     def _lane_view(self, slots: cute.Tensor) -> cute.Tensor:
@@ -418,9 +417,9 @@ class QuantizeTmaKernel(Kernel):
                 )
             else:
                 values = out.lane_view[r_box, lane_vec, 0, None, stage]
-                s = _quantize_vector(values, out.q_out, out_row, out_vec, store, self.mode)
+                s = quantize_lane_vector(values, out.q_out, out_row, out_vec, store, self.mode)
             # Route the row's scale word to lane (row % 32) of the quarter.
-            word = cute.arch.shuffle_sync(_row_scale_word(s, lane), (lane % ROWS_PER_STEP) * LANES_PER_ROW)
+            word = cute.arch.shuffle_sync(row_scale_word(s, lane), (lane % ROWS_PER_STEP) * LANES_PER_ROW)
             if lane // ROWS_PER_STEP == unit.box * self.box_steps + i:
                 my_word = word
         return my_word
@@ -430,7 +429,7 @@ class QuantizeTmaKernel(Kernel):
         """After the warp's last box of ``tile``: the lane's row word (``plain``: its row's bytes)."""
         if cutlass.const_expr(self.layout is ScaleLayout.PLAIN):
             row = warp.quarter_row + warp.lane
-            _store_plain_scales(scale_view, row, tile, word, row < warp.rows)
+            store_plain_scales(scale_view, row, tile, word, row < warp.rows)
         else:
             _store_blocked_word(
                 scale_view, warp.row_block, warp.col_tiles, tile, warp.quarter, warp.lane, word
