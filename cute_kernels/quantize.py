@@ -48,7 +48,14 @@ from cutlass import BFloat16, Float8E4M3FN, Float8E8M0FNU, Float32, Int32, Uint8
 from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
-from cute_utils.blocked import TILE_COLS, TILE_ROWS, ceil_div
+from cute_utils.blocked import (
+    TILE_ROWS,
+    TILE_WORDS,
+    blocked_row_word,
+    blocked_tile_index,
+    blocked_word_slot,
+    ceil_div,
+)
 from cute_utils.constants import SMALL_GROUPS
 from cute_utils.groups import (
     MAX_GROUPS,
@@ -183,7 +190,7 @@ def _scale_word_place(scale_row: Int32):
     block = Int32(-1)
     if scale_row >= 0:
         block = scale_row // TILE_ROWS
-    return block, (within % QUARTER_ROWS) * WARPS + within // QUARTER_ROWS
+    return block, blocked_row_word(within)
 
 
 @cute.jit
@@ -192,7 +199,7 @@ def _store_scale_word(scale_words: cute.Tensor, place, col_tiles: Int32, tile: I
     :func:`_scale_word_place`) of a blocked layout with ``col_tiles`` tile columns.
     ``scale_words``: the blocked scales as flat words; words past the end are skipped."""
     block, slot = place
-    word_index = (block * col_tiles + tile) * (TILE_ROWS * TILE_COLS // 4) + slot
+    word_index = blocked_tile_index(block, tile, col_tiles) * TILE_WORDS + slot
     if block >= 0 and word_index < cute.size(scale_words):
         scale_words[word_index] = word
 
@@ -646,7 +653,7 @@ class Quantize1x32Kernel(Kernel):
             self._issue(loads, work, u)
         # The scale row this lane's row word goes to, and one it zeroes (grouped layouts: the data is
         # tiled by source rows, so the group scans run while the first loads are in flight).
-        scale_place = (row_block, lane * WARPS + quarter)  # _scale_word_place of the lane's row
+        scale_place = (row_block, blocked_word_slot(lane, quarter))  # _scale_word_place of the lane's row
         zero_place = scale_place
         q_row, q_zero = Int32(0), False
         if cutlass.const_expr(layout.scans_groups):

@@ -51,10 +51,11 @@ from cutlass import BFloat16, Float8E4M3FN, Float8E8M0FNU, Float32, Int32, Uint8
 from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import (
-    TILE_BYTES,
     TILE_COLS,
     TILE_ROWS,
+    TILE_WORDS,
     blocked_row_offset,
+    blocked_tile_index,
     ceil_div,
     zero_fill_chunks,
 )
@@ -395,7 +396,8 @@ class Quantize32x1Kernel(Kernel):
             k = k0 + j
             if cutlass.const_expr(self.layout is ScaleLayout.BLOCKED):
                 if k < scale_rows:
-                    word = ((k // TILE_ROWS) * (scale_cols // TILE_COLS) + span.row_tile) * (TILE_BYTES // 4)
+                    tile = blocked_tile_index(k // TILE_ROWS, span.row_tile, scale_cols // TILE_COLS)
+                    word = tile * TILE_WORDS
                     scale_out[span.e, word + blocked_row_offset(k) // 4] = words[j]
             else:
                 if placed.covered and k < scale_rows:

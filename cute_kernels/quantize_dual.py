@@ -75,6 +75,7 @@ from cute_utils.blocked import (
     TILE_COLS,
     TILE_ROWS,
     blocked_row_offset,
+    blocked_tile_index,
     ceil_div,
     zero_fill_chunks,
 )
@@ -580,7 +581,8 @@ class QuantizeDualKernel(Kernel):
             if cutlass.const_expr(self.grouped):
                 covered, base, stride = cta.placed
             _stage_scales(smem.stage_s, row_scales, col_scales, lane, tile_row, cta.lane_col, covered)
-            row_base = (cta.row_tile * (gmem.scales.shape[1] // TILE_COLS) + tile) * TILE_BYTES
+            tile_cols = gmem.scales.shape[1] // TILE_COLS
+            row_base = blocked_tile_index(cta.row_tile, tile, tile_cols) * TILE_BYTES
             scale_tiles = _ScaleTiles(row_base, base + tile * stride, covered)
         else:
             _store_plain_scales(

@@ -1,13 +1,26 @@
-"""Blocked (tcgen05 / cuBLAS) scale layout: constants and the shared-memory staged tile store.
+"""Blocked (tcgen05 / cuBLAS) scale layout: its one description, and the shared-memory staged tile store.
 
-A scale matrix S (R x C bytes) is stored as 128x4 tiles of 512 bytes; inside a tile, byte
-``(r, c)`` sits at ``(r % 32) * 16 + (r // 32) * 4 + c``. So the tile's 16-byte chunk ``lane``
-(0..31) holds rows ``lane, lane + 32, lane + 64, lane + 96``, four columns each: one 16-byte
-global store per thread once the 128 rows are staged in shared memory.
+The layout (SPEC section 3) is a CuTe layout: the 128x4 tile atom ``((32, 4), 4) : ((16, 4), 1)``
+in bytes (:data:`ATOM_SHAPE`, :data:`ATOM_STRIDE`: row ``r`` of a tile is coordinate
+``(r % 32, r // 32)``, the 16-byte chunk of its 32-row band row and the 4-byte word of its band;
+column ``c`` is the byte in that word), tiled to the padded shape (Rp, Cp) with the column tiles
+innermost (:func:`blocked_layout`). It is CUTLASS's tcgen05 scale-factor atom
+(``BlockScaledBasicChunk``, K-major ``((32, 4), (sf_vec, 4)) : ((16, 4), (0, 1))``) with one scale
+per column, tiled as ``tile_atom_to_shape_SF`` tiles it:
 
-Staging buffer: 128 rows of ``window_cols`` bytes (a multiple of 4) kept as Int32 words with one
-pad word per row, so the column-of-words gathers of the store phase hit 32 distinct banks; the pad
-word also holds the 17th aligned word that a misaligned window of raw words spills into
+    offset(r, c) = ((r // 128) * (Cp // 4) + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+
+The kernels evaluate it through the functions below, all written from the atom's constants
+(:func:`blocked_offset` and its parts :func:`blocked_tile_index`, :func:`blocked_row_offset`; in
+4-byte words, a row's 4 scales of one tile, :func:`blocked_word_slot` and
+:func:`blocked_row_word`): integer arithmetic the kernels' SASS was tuned on, which the tests hold
+to :func:`blocked_layout` evaluated on the host (tests/cute_utils/test_blocked_layout.py).
+
+So a tile's 16-byte chunk ``lane`` (0..31) holds rows ``lane, lane + 32, lane + 64, lane + 96``,
+four columns each: one 16-byte global store per thread once the 128 rows are staged in shared
+memory. Staging buffer: 128 rows of ``window_cols`` bytes (a multiple of 4) kept as Int32 words
+with one pad word per row, so the column-of-words gathers of the store phase hit 32 distinct banks;
+the pad word also holds the 17th aligned word that a misaligned window of raw words spills into
 (:func:`funnel_word`).
 """
 
@@ -20,6 +33,32 @@ from .constants import TILE_COLS, TILE_ROWS
 TILE_BYTES = TILE_ROWS * TILE_COLS
 CHUNK_BYTES = 16
 CHUNKS_PER_TILE = TILE_BYTES // CHUNK_BYTES  # 32: one warp writes one tile
+
+#: Rows of a band: the atom's inner row mode (a tile's 128 rows are 4 bands of 32).
+BAND_ROWS = 32
+#: Byte stride of a row inside its band (the band row's 16-byte chunk) and of a band (its word).
+ROW_BYTES = CHUNK_BYTES
+BAND_BYTES = TILE_COLS
+#: The tile atom in bytes: (row, column) of a 128 x 4 tile -> byte of its 512.
+ATOM_SHAPE = ((BAND_ROWS, TILE_ROWS // BAND_ROWS), TILE_COLS)
+ATOM_STRIDE = ((ROW_BYTES, BAND_BYTES), 1)
+#: 4-byte words of a tile (a word: one row's 4 scales of the tile).
+TILE_WORDS = TILE_BYTES // 4
+
+
+def blocked_atom() -> cute.Layout:
+    """The 128 x 4 tile atom as a CuTe layout (``ATOM_SHAPE : ATOM_STRIDE``, bytes); build it inside
+    ``@cute.jit`` code (layouts need the DSL's context)."""
+    return cute.make_layout(ATOM_SHAPE, stride=ATOM_STRIDE)
+
+
+def blocked_layout(rows, cols) -> cute.Layout:
+    """The blocked layout of a (``rows``, ``cols``) scale matrix as a CuTe layout: the atom tiled to
+    (Rp, Cp) = (128 ceil(rows / 128), 4 ceil(cols / 4)), column tiles innermost. Its value at
+    ``(r, c)`` is SPEC section 3's byte offset. Build it inside ``@cute.jit`` code; static sizes
+    give a static layout that evaluates at trace time (the tests evaluate it on the host)."""
+    padded = (ceil_div(rows, TILE_ROWS) * TILE_ROWS, ceil_div(cols, TILE_COLS) * TILE_COLS)
+    return cute.tile_to_shape(blocked_atom(), padded, (2, 1))
 
 
 def staging_layout(window_cols: int) -> cute.Layout:
@@ -114,17 +153,39 @@ def store_chunk(
 
 
 @cute.jit
-def blocked_offset(row: Int32, col: Int32, tile_cols: Int32) -> Int32:
-    """Byte offset of scale ``(row, col)`` in a blocked layout with ``tile_cols`` (Cp / 4) tile
-    columns: its 512-byte tile, then ``(row % 32) * 16 + ((row % 128) // 32) * 4 + col % 4``."""
-    tile = (row // TILE_ROWS) * tile_cols + col // TILE_COLS
-    return tile * TILE_BYTES + (row % 32) * 16 + ((row % TILE_ROWS) // 32) * TILE_COLS + col % TILE_COLS
+def blocked_tile_index(row_block: Int32, col_tile: Int32, tile_cols: Int32) -> Int32:
+    """Index of tile ``(row_block, col_tile)`` of a blocked layout with ``tile_cols`` (Cp / 4) tile
+    columns: the atom's tiling (tiles of :data:`TILE_BYTES` bytes, column tiles innermost)."""
+    return row_block * tile_cols + col_tile
 
 
 @cute.jit
 def blocked_row_offset(k: Int32) -> Int32:
-    """Byte offset of scale row ``k`` inside its 512-byte blocked tile and 128-row block."""
-    return (k % 32) * 16 + ((k % TILE_ROWS) // 32) * 4
+    """Byte offset of scale row ``k`` inside its tile: the atom's row mode,
+    ``(k % 32) * 16 + ((k % 128) // 32) * 4``."""
+    return (k % BAND_ROWS) * ROW_BYTES + ((k % TILE_ROWS) // BAND_ROWS) * BAND_BYTES
+
+
+@cute.jit
+def blocked_word_slot(band_row: Int32, band: Int32) -> Int32:
+    """Word of a tile holding row ``32 band + band_row``'s 4 scales: the atom's row mode in words,
+    ``band_row * 4 + band``."""
+    return band_row * (ROW_BYTES // 4) + band * (BAND_BYTES // 4)
+
+
+@cute.jit
+def blocked_row_word(within: Int32) -> Int32:
+    """:func:`blocked_word_slot` of row ``within`` (0..127) of a 128-row block:
+    ``(within % 32) * 4 + within // 32``."""
+    return (within % BAND_ROWS) * (ROW_BYTES // 4) + (within // BAND_ROWS) * (BAND_BYTES // 4)
+
+
+@cute.jit
+def blocked_offset(row: Int32, col: Int32, tile_cols: Int32) -> Int32:
+    """Byte offset of scale ``(row, col)`` in a blocked layout with ``tile_cols`` (Cp / 4) tile
+    columns: :func:`blocked_layout` at ``(row, col)``."""
+    tile = blocked_tile_index(row // TILE_ROWS, col // TILE_COLS, tile_cols)
+    return tile * TILE_BYTES + blocked_row_offset(row) + col % TILE_COLS
 
 
 @cute.jit

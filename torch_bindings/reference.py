@@ -261,7 +261,9 @@ def blocked_offsets(rows: int, cols: int, device: torch.device | str | None = No
     """Flat byte offset of every scale (r, c) of a (rows, cols) matrix in its blocked layout.
 
     ``offset(r, c) = ((r // 128) * (Cp // 4) + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4
-    + c % 4`` with ``Cp = 4 * ceil(cols / 4)``. Returns int64 (rows, cols).
+    + c % 4`` with ``Cp = 4 * ceil(cols / 4)``. Returns int64 (rows, cols). The kernels' description
+    of the same layout is ``cute_utils.blocked.blocked_layout`` (a CuTe layout); tests hold this
+    arithmetic to it at every (r, c) (tests/cute_utils/test_blocked_layout.py).
     """
     _, cp = blocked_shape(rows, cols)
     r = torch.arange(rows, dtype=torch.int64, device=device).unsqueeze(1)

@@ -48,7 +48,7 @@ from cutlass.memory import SmemAllocator
 from cute_kernels.base import Kernel
 from cute_kernels.quantize import DTYPES, ScaleLayout
 from cute_utils import tma
-from cute_utils.blocked import TILE_COLS, TILE_ROWS, ceil_div
+from cute_utils.blocked import TILE_ROWS, TILE_WORDS, blocked_tile_index, blocked_word_slot, ceil_div
 from cute_utils.mx import BLOCK_SIZE, e8m0_scale, inverse_scale, lane_group_max, max_abs_bits, scale_values
 from cute_utils.mx_rows import (
     LANES_PER_BLOCK,
@@ -66,7 +66,6 @@ from cute_utils.mx_rows import (
 
 LAYOUTS = (ScaleLayout.PLAIN, ScaleLayout.BLOCKED)
 SMEM_BYTES = 232448  # shared memory per CTA on sm_90 and sm_100
-WORDS_PER_TILE = TILE_ROWS * TILE_COLS // 4  # 128 Uint32 words per 512-byte blocked tile
 
 
 @dataclass(frozen=True)
@@ -165,7 +164,7 @@ def _store_blocked_word(
     128-column tile ``tile`` into the blocked layout (SPEC section 3): word
     ``(row_block * col_tiles + tile) * 128 + lane * 4 + quarter`` of ``scale_words`` (a flat Uint32
     view of the (Rp, Cp) scales, ``col_tiles = Cp / 4``); words past its end are skipped."""
-    index = (row_block * col_tiles + tile) * WORDS_PER_TILE + lane * WARPS + quarter
+    index = blocked_tile_index(row_block, tile, col_tiles) * TILE_WORDS + blocked_word_slot(lane, quarter)
     if index < cute.size(scale_words):
         scale_words[index] = word
 
