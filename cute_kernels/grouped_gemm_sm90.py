@@ -34,7 +34,8 @@ no per-group tensor maps:
 - 2d3d: each group's M-tiles start at the group's own first row (a 128-row TMA box may read rows of
   the next group, or zeros past M); they only feed output rows that the epilogue does not store
   (stores are predicated on ``row < end_g``). Tiles are numbered from a CTA-wide scan of the
-  per-group tile counts (``cute_utils.groups.scan_group_sizes``, unit 128 rows).
+  per-group tile counts (``cute_utils.groups.scan_group_sizes``, unit 128 rows) and mapped to
+  (group, first row) by the group-tile scheduler (``cute_utils.group_tiles.group_tile``).
 - 2d2d: a group's reduction starts at its own first row; the tail box of the reduction reads rows
   of the next group, which are zeroed in shared memory (both operands, at the swizzled offsets of
   their logical coordinates) by the consumers before the wgmma (then a proxy fence and a consumer
@@ -57,7 +58,8 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.utils import LayoutEnum
 
-from cute_utils.groups import find_group, group_bounds, scan_group_sizes, search_steps, smem_group_bounds
+from cute_utils.group_tiles import group_tile
+from cute_utils.groups import group_bounds, scan_group_sizes, search_steps
 
 from .base import Kernel
 
@@ -352,9 +354,8 @@ class GroupedGemmSm90Kernel(Kernel):
         n_tiles = cute.ceil_div(out_cols, self.tile_n)
         if cutlass.const_expr(self.form == "2d3d"):
             row_block, n_block = tile // n_tiles, tile % n_tiles
-            g = find_group(prefix, offsets.shape[0], row_block, search_steps(MAX_GROUPS))
-            start, end = smem_group_bounds(ends, g)
-            row0 = start + (row_block - prefix[g]) * TILE_M
+            steps = search_steps(MAX_GROUPS)
+            g, row0, end = group_tile(prefix, ends, offsets.shape[0], row_block, TILE_M, steps)
             k_tiles = cute.ceil_div(reduction, TILE_K)
             work = _Work(g, row0, n_block * self.tile_n, Int32(0), k_tiles, Int32(TILE_K), row0, end,
                          n_block * self.tile_n)  # fmt: skip

@@ -57,6 +57,7 @@ from cute_utils.blocked import (
     ceil_div,
 )
 from cute_utils.constants import SMALL_GROUPS
+from cute_utils.group_tiles import uniform_groups_row_block
 from cute_utils.groups import (
     MAX_GROUPS,
     m_groups_scale_rows,
@@ -65,7 +66,6 @@ from cute_utils.groups import (
     scan_padded_group_sizes,
     scan_padded_group_sizes_small,
     search_steps,
-    uniform_groups_row_block,
 )
 from cute_utils.mx import (
     BLOCK_SIZE,

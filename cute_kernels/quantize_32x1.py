@@ -61,7 +61,8 @@ from cute_utils.blocked import (
 )
 from cute_utils.columns import PAIR, as_one_expert, block_half_view, column_pair_view, store_sector_pairs
 from cute_utils.constants import MAX_GROUPS
-from cute_utils.groups import group_row_tile, k_groups_tile_column, prefix_smem_words
+from cute_utils.group_tiles import group_row_tile, grouped_tile_count, k_groups_tile_column
+from cute_utils.groups import prefix_smem_words
 from cute_utils.mx import BLOCK_SIZE, abs_bits, e8m0_scale, inverse_scale
 
 from .base import Kernel
@@ -183,7 +184,7 @@ class RowSpan:
 
 @dataclass(frozen=True)
 class GroupPlacement:
-    """Where a K-groups row tile's scale words go (:func:`cute_utils.groups.k_groups_tile_column`):
+    """Where a K-groups row tile's scale words go (:func:`cute_utils.group_tiles.k_groups_tile_column`):
     ``covered`` (no scale stores when not), ``base`` and ``row_block_bytes``."""
 
     covered: cutlass.Boolean
@@ -274,7 +275,7 @@ class Quantize32x1Kernel(Kernel):
         tiles_per_cta = ceil_div(col_tiles, chunks)
         chunks = ceil_div(col_tiles, tiles_per_cta)
         if cutlass.const_expr(self.grouped):  # group-aligned row tiles (M-groups numbering)
-            row_tiles = ceil_div(rows + TILE_M * offsets.shape[0], TILE_M)
+            row_tiles = grouped_tile_count(rows, offsets.shape[0], TILE_M)
         self.kernel(x, qt, scales, offsets, tiles_per_cta).launch(
             grid=[row_tiles, chunks, experts],
             block=[THREADS, 1, 1],

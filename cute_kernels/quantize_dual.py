@@ -80,7 +80,8 @@ from cute_utils.blocked import (
     zero_fill_chunks,
 )
 from cute_utils.constants import MAX_GROUPS
-from cute_utils.groups import group_row_tile, k_groups_tile_column, prefix_smem_words
+from cute_utils.group_tiles import group_row_tile, k_groups_tile_column
+from cute_utils.groups import prefix_smem_words
 from cute_utils.mx import BLOCK_SIZE, e4m3x2_into, e4m3x4, e8m0_scale, inverse_scale, max_u16x2
 from cute_utils.occupancy import MAX_GRID_Y, chunk_major_grid, spread_row_tile
 

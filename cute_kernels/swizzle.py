@@ -63,13 +63,8 @@ from cute_utils.blocked import (
     store_chunk,
 )
 from cute_utils.constants import MAX_GROUPS, SWIZZLE_WIDE_MAX_BYTES
-from cute_utils.groups import (
-    find_group,
-    m_groups_row_block,
-    prefix_smem_words,
-    scan_group_sizes,
-    smem_group_bounds,
-)
+from cute_utils.group_tiles import group_tile, grouped_tile_count, m_groups_row_block, tile_count
+from cute_utils.groups import prefix_smem_words, scan_group_sizes
 from cute_utils.prefetch import LINE_BYTES, prefetch_row_ranges
 
 from .base import Kernel
@@ -127,10 +122,8 @@ def _k_group_column(ends, prefix, num_groups, row_blocks, tile, grid_tiles):
     output). Tiles past the groups' padded width form the zero tail after the last group's tiles.
     """
     covered = prefix[num_groups]
-    g = find_group(prefix, num_groups, tile)
-    start, end = smem_group_bounds(ends, g)
-    source = start + TILE_COLS * (tile - prefix[g])
-    count = cutlass.max(cutlass.min(end - source, TILE_COLS), 0)
+    g, source, end = group_tile(prefix, ends, num_groups, tile, TILE_COLS)
+    count = tile_count(source, end, TILE_COLS)
     stride = prefix[g + 1] - prefix[g]
     base = row_blocks * prefix[g] + tile - prefix[g]
     if tile >= covered:
@@ -491,9 +484,9 @@ class SwizzleKernel(Kernel):
         blocks = experts * ceil_div(rows, TILE_ROWS)
         tiles = ceil_div(cols, TILE_COLS)
         if cutlass.const_expr(self.layout is SwizzleLayout.M_GROUPS):
-            blocks = ceil_div(rows + TILE_ROWS * offsets.shape[0], TILE_ROWS)
+            blocks = grouped_tile_count(rows, offsets.shape[0], TILE_ROWS)
         if cutlass.const_expr(self.layout is SwizzleLayout.K_GROUPS):
-            tiles = ceil_div(cols + TILE_COLS * offsets.shape[0], TILE_COLS)
+            tiles = grouped_tile_count(cols, offsets.shape[0], TILE_COLS)
         n_windows = ceil_div(tiles, self.window_tiles)
         max_ctas = num_sms * self.config.ctas_per_sm
         per_window = cutlass.max(cutlass.min(blocks, max_ctas // n_windows), 1)
@@ -531,9 +524,9 @@ class SwizzleKernel(Kernel):
         if cutlass.const_expr(self.grouped):
             num_groups = offsets.shape[0]
             if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS):
-                total_blocks = ceil_div(rows + TILE_ROWS * num_groups, TILE_ROWS)
+                total_blocks = grouped_tile_count(rows, num_groups, TILE_ROWS)
             else:
-                grid_tiles = ceil_div(cols + TILE_COLS * num_groups, TILE_COLS)
+                grid_tiles = grouped_tile_count(cols, num_groups, TILE_COLS)
             total = rows if cutlass.const_expr(layout is SwizzleLayout.M_GROUPS) else cols
             groups = self._scan_groups(smem, src, offsets, num_groups, total, bid, grid_tiles, tid)
 
