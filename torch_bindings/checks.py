@@ -665,6 +665,28 @@ def _check_tokens(x: Any, recipe: str, *, op: str) -> tuple[int, int, torch.devi
     return x.q.shape[0], x.q.shape[1], x.q.device
 
 
+def _check_token_offsets(x: Any, group_end_offsets: torch.Tensor, *, op: str) -> None:
+    """Quantized tokens go with their own padded groups (``x.group_end_offsets``, the dispatch's
+    ``padded_group_end_offsets``): other offsets would group rows the scales and the alignment do
+    not describe, and no check of values is possible without a sync. The same tensor object, or
+    (eager) a tensor on the same storage."""
+    from .moe.tokens import QuantizedTokens
+
+    if not isinstance(x, QuantizedTokens) or group_end_offsets is x.group_end_offsets:
+        return
+    own = x.group_end_offsets
+    same = (
+        not torch.compiler.is_compiling()
+        and group_end_offsets.numel() == own.numel()
+        and group_end_offsets.data_ptr() == own.data_ptr()
+    )
+    if not same:
+        raise ValueError(
+            f"{_prefix(op)}group_end_offsets must be the quantized tokens' own (x.group_end_offsets, "
+            "the dispatch's padded_group_end_offsets)"
+        )
+
+
 def check_weight(
     name: str, w: Any, experts: int | None, n: int | None, k: int, device: torch.device, unit: int, *, op: str
 ) -> None:
@@ -702,6 +724,7 @@ def check_scaled_grouped_mm(
     unit = GROUPED_MM_DIM_MULTIPLE[recipe]
     check_weight("w", w, None, None, k, device, unit, op=op)
     check_offsets("group_end_offsets", group_end_offsets, device, op=op)
+    _check_token_offsets(x, group_end_offsets, op=op)
     if group_end_offsets.numel() != w.shape[0]:
         raise ValueError(
             f"{_prefix(op)}group_end_offsets must have one entry per expert (E = {w.shape[0]}), "
@@ -727,6 +750,7 @@ def check_experts(x: Any, w13: Any, w2: Any, group_end_offsets: Any, recipe: str
     check_divisible("H (w2.shape[2])", two_h // 2, unit, why=f"for recipe {recipe!r}", op=op)
     check_divisible("D (x.shape[1])", dim, unit, why=f"for recipe {recipe!r}", op=op)
     check_offsets("group_end_offsets", group_end_offsets, device, op=op)
+    _check_token_offsets(x, group_end_offsets, op=op)
     if group_end_offsets.numel() != experts:
         raise ValueError(
             f"{_prefix(op)}group_end_offsets must have one entry per expert (E = {experts}), "

@@ -387,3 +387,20 @@ def test_bad_options_are_refused_at_construction():
         tb.GroupedExperts(E, D, H, recipe="fp4")
     with pytest.raises(ValueError, match="GroupedExperts: backend must be one of"):
         tb.GroupedExperts(E, D, H, backend="triton")
+
+
+def test_quantized_tokens_need_their_own_offsets():
+    """Quantized tokens go with their own padded groups: other offsets (even equal values in another
+    tensor) are refused by both the op and the module, before any work."""
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(64, D, generator=gen).bfloat16()
+    ids = torch.randint(0, E, (64, 1), generator=gen)
+    r = ep.dispatch(x, ids, num_experts=E, recipe="fp8_rowwise", alignment=16)
+    w = (torch.randn(E, 48, D, generator=gen) / 8).bfloat16()
+    other = r.padded_group_end_offsets.clone()
+    with pytest.raises(ValueError, match="scaled_grouped_mm: group_end_offsets must be the quantized"):
+        tb.scaled_grouped_mm(r.tokens, w, other)
+    module = _module("cpu", "fp8_rowwise")
+    with pytest.raises(ValueError, match="GroupedExperts: group_end_offsets must be the quantized"):
+        module(r.tokens, other)
+    module(r.tokens, r.padded_group_end_offsets)  # its own: accepted

@@ -571,7 +571,7 @@ class DispatchResult:
 
     @property
     def tokens(self):
-        """The FP8 recipes' rows as :class:`torch_bindings.tokens.QuantizedTokens` (q, scales, the
+        """The FP8 recipes' rows as :class:`torch_bindings.moe.tokens.QuantizedTokens` (q, scales, the
         padded groups, the gradient anchor): what ``scaled_grouped_mm`` and ``GroupedExperts`` take
         as x without quantizing again. bf16: ``q`` itself."""
         if self.shape.recipe == "bf16":
