@@ -5,7 +5,9 @@ wgrad), ``ours`` (``scaled_grouped_mm(recipe="fp8_rowwise", gemm="native")``) an
 (``_to_fp8_rowwise_then_scaled_grouped_mm``), plus ``fp8 GEMMs`` (the three
 ``torch._scaled_grouped_mm`` calls alone on operands quantized beforehand: the cap). Every step
 sets ``.grad = None`` first (fresh gradients, no accumulation). Group sizes are skewed and
-multiples of 16 (torchao needs that; ours does not know it and pads as always).
+multiples of 16 (torchao needs that; ours does not know it and pads as always). On an sm_90 GPU a
+``cute`` column runs ``gemm="cute"`` (the project's own FP8 grouped GEMM, experimental, opt-in:
+no padding at all) in the op and module tables.
 
 Also: the kernel time per step by kernel (``torch.profiler``), split into GEMMs and the rest
 (quantization, padding, layout, glue), and the rest against the copy-bandwidth floor of the bytes
@@ -79,8 +81,15 @@ def _torchao_mm():
     )
 
 
-def _ours(recipe: str):
-    return lambda x, w, ends: tb.scaled_grouped_mm(x, w, ends, recipe=recipe, gemm="native")
+def _ours(recipe: str, gemm: str = "native"):
+    return lambda x, w, ends: tb.scaled_grouped_mm(x, w, ends, recipe=recipe, gemm=gemm)
+
+
+def cute_gemm_runs() -> bool:
+    """Whether ``gemm="cute"`` runs on the current GPU (sm_90): the ``cute`` columns."""
+    from torch_bindings.moe.grouped_mm import cute_gemm_reason
+
+    return cute_gemm_reason(torch.device("cuda")) is None
 
 
 def _gemm_step(mm, x, w, ends, grad_y):
@@ -245,9 +254,10 @@ def _inputs(s: Shape, device):
 
 
 def _speedups(label_key: str, label: str, us: dict[str, float]) -> dict:
-    """The label, then bf16, ours and (when it ran) torchao µs with their speedups over bf16."""
+    """The label, then bf16, ours and (when they ran) cute and torchao µs with their speedups over
+    bf16."""
     row = {label_key: label, "bf16 us": us["bf16"]}
-    for name in ("ours", "torchao"):
+    for name in ("ours", "cute", "torchao"):
         if name in us:
             row.update({f"{name} us": us[name], f"{name} vs bf16": us["bf16"] / us[name]})
     return row
@@ -261,6 +271,8 @@ def gemm_rows(s: Shape, torchao_mm, copy_gbps: float) -> tuple[dict, dict, dict]
     passes = operand_passes_row(s, x.detach(), ends, copy_gbps)
     steps = {"bf16": _gemm_step(_ours("bf16"), x, w, ends, grad_y)}
     steps["ours"] = _gemm_step(_ours("fp8_rowwise"), x, w, ends, grad_y)
+    if cute_gemm_runs():
+        steps["cute"] = _gemm_step(_ours("fp8_rowwise", gemm="cute"), x, w, ends, grad_y)
     if torchao_mm is not None:
         steps["torchao"] = _gemm_step(torchao_mm, x, w, ends, grad_y)
     steps["fp8 GEMMs"] = fp8_gemms_step(x.detach(), w.detach(), ends, grad_y)
@@ -367,6 +379,8 @@ def _module_forwards(s: Shape, torchao_mm, device):
         "ours cache off": (lambda a, e: plain(a, e, groups_aligned=True), params),
         "ours unaligned path": (ours, params),
     }
+    if cute_gemm_runs():
+        forwards["cute"] = (tb.GroupedExperts.from_weights(ours.w13, ours.w2, gemm="cute"), params)
     if torchao_mm is not None:
         forwards["torchao"] = (lambda a, e: _torchao_swiglu(torchao_mm, s.n)(a, ours.w13, ours.w2, e), params)
     return forwards, ours

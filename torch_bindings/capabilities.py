@@ -2,12 +2,13 @@
 
 Nothing here launches or compiles anything: the answers come from the same functions the ops call
 (``backend.kernel_arch`` for the quantization, padding and EP kernels, ``grouped_mm.gemm_path``
-for the GEMMs), so a report and a call cannot disagree.
+for the GEMMs, ``grouped_mm.cute_gemm_reason`` for the opt-in ``gemm="cute"``), so a report and a
+call cannot disagree.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +31,9 @@ KERNEL_OPS = (
     "ep.combine",
 )
 GEMM_RECIPES = ("fp8_rowwise", "mxfp8", "bf16")
+#: ``Capabilities.cute_gemm`` values: ``gemm="cute"`` runs here when asked for, but its kernel has not
+#: yet been verified on a GPU (so ``gemm="auto"`` never picks it); or it cannot run here.
+CUTE_UNVERIFIED, CUTE_UNAVAILABLE = "unverified", "unavailable"
 
 
 @dataclass(frozen=True)
@@ -37,13 +41,17 @@ class Capabilities:
     """What runs where on ``device``: ``ops`` (op -> ``"cute"``, ``"reference"`` or
     ``"unavailable"``: ``backend="auto"`` raises there, and ``backend="reference"`` must be asked
     for), ``gemm`` (recipe -> ``"native"`` or ``"emulated"``, what ``gemm="auto"`` runs), ``arch``
-    (the kernels' compile target, or ``None``) and ``reason`` (why the kernels cannot run, or ``""``)."""
+    (the kernels' compile target, or ``None``), ``reason`` (why the kernels cannot run, or ``""``)
+    and ``cute_gemm`` (recipe -> :data:`CUTE_UNVERIFIED` or :data:`CUTE_UNAVAILABLE`: the opt-in
+    ``gemm="cute"``, the project's own grouped GEMM, experimental and not yet verified on a GPU,
+    for the recipes it has: fp8_rowwise)."""
 
     device: str
     arch: str | None
     reason: str
     ops: dict[str, str]
     gemm: dict[str, str]
+    cute_gemm: dict[str, str] = field(default_factory=dict)
 
     def __str__(self) -> str:
         lines = [f"device {self.device}: kernels {self.arch or 'unavailable'}"]
@@ -51,13 +59,19 @@ class Capabilities:
             lines.append(f"  why: {self.reason}")
         lines += [f"  {op:28s} {path}" for op, path in self.ops.items()]
         lines += [f"  GEMM {recipe:23s} {path}" for recipe, path in self.gemm.items()]
+        lines += [
+            f"  GEMM {recipe:23s} gemm='cute' (opt-in, experimental): {state}"
+            for recipe, state in self.cute_gemm.items()
+        ]
         return "\n".join(lines)
 
 
 def capabilities(device: torch.device | str | int | None = None) -> Capabilities:
     """The path each public op (``backend="auto"``) and each GEMM recipe (``gemm="auto"``) takes on
-    ``device`` (default: the current CUDA device if there is one, else the CPU)."""
-    from .moe.grouped_mm import gemm_path_quiet
+    ``device`` (default: the current CUDA device if there is one, else the CPU), and whether the
+    opt-in ``gemm="cute"`` can run there."""
+    from .checks import CUTE_GEMM_RECIPES
+    from .moe.grouped_mm import cute_gemm_reason, gemm_path_quiet
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -71,7 +85,8 @@ def capabilities(device: torch.device | str | int | None = None) -> Capabilities
         path = "reference"
     ops = dict.fromkeys(KERNEL_OPS, path)
     gemm = {recipe: gemm_path_quiet(recipe, device) for recipe in GEMM_RECIPES}
-    return Capabilities(str(device), arch, reason, ops, gemm)
+    cute = CUTE_UNAVAILABLE if cute_gemm_reason(device) else CUTE_UNVERIFIED
+    return Capabilities(str(device), arch, reason, ops, gemm, dict.fromkeys(CUTE_GEMM_RECIPES, cute))
 
 
 __all__ = ["Capabilities", "capabilities"]

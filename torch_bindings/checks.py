@@ -627,7 +627,9 @@ def check_dequantize_fp8_rows(
 
 
 GROUPED_MM_RECIPES = ("fp8_rowwise", "mxfp8", "bf16")
-GROUPED_MM_GEMMS = ("auto", "native", "emulated")
+GROUPED_MM_GEMMS = ("auto", "native", "emulated", "cute")
+#: Recipes ``gemm="cute"`` (the project's own grouped GEMM, experimental, opt-in) runs.
+CUTE_GEMM_RECIPES = ("fp8_rowwise",)
 # K and N must be multiples of this for the recipe's operands: 16-byte rows for the FP8 GEMMs (and
 # for bf16's), whole 32-element blocks for MXFP8 (SPEC section 8).
 GROUPED_MM_DIM_MULTIPLE = {"fp8_rowwise": 16, "mxfp8": 32, "bf16": 8}
@@ -639,9 +641,13 @@ GROUPED_MM_DTYPES = (torch.bfloat16, torch.float32)
 
 
 def check_grouped_mm_options(recipe: Any, gemm: Any, backend: Any, *, op: str) -> None:
-    """A known recipe, GEMM choice and backend."""
+    """A known recipe, GEMM choice and backend; ``gemm="cute"`` only with a recipe it runs."""
     check_choice("recipe", recipe, GROUPED_MM_RECIPES, op=op)
     check_choice("gemm", gemm, GROUPED_MM_GEMMS, op=op)
+    if gemm == "cute" and recipe not in CUTE_GEMM_RECIPES:
+        raise ValueError(
+            f"{_prefix(op)}gemm='cute' runs recipe(s) {CUTE_GEMM_RECIPES} only, the recipe is {recipe!r}"
+        )
     check_choice("backend", backend, BACKENDS, op=op)
 
 

@@ -1,9 +1,12 @@
-"""Thin launcher of the experimental sm_90a FP8 grouped GEMM (``cute_kernels.grouped_gemm_sm90``) for
-its GPU tests and ``bench/bench_grouped_gemm.py``. Not a public op: ``scaled_grouped_mm`` and
-``GroupedExperts`` do not call it until a GPU has verified the kernel (notes/grouped-gemm-sm90.md).
+"""Launcher of the experimental sm_90a FP8 grouped GEMM (``cute_kernels.grouped_gemm_sm90``): its GPU
+tests, ``bench/bench_grouped_gemm.py``, and the explicit opt-in ``gemm="cute"`` of
+``scaled_grouped_mm`` / ``GroupedExperts`` (recipe ``"fp8_rowwise"``). ``gemm="auto"`` never picks
+it: no GPU has verified the kernel yet (notes/grouped-gemm-sm90.md).
 
 Operands as the kernel takes them (``cute_kernels.grouped_gemm_sm90`` module docstring); the
 reference is ``torch_bindings.reference.grouped_gemm_fp8_rowwise_reference`` (same arguments).
+:func:`grouped_gemm_fp8_rowwise_sm90` checks and launches; :func:`grouped_gemm_sm90` is the same
+as one ``torch.library`` custom op under ``torch.compile`` (an opaque node with a fake).
 """
 
 from __future__ import annotations
@@ -16,6 +19,43 @@ from .targets import compiled
 _ARCH = "sm_90a"
 
 
+def check_sizes(form: str, m: int, n: int, k: int, groups: int) -> None:
+    """``ValueError`` naming the size the kernel cannot take (its ``can_implement``): 1 to
+    ``MAX_GROUPS`` groups; 2d3d: the reduction K a positive multiple of 16, y's row length N a
+    multiple of 8; 2d2d: the reduction M a multiple of 16 (the TMA-loaded operands' row stride),
+    out's row length K a multiple of 8."""
+    from cute_kernels.grouped_gemm_sm90 import FORMS, MAX_GROUPS, VECTOR, GroupedGemmSm90Kernel
+
+    if form not in FORMS:
+        raise ValueError(f"grouped_gemm_sm90: form must be one of {FORMS}, got {form!r}")
+    if GroupedGemmSm90Kernel.can_implement(form, m, n, k, groups):
+        return
+    if not 1 <= groups <= MAX_GROUPS:
+        why = f"E={groups} groups (group_end_offsets' length) must be in [1, {MAX_GROUPS}]"
+    elif form == "2d3d" and (k <= 0 or k % 16):
+        why = f"K={k} (a.shape[1], the reduction) must be a positive multiple of 16"
+    elif form == "2d3d":
+        why = f"N={n} (b.shape[1], y's row length) must be a multiple of {VECTOR}"
+    elif m % 16:
+        why = f"M={m} (a.shape[1] and b.shape[1], the reduction) must be a multiple of 16"
+    else:
+        why = f"K={k} (b.shape[0], out's row length) must be a multiple of {VECTOR}"
+    raise ValueError(f"grouped_gemm_sm90 {form}: sizes M={m} N={n} K={k} E={groups} not supported: {why}")
+
+
+def _launch_kernel(form: str, *operands: torch.Tensor) -> None:
+    """One launch of the compiled kernel of ``form`` on ``operands`` = (a, b, scale_a, scale_b,
+    group_end_offsets, out), writing ``out`` (sizes checked, nothing empty); its TVM-FFI wrapper
+    checks dtypes, compact row-major layouts and the sizes operands share. CPU tests replace this
+    function with the reference on the same operands."""
+    from cute_kernels.grouped_gemm_sm90 import GroupedGemmSm90Kernel, GroupedGemmVariant
+
+    device = operands[0].device
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    kernel = compiled(GroupedGemmSm90Kernel.name, GroupedGemmVariant(form), _ARCH)
+    kernel(*operands, _backend.num_sms(index))
+
+
 def grouped_gemm_fp8_rowwise_sm90(
     form: str,
     a: torch.Tensor,
@@ -26,14 +66,12 @@ def grouped_gemm_fp8_rowwise_sm90(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run the kernel on ``a``'s CUDA device (an sm_90 GPU); returns ``out`` (allocated when None:
-    (M, N) bf16 for ``"2d3d"``, (E, N, K) bf16 for ``"2d2d"``). Checks the sizes (the kernel's
-    ``can_implement``, ``out``'s shape, the 2d2d scales' lengths G*N and G*K, which the compiled
+    (M, N) bf16 for ``"2d3d"``, (E, N, K) bf16 for ``"2d2d"``). Checks the sizes
+    (:func:`check_sizes`, ``out``'s shape, the 2d2d scales' lengths G*N and G*K, which the compiled
     kernel cannot tie to the other sizes); the compiled kernel checks dtypes and the sizes its
     operands share. Empty problems launch nothing (a TMA descriptor cannot have a zero extent): an
     empty ``out`` is returned as it is, and a 2d2d with M = 0 (every group empty) is zeros. No host
     sync."""
-    from cute_kernels.grouped_gemm_sm90 import GroupedGemmSm90Kernel, GroupedGemmVariant
-
     groups = group_end_offsets.shape[0]
     if form == "2d3d":
         (m, k), n = a.shape, b.shape[1]
@@ -46,8 +84,7 @@ def grouped_gemm_fp8_rowwise_sm90(
                 f"grouped_gemm_sm90 2d2d: scale_a / scale_b must hold G*N={groups * n} / G*K={groups * k} "
                 f"values, got {scale_a.numel()} / {scale_b.numel()}"
             )
-    if not GroupedGemmSm90Kernel.can_implement(form, m, n, k, groups):
-        raise ValueError(f"grouped_gemm_sm90 {form}: sizes M={m} N={n} K={k} E={groups} not supported")
+    check_sizes(form, m, n, k, groups)
     if out is None:
         out = torch.empty(shape, dtype=torch.bfloat16, device=a.device)
     elif tuple(out.shape) != shape:
@@ -56,7 +93,33 @@ def grouped_gemm_fp8_rowwise_sm90(
         return out
     if m == 0:
         return out.zero_()
-    index = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    kernel = compiled(GroupedGemmSm90Kernel.name, GroupedGemmVariant(form), _ARCH)
-    kernel(a, b, scale_a, scale_b, group_end_offsets, out, _backend.num_sms(index))
+    _launch_kernel(form, a, b, scale_a, scale_b, group_end_offsets, out)
     return out
+
+
+@torch.library.custom_op("cute_kernels::grouped_gemm_fp8_rowwise_sm90", mutates_args=())
+def _gemm_op(
+    form: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    group_end_offsets: torch.Tensor,
+) -> torch.Tensor:
+    return grouped_gemm_fp8_rowwise_sm90(form, a, b, scale_a, scale_b, group_end_offsets)
+
+
+@_gemm_op.register_fake
+def _gemm_fake(form, a, b, scale_a, scale_b, group_end_offsets):
+    if form == "2d3d":
+        return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16)
+    return a.new_empty((group_end_offsets.shape[0], a.shape[0], b.shape[0]), dtype=torch.bfloat16)
+
+
+def grouped_gemm_sm90(form: str, *operands: torch.Tensor) -> torch.Tensor:
+    """:func:`grouped_gemm_fp8_rowwise_sm90` with a new output, ``operands`` = (a, b, scale_a,
+    scale_b, group_end_offsets): called directly in eager mode, through its custom op under
+    ``torch.compile``."""
+    if torch.compiler.is_compiling():
+        return _gemm_op(form, *operands)
+    return grouped_gemm_fp8_rowwise_sm90(form, *operands)

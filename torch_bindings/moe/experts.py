@@ -19,13 +19,16 @@ operand functions (:class:`Fp8Rowwise`, :class:`Mxfp8`), so that
 
 The groups must start on the recipe's alignment (``GROUP_ALIGNMENT``): ``GroupedExperts`` pads
 unaligned groups once around this function; dispatch output and ``pad_token_groups`` output are
-aligned already. x may also arrive quantized (:class:`QuantizedTokens`, from ``ep.dispatch``): its
-forward operand is used as it is and its column operand is made from the dequantized rows.
+aligned already. With the project's own FP8 GEMM (``step.cute``, ``gemm="cute"``: experimental,
+opt-in, not yet verified on a GPU) the groups may be ragged: its wgrad takes them as they are, the
+column operands are quantized over the caller's groups, and nothing is padded. x may also arrive
+quantized (:class:`QuantizedTokens`, from ``ep.dispatch``): its forward operand is used as it is and
+its column operand is made from the dequantized rows.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -141,7 +144,8 @@ def _swiglu_backward_torch(grad_h: Tensor, h13: Tensor) -> Tensor:
 class Fp8Rowwise:
     """FP8 rowwise operands (SPEC section 7): rows of activations for the 2d x 3d GEMMs, columns per
     group for the wgrad, weights along K (forward) or N (dgrad); ``torch._scaled_grouped_mm`` with
-    fast accumulation, or its emulation."""
+    fast accumulation, its emulation, or the project's sm_90a kernel (``step.cute``: the same
+    operands, laid out for it by ``grouped_mm._cute_gemm``, groups of any sizes)."""
 
     name = "fp8_rowwise"
 
@@ -406,8 +410,9 @@ def experts_forward(
 ) -> Tensor:
     """The expert block (module docstring) without checks: x (M, D) bf16/fp32 or
     :class:`QuantizedTokens`; w13 (E, 2H, D), w2 (E, D, H) bf16/fp32; ``ends`` (E,) int32; ``step``
-    the recipe, GEMM path and backend, ``step.aligned`` whether the groups start on the recipe's
-    alignment (``QuantizedTokens`` always do). Returns (M, D) in :func:`output_dtype`."""
+    the recipe, GEMM path and backend, ``step.aligned`` whether the groups need no padding (they
+    start on the recipe's alignment, as ``QuantizedTokens`` always do, or ``step.cute``). Returns
+    (M, D) in :func:`output_dtype`."""
     tokens = x if isinstance(x, QuantizedTokens) else None
     device = ends.device
     grad_enabled = torch.is_grad_enabled()
@@ -424,8 +429,7 @@ def experts_forward(
     else:
         alignment = _mm.GROUP_ALIGNMENT[step.recipe]
         padded, start, end = _PadGroups.apply(x, ends, alignment, step.backend)
-        aligned = _mm._Step(step.recipe, step.emulated, True, step.backend)
-        call = ExpertsCall(aligned, cache, None, grad_enabled)
+        call = ExpertsCall(replace(step, aligned=True), cache, None, grad_enabled)
         out = _ExpertsFn.apply(padded, w13, w2, end, call)
         out = _UnpadGroups.apply(out, ends, start, x.shape[0], alignment, step.backend)
     return out if out.dtype == dtype else out.to(dtype)

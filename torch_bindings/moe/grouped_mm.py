@@ -8,10 +8,10 @@ quantize with this package's kernels and run three grouped GEMMs:
 - dgrad ``grad_x = grad_y @ w`` (2d x 3d);
 - wgrad ``grad_w[g] = grad_y[g].T @ x[g]`` (2d x 2d, token groups along the contraction).
 
-The FP8 wgrad GEMM needs every token group to start on a 16-row boundary (32 for MXFP8): the op pads
-x and grad_y with :func:`pad_token_groups` and quantizes the padded copies for it, so any group sizes
-work and nothing syncs. FP8 rowwise quantizes the rows of x and grad_y unpadded (its 2d x 3d GEMM
-takes any group sizes); MXFP8 runs every GEMM on the padded copies and unpads the outputs
+torch's FP8 wgrad GEMM needs every token group to start on a 16-row boundary (32 for MXFP8): the op
+pads x and grad_y with :func:`pad_token_groups` and quantizes the padded copies for it, so any group
+sizes work and nothing syncs. FP8 rowwise quantizes the rows of x and grad_y unpadded (its 2d x 3d
+GEMM takes any group sizes); MXFP8 runs every GEMM on the padded copies and unpads the outputs
 (notes/grouped-gemm-op.md).
 
 GEMM paths: ``"native"`` runs ``torch._scaled_grouped_mm`` (FP8 rowwise on sm_90 / sm_100, MXFP8 on
@@ -19,6 +19,11 @@ sm_100); ``"emulated"`` dequantizes the exact quantized operands to bf16 and run
 ``torch._grouped_mm``, for testing the numerics where the native GEMM is missing (CPU; MXFP8 on
 Hopper). It is slower than the bf16 recipe. ``gemm="auto"`` takes the native path where it exists
 and otherwise the emulation *with a one-time warning*; ``gemm="native"`` raises instead.
+
+``gemm="cute"`` (fp8_rowwise on sm_90 only; experimental, opt-in, not yet verified on a GPU, so
+``"auto"`` never picks it) runs the project's own grouped GEMM (``torch_bindings.grouped_gemm_sm90``)
+for all three GEMMs. Its wgrad takes ragged groups, so nothing is padded: the column (wgrad)
+operands are quantized over the caller's own groups (:func:`_cute_gemm` gives the layouts).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import backend as _backend
 from .. import checks, reference
 from ..pad import pad_token_groups, unpad_token_groups
 from ..quantize_3d import quantize_mxfp8_3d
@@ -58,6 +64,17 @@ def native_gemm_reason(recipe: str, device: torch.device) -> str | None:
     return None
 
 
+def cute_gemm_reason(device: torch.device) -> str | None:
+    """``None`` when ``gemm="cute"`` (the sm_90a grouped GEMM kernel) can run on ``device``, else why
+    not (a CPU tensor, a GPU other than sm_90, the CuTeDSL missing)."""
+    arch, reason = _backend.kernel_arch(device)
+    if arch is None:
+        return reason
+    if arch != "sm_90a":
+        return f"the kernel is built for sm_90a (Hopper) only, this GPU's target is {arch}"
+    return None
+
+
 def gemm_path_quiet(recipe: str, device: torch.device) -> str:
     """What ``gemm="auto"`` runs for ``recipe`` on ``device`` (``"native"`` / ``"emulated"``), with no
     warning: ``torch_bindings.capabilities`` reports it."""
@@ -65,9 +82,19 @@ def gemm_path_quiet(recipe: str, device: torch.device) -> str:
 
 
 def gemm_path(recipe: str, device: torch.device, gemm: str = "auto") -> str:
-    """``"native"`` or ``"emulated"``: the GEMMs a call with these arguments runs. ``gemm="native"``
-    raises ``RuntimeError`` where the native GEMM is missing; ``"auto"`` then picks the emulation and
-    warns once per (recipe, device type)."""
+    """``"native"``, ``"emulated"`` or ``"cute"``: the GEMMs a call with these arguments runs.
+    ``gemm="native"`` raises ``RuntimeError`` where the native GEMM is missing; ``"auto"`` then picks
+    the emulation and warns once per (recipe, device type). ``gemm="cute"`` (checked to be
+    fp8_rowwise by ``checks``) raises ``RuntimeError`` where the kernel cannot run; ``"auto"`` never
+    picks it."""
+    if gemm == "cute":
+        why = cute_gemm_reason(device)
+        if why is not None:
+            raise RuntimeError(
+                f"scaled_grouped_mm: gemm='cute' cannot run here: {why}. It runs the experimental sm_90a "
+                "FP8 grouped GEMM on an sm_90 GPU; pass gemm='auto' (torch's GEMM or the emulation)."
+            )
+        return "cute"
     reason = native_gemm_reason(recipe, device)
     if gemm == "emulated" and recipe != "bf16":
         return "emulated"
@@ -91,19 +118,37 @@ def gemm_path(recipe: str, device: torch.device, gemm: str = "auto") -> str:
 
 @dataclass(frozen=True)
 class _Step:
-    """What one call runs: the recipe, whether its GEMMs are emulated, whether the caller's
-    groups already start on the recipe's alignment (``aligned``: offsets made by
-    ``pad_token_groups`` with that alignment; the op then pads nothing), and the ``backend`` of its
-    quantization and padding ops."""
+    """What one call runs: the recipe, whether its GEMMs are emulated, whether its groups need no
+    padding (``aligned``: they start on the recipe's alignment, offsets made by ``pad_token_groups``
+    with that alignment or a dispatch, or the GEMMs take ragged groups: ``cute``), the ``backend`` of
+    its quantization and padding ops, and whether its GEMMs are the project's own (``cute``:
+    ``gemm="cute"``, fp8_rowwise)."""
 
     recipe: str
     emulated: bool
     aligned: bool
     backend: str = "auto"
+    cute: bool = False
 
     @property
     def alignment(self) -> int:
         return GROUP_ALIGNMENT[self.recipe]
+
+
+def make_step(recipe: str, gemm: str, ends: torch.Tensor, aligned: bool, backend: str, *, op: str) -> _Step:
+    """The :class:`_Step` of a call with these options (:func:`gemm_path` on ``ends``' device;
+    ``aligned``: the caller's groups start on the recipe's alignment). ``gemm="cute"`` takes ragged
+    groups (nothing is padded) and at most ``MAX_GROUPS`` experts (``ValueError`` naming
+    ``group_end_offsets`` otherwise)."""
+    path = gemm_path(recipe, ends.device, gemm)
+    if path == "cute":
+        from cute_kernels.grouped_gemm_sm90 import MAX_GROUPS
+
+        if ends.numel() > MAX_GROUPS:
+            raise ValueError(
+                f"{op}: gemm='cute' takes at most {MAX_GROUPS} experts, group_end_offsets has {ends.numel()}"
+            )
+    return _Step(recipe, path == "emulated", aligned or path == "cute", backend, cute=path == "cute")
 
 
 @dataclass(frozen=True)
@@ -176,11 +221,44 @@ def _dequant_group_cols_fp8(q: torch.Tensor, scales: torch.Tensor, ends: torch.T
     return (q.float() * scales.view(groups, -1)[g]).to(torch.bfloat16)
 
 
+def _reduction_rows_16(t: torch.Tensor) -> torch.Tensor:
+    """A 2d x 2d operand of the cute GEMM: t (C, M) row-major (a column operand's ``q.t()``) as it is
+    when M % 16 == 0, else copied into (C, Mp) with Mp = M rounded up to 16 and columns [M, Mp)
+    zero. The kernel TMA-loads the operand, whose row stride must be a multiple of 16 bytes; the
+    extra columns lie past every group's end, so they never enter a sum (the kernel also zeroes
+    each group's tail in shared memory). A pass over the 1-byte operand (not over bf16 activations),
+    only for M % 16 != 0: the column quantizer has no output with a padded row stride."""
+    rows = t.shape[1]
+    if rows % 16 == 0:
+        return t
+    padded = t.new_empty(t.shape[0], rows + (-rows) % 16)
+    padded[:, rows:].zero_()
+    padded[:, :rows].copy_(t)
+    return padded
+
+
+def _cute_gemm(a, b, scale_a, scale_b, ends) -> torch.Tensor:
+    """``_fp8_gemm``'s operands (torch's layouts) given to the project's sm_90a kernel
+    (``torch_bindings.grouped_gemm_sm90``), which wants every e4m3 operand row-major along the
+    reduction: 2d x 3d takes a (M, Kc) as it is and b (E, Kc, N) column-major as its transpose
+    (E, N, Kc) row-major (the forward's ``quantize_fp8_3d(w, axis="K")`` q as stored, the dgrad's
+    ``axis="N"`` q transposed); 2d x 2d takes a (N, M) row-major and b (M, K) column-major as
+    ``b.t()`` (K, M) row-major (both :func:`_reduction_rows_16`), groups along M as they are."""
+    from ..grouped_gemm_sm90 import grouped_gemm_sm90
+
+    if b.dim() == 3:
+        return grouped_gemm_sm90("2d3d", a, b.transpose(-2, -1), scale_a, scale_b, ends)
+    a, b = _reduction_rows_16(a), _reduction_rows_16(b.t())
+    return grouped_gemm_sm90("2d2d", a, b, scale_a, scale_b, ends)
+
+
 def _fp8_gemm(a, b, scale_a, scale_b, ends, step: _Step) -> torch.Tensor:
     """The FP8 rowwise grouped GEMM (fast accumulation, as torchao's recipe): 2d x 3d (a (M, Kc)
     row-major, scale_a (M,); b (E, Kc, N) column-major, scale_b (E, N)) or 2d x 2d (a (N, Mp)
     row-major, b (Mp, K) column-major, group-major scales (G N,) and (G K,)); groups along M or
-    along Mp by ``ends``."""
+    along Mp by ``ends``. ``step.cute``: the project's kernel (:func:`_cute_gemm`; any groups)."""
+    if step.cute:
+        return _cute_gemm(a, b, scale_a, scale_b, ends)
     if not step.emulated:
         return torch._scaled_grouped_mm(
             a, b, scale_a, scale_b, ends, out_dtype=torch.bfloat16, use_fast_accum=True
@@ -418,14 +496,15 @@ def scaled_grouped_mm(
     Recipes: ``"fp8_rowwise"`` (SPEC section 7 operands; K, N multiples of 16), ``"mxfp8"`` (SPEC
     sections 2-4 operands; K, N multiples of 32), ``"bf16"`` (``torch._grouped_mm``; K, N multiples
     of 8). ``gemm``: ``"auto"`` (native GEMM, or the emulation with a one-time warning),
-    ``"native"`` (error where missing) or ``"emulated"`` (see the module docstring and
-    :func:`gemm_path`). ``backend``: the quantization and padding ops' (``"auto"``: the kernels on a
+    ``"native"`` (error where missing), ``"emulated"`` or ``"cute"`` (fp8_rowwise on sm_90, at most
+    256 experts, no padding: the project's own grouped GEMM; experimental, opt-in, not yet verified
+    on a GPU; ``RuntimeError`` elsewhere, CPU included); see the module docstring and
+    :func:`gemm_path`. ``backend``: the quantization and padding ops' (``"auto"``: the kernels on a
     supported GPU, the reference on CPU, an error on a CUDA device where the kernels cannot run;
     ``"reference"`` asks for the slow reference explicitly). No host sync in forward or backward
     (``backend="reference"`` may sync); works under ``torch.compile`` and CUDA graphs.
     """
     checks.check_scaled_grouped_mm(x, w, group_end_offsets, recipe, out_dtype, gemm, backend)
     quantized = isinstance(x, QuantizedTokens)
-    emulated = gemm_path(recipe, group_end_offsets.device, gemm) == "emulated"
-    step = _Step(recipe, emulated, aligned=quantized, backend=backend)
+    step = make_step(recipe, gemm, group_end_offsets, quantized, backend, op="scaled_grouped_mm")
     return grouped_mm_apply(x, w, group_end_offsets, step)

@@ -10,7 +10,8 @@ once, SwiGLU fused with the quantization around it, a weight cache, only the gra
 Unaligned groups are padded once to the recipe's alignment around the block and unpadded once;
 groups that start on the alignment already (``groups_aligned=True``: the output of
 ``pad_token_groups`` or of a dispatch) skip both passes, and quantized tokens from an FP8 dispatch
-(``DispatchResult.tokens``) skip x's quantization too.
+(``DispatchResult.tokens``) skip x's quantization too. With ``gemm="cute"`` (fp8_rowwise on sm_90;
+experimental, opt-in, not yet verified on a GPU) the GEMMs take ragged groups and nothing is padded.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 
 from .. import checks
 from .experts import WeightCache, experts_forward
-from .grouped_mm import GROUP_ALIGNMENT, _Step, gemm_path
+from .grouped_mm import GROUP_ALIGNMENT, make_step
 from .tokens import QuantizedTokens
 
 _LOG = logging.getLogger("torch_bindings")
@@ -33,7 +34,9 @@ class GroupedExperts(torch.nn.Module):
     """E SwiGLU experts (module docstring).
 
     ``recipe``: ``"fp8_rowwise"``, ``"mxfp8"`` or ``"bf16"``; ``gemm``: as in
-    :func:`scaled_grouped_mm` (``"auto"`` warns once when it must emulate); ``backend``: the
+    :func:`scaled_grouped_mm` (``"auto"`` warns once when it must emulate; ``"cute"``: fp8_rowwise
+    on sm_90, the project's own grouped GEMM for all six GEMMs with no padding, experimental,
+    opt-in, not yet verified on a GPU; ``RuntimeError`` at the first call elsewhere); ``backend``: the
     quantization and padding ops' (``"auto"`` raises on a CUDA device without the kernels);
     ``weight_cache``: keep the weights' quantized operands between calls while the parameters do not
     change (their version counters), for micro-batches and recomputation; off, the weights are
@@ -126,13 +129,14 @@ class GroupedExperts(torch.nn.Module):
         every group starts on a multiple of the recipe's alignment (16 rows for fp8_rowwise, 32 for
         mxfp8; every end offset a multiple of it: the padded offsets of ``pad_token_groups`` or a
         dispatch), so nothing is padded (a false claim gives wrong gradients; it cannot be checked
-        without a sync). Returns (M, D) in the autocast dtype under ``torch.autocast``, else x's
-        dtype (bf16 for quantized tokens); rows past the last group's end belong to no expert and are
-        unspecified."""
+        without a sync); ``gemm="cute"`` pads nothing whatever it says. Returns (M, D) in the
+        autocast dtype under ``torch.autocast``, else x's dtype (bf16 for quantized tokens); rows
+        past the last group's end belong to no expert and are unspecified."""
         checks.check_experts(x, self.w13, self.w2, group_end_offsets, self.recipe, op=_OP)
         quantized = isinstance(x, QuantizedTokens)
-        emulated = gemm_path(self.recipe, group_end_offsets.device, self.gemm) == "emulated"
-        step = _Step(self.recipe, emulated, groups_aligned or quantized, self.backend)
+        step = make_step(
+            self.recipe, self.gemm, group_end_offsets, groups_aligned or quantized, self.backend, op=_OP
+        )
         cache = self._cache if self.weight_cache else None
         out = experts_forward(x, self.w13, self.w2, group_end_offsets, step, cache)
         if cache is not None and self._reported_cache == 0 and not torch.compiler.is_compiling():
@@ -200,7 +204,8 @@ class MoELayer(torch.nn.Module):
     weights renormalized to sum 1 when ``norm_topk_prob``. ``recipe``: the experts' GEMM recipe;
     ``dispatch_recipe`` (default: the recipe itself) what the dispatch sends: ``"fp8_rowwise"`` /
     ``"mxfp8"`` quantize each token once on its sender and the experts take the quantized rows,
-    ``"bf16"`` sends bf16 rows. ``alignment``: the dispatch's padded group alignment, one of 16, 32,
+    ``"bf16"`` sends bf16 rows. ``gemm``: the experts' (:class:`GroupedExperts`; ``"cute"`` is
+    experimental and opt-in). ``alignment``: the dispatch's padded group alignment, one of 16, 32,
     64, 128 and a multiple of the recipe's (16 rows for fp8_rowwise, 32 for mxfp8; ``ValueError``
     otherwise). No host sync; capturable in a CUDA graph once warm."""
 
