@@ -672,24 +672,16 @@ def _check_tokens(x: Any, recipe: str, *, op: str) -> tuple[int, int, torch.devi
 
 
 def _check_token_offsets(x: Any, group_end_offsets: torch.Tensor, *, op: str) -> None:
-    """Quantized tokens go with their own padded groups (``x.group_end_offsets``, the dispatch's
-    ``padded_group_end_offsets``): other offsets would group rows the scales and the alignment do
-    not describe, and no check of values is possible without a sync. The same tensor object, or
-    (eager) a tensor on the same storage."""
+    """Quantized tokens go with their own padded groups: ``group_end_offsets`` must be the very
+    tensor ``x.group_end_offsets`` (the dispatch's ``padded_group_end_offsets``). Other offsets would
+    group rows that the scales and the alignment do not describe, and their values cannot be
+    compared without a sync."""
     from .moe.tokens import QuantizedTokens
 
-    if not isinstance(x, QuantizedTokens) or group_end_offsets is x.group_end_offsets:
-        return
-    own = x.group_end_offsets
-    same = (
-        not torch.compiler.is_compiling()
-        and group_end_offsets.numel() == own.numel()
-        and group_end_offsets.data_ptr() == own.data_ptr()
-    )
-    if not same:
+    if isinstance(x, QuantizedTokens) and group_end_offsets is not x.group_end_offsets:
         raise ValueError(
             f"{_prefix(op)}group_end_offsets must be the quantized tokens' own (x.group_end_offsets, "
-            "the dispatch's padded_group_end_offsets)"
+            "the dispatch's padded_group_end_offsets: the same tensor)"
         )
 
 

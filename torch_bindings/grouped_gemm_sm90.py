@@ -56,6 +56,16 @@ def _launch_kernel(form: str, *operands: torch.Tensor) -> None:
     kernel(*operands, _backend.num_sms(index))
 
 
+def _problem(form: str, a: torch.Tensor, b: torch.Tensor, groups: int) -> tuple:
+    """``(M, N, K, out shape)`` of a call: 2d3d a (M, K), b (E, N, K) -> (M, N); 2d2d a (N, M),
+    b (K, M) -> (G, N, K)."""
+    if form == "2d3d":
+        (m, k), n = a.shape, b.shape[1]
+        return m, n, k, (m, n)
+    (n, m), k = a.shape, b.shape[0]
+    return m, n, k, (groups, n, k)
+
+
 def grouped_gemm_fp8_rowwise_sm90(
     form: str,
     a: torch.Tensor,
@@ -73,12 +83,8 @@ def grouped_gemm_fp8_rowwise_sm90(
     empty ``out`` is returned as it is, and a 2d2d with M = 0 (every group empty) is zeros. No host
     sync."""
     groups = group_end_offsets.shape[0]
-    if form == "2d3d":
-        (m, k), n = a.shape, b.shape[1]
-        shape = (m, n)
-    else:
-        (n, m), k = a.shape, b.shape[0]
-        shape = (groups, n, k)
+    m, n, k, shape = _problem(form, a, b, groups)
+    if form == "2d2d":
         if scale_a.numel() != groups * n or scale_b.numel() != groups * k:
             raise ValueError(
                 f"grouped_gemm_sm90 2d2d: scale_a / scale_b must hold G*N={groups * n} / G*K={groups * k} "
@@ -111,9 +117,7 @@ def _gemm_op(
 
 @_gemm_op.register_fake
 def _gemm_fake(form, a, b, scale_a, scale_b, group_end_offsets):
-    if form == "2d3d":
-        return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16)
-    return a.new_empty((group_end_offsets.shape[0], a.shape[0], b.shape[0]), dtype=torch.bfloat16)
+    return a.new_empty(_problem(form, a, b, group_end_offsets.shape[0])[3], dtype=torch.bfloat16)
 
 
 def grouped_gemm_sm90(form: str, *operands: torch.Tensor) -> torch.Tensor:

@@ -247,26 +247,25 @@ def test_weight_cache_drops_a_stale_entry_before_recomputing():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", ["fp8_rowwise", "mxfp8"])
 def test_no_grad_makes_no_backward_operands(device, recipe, monkeypatch):
-    """Under torch.no_grad (evaluation) the forward makes no column (wgrad) operands, and its output
-    equals the training forward's."""
+    """Under torch.no_grad (evaluation) the forward makes no column (wgrad) operands (mxfp8: no dual
+    pass, the single 1x32 pass), and its output equals the training forward's."""
     module = _module(device, recipe)
     x, _, ends = _batch(device)
     calls = {"cols": 0}
     cls = experts.RECIPES[recipe]
-    original = cls.cols
+    name = "cols" if recipe == "fp8_rowwise" else "_both"  # what makes a column operand
+    original = getattr(cls, name)
 
     def counted(self, t, e):
         calls["cols"] += 1
         return original(self, t, e)
 
-    monkeypatch.setattr(cls, "cols", counted)
+    monkeypatch.setattr(cls, name, counted)
     with torch.no_grad():
         evaluated = module(x, ends)
-    if recipe == "fp8_rowwise":
-        assert calls["cols"] == 0
+    assert calls["cols"] == 0
     trained = module(x, ends)
-    if recipe == "fp8_rowwise":
-        assert calls["cols"] == 2  # x's for w13, h's for w2
+    assert calls["cols"] == 2  # x's for w13, h's for w2
     owned = int(ends[-1])
     _same(evaluated[:owned], trained.detach()[:owned], "no_grad forward")
 
@@ -404,3 +403,24 @@ def test_quantized_tokens_need_their_own_offsets():
     with pytest.raises(ValueError, match="GroupedExperts: group_end_offsets must be the quantized"):
         module(r.tokens, other)
     module(r.tokens, r.padded_group_end_offsets)  # its own: accepted
+
+
+def test_token_offsets_identity_compiles():
+    """The check that quantized tokens come with their own offsets is an identity test, which
+    dynamo evaluates while tracing: a compiled call with the tokens' own offsets runs (CPU: the
+    reference outside the graph)."""
+    from torch_bindings import checks
+
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(32, D, generator=gen).bfloat16()
+    ids = torch.randint(0, E, (32, 1), generator=gen)
+    tokens = ep.dispatch(x, ids, num_experts=E, recipe="fp8_rowwise", alignment=16).tokens
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def check(q, offsets):
+        checks._check_token_offsets(tokens, offsets, op="op")
+        return q + 1
+
+    check(torch.ones(2), tokens.group_end_offsets)
+    with pytest.raises(Exception, match="must be the quantized tokens' own"):
+        check(torch.ones(2), tokens.group_end_offsets.clone())

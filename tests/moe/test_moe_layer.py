@@ -163,7 +163,14 @@ def test_layer_without_a_group_stays_local_under_data_parallelism(monkeypatch):
     want = _layer("cpu", "bf16")(x)
     touched = fake_data_parallel_world(monkeypatch)
     assert ep.group_size(ep.LOCAL) == 1
-    layer = _layer("cpu", "bf16")
+    from torch_bindings.moe import layer as layer_module
+
+    monkeypatch.setattr(layer_module, "_warned_local", False)
+    with pytest.warns(UserWarning, match="group=None runs every expert on this rank"):
+        layer = _layer("cpu", "bf16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _layer("cpu", "bf16")  # once per process
     assert layer.experts.w13.shape[0] == E and layer.group is ep.LOCAL
     got = layer(x)
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))

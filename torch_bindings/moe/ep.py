@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -309,7 +310,7 @@ _SLOT_MISMATCH = (
 )
 
 
-def slot_ticket(family, index: int) -> int:
+def slot_ticket(family: tuple, index: int) -> int:
     """The int32 the ranks exchange for slot ``index`` of ``family`` (with the counts of a dispatch;
     in the slot table for combine's backward): a CRC-32 of the family's repr (purpose and
     ``EpShape``: R, T, D, k, E, alignment, recipe) and the index, as a non-negative int32. The same
@@ -828,7 +829,7 @@ class _Local:
 LOCAL = _Local()
 
 
-def resolve_group(group):
+def resolve_group(group: Any) -> Any:
     """The process group a call with ``group`` runs over, ``None`` for R = 1: :data:`LOCAL` -> None;
     ``None`` -> torch.distributed's default group (WORLD) when it is initialized with more than one
     rank, else None; any other group as it is."""
@@ -842,7 +843,7 @@ def resolve_group(group):
     return group
 
 
-def group_size(group) -> int:
+def group_size(group: Any) -> int:
     """R, the ranks a call with ``group`` spreads the experts over (:func:`resolve_group`)."""
     group = resolve_group(group)
     if group is None:

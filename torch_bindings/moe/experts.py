@@ -209,6 +209,16 @@ class Mxfp8:
         q, s, q_col, s_col = _mm._mx_quantize(t, ends, self.step)
         return Operand(q, s), Operand(q_col, s_col)
 
+    def operands(self, t: Tensor, ends: Tensor, rows: bool, cols: bool):
+        """t's row and column operands, each only when asked for (else None): one dual pass when
+        both are, the single 1x32 pass for rows alone (the same bits as the dual's)."""
+        if rows and not cols:
+            return self.rows(t, ends), None
+        if not (rows or cols):
+            return None, None
+        both = self._both(t, ends)
+        return (both[0] if rows else None), both[1]
+
     def rows(self, t: Tensor, ends: Tensor | None = None) -> Operand:
         if ends is None or self.step.emulated:
             return Operand(*quantize_mxfp8_2d(t, blocked_scales=False, backend=self.step.backend))
@@ -235,12 +245,10 @@ class Mxfp8:
         return _mm._mx_gemm("wgrad", a.q, a.s, b.q, b.s, ends, self.step)
 
     def swiglu(self, h13: Tensor, ends: Tensor, cols: bool) -> tuple[Operand, Operand | None]:
-        rows, col = self._both(_swiglu_torch(h13), ends)
-        return rows, (col if cols else None)
+        return self.operands(_swiglu_torch(h13), ends, True, cols)
 
     def swiglu_backward(self, grad_h: Tensor, h13: Tensor, ends: Tensor, rows: bool, cols: bool):
-        rows_op, cols_op = self._both(_swiglu_backward_torch(grad_h, h13), ends)
-        return (rows_op if rows else None), (cols_op if cols else None)
+        return self.operands(_swiglu_backward_torch(grad_h, h13), ends, rows, cols)
 
 
 RECIPES = {"fp8_rowwise": Fp8Rowwise, "mxfp8": Mxfp8}
@@ -283,8 +291,7 @@ def _x_operands(call: ExpertsCall, ops, x: Tensor, ends: Tensor, need_cols: bool
             ops.cols(call.tokens.dequantized(backend=call.step.backend), ends) if need_cols else None
         )
     if isinstance(ops, Mxfp8):
-        rows, cols = ops._both(x, ends)
-        return rows, (cols if need_cols else None)
+        return ops.operands(x, ends, True, need_cols)
     return ops.rows(x, ends), (ops.cols(x, ends) if need_cols else None)
 
 
@@ -323,8 +330,8 @@ class _ExpertsFn(torch.autograd.Function):
         grad_x = grad_w13 = grad_w2 = None
         g = grad_out.to(torch.bfloat16).contiguous()
         del grad_out
-        if isinstance(ops, Mxfp8):
-            g_rows, g_cols = ops._both(g, ends)
+        if isinstance(ops, Mxfp8):  # one dual pass where both are needed
+            g_rows, g_cols = ops.operands(g, ends, need_x or need_w13, need_w2)
         else:
             g_rows = g_cols = None
             if need_w2:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -386,7 +387,7 @@ _BACKWARD = {"fp8_rowwise": _fp8_backward, "mxfp8": _mx_backward}
 # ----------------------------------------------------------------------------------------------
 
 
-def wanted_grads(ctx, count: int, grad_enabled: bool) -> tuple[bool, ...]:
+def wanted_grads(ctx: Any, count: int, grad_enabled: bool) -> tuple[bool, ...]:
     """The first ``count`` of ``ctx.needs_input_grad``, all False when grad mode was off at the
     call (``grad_enabled``, read by the caller: inside ``forward`` grad mode is always off). Under
     ``torch.no_grad`` autograd still reports the inputs' ``requires_grad``, but no backward will

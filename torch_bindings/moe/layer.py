@@ -4,7 +4,7 @@
 fused: rows ``[0, H)`` gate, ``[H, 2H)`` up, the transformers ``gate_up_proj`` layout) and ``w2``
 (E, D, H) (``down_proj``), and maps tokens x (M, D), sorted expert-major with int32 group end
 offsets (E,), to ``out[rows of e] = (silu(x w13[e, :H].T) * (x w13[e, H:].T)) w2[e].T``. The block
-itself is :func:`torch_bindings.experts.experts_forward` (one GEMM for gate and up, x quantized
+itself is :func:`torch_bindings.moe.experts.experts_forward` (one GEMM for gate and up, x quantized
 once, SwiGLU fused with the quantization around it, a weight cache, only the gradients asked for).
 
 Unaligned groups are padded once to the recipe's alignment around the block and unpadded once;
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 
 import torch
 
@@ -39,8 +40,10 @@ class GroupedExperts(torch.nn.Module):
     opt-in, not yet verified on a GPU; ``RuntimeError`` at the first call elsewhere); ``backend``: the
     quantization and padding ops' (``"auto"`` raises on a CUDA device without the kernels);
     ``weight_cache``: keep the weights' quantized operands between calls while the parameters do not
-    change (their version counters), for micro-batches and recomputation; off, the weights are
-    quantized on every call. ``dtype``: the parameters' (bf16, or fp32 master weights)."""
+    change (their version counters and the ``torch.optim`` step generation; after writes through
+    ``param.data`` call ``torch_bindings.invalidate_weight_caches()``), for micro-batches and
+    recomputation; off, the weights are quantized on every call. ``dtype``: the parameters' (bf16,
+    or fp32 master weights)."""
 
     def __init__(
         self,
@@ -166,7 +169,7 @@ def routed_experts(
     from . import ep
 
     check_alignment(alignment, experts.recipe, op="routed_experts")
-    group = ep.LOCAL if group is None else group
+    group = _local_unless_given(group)
     local = experts.w13.shape[0]
     if local * ep.group_size(group) != num_experts:
         raise ValueError(
@@ -230,7 +233,7 @@ class MoELayer(torch.nn.Module):
         from . import ep
 
         super().__init__()
-        group = ep.LOCAL if group is None else group
+        group = _local_unless_given(group)
         ranks = ep.group_size(group)
         checks.check_divisible("num_experts", num_experts, ranks, why="(the group size)", op="MoELayer")
         self.num_experts, self.top_k, self.group = num_experts, top_k, group
@@ -279,6 +282,29 @@ class MoELayer(torch.nn.Module):
             group=self.group,
         )
         return out.reshape(x.shape)
+
+
+_warned_local = False
+
+
+def _local_unless_given(group):
+    """``group``, or ``ep.LOCAL`` for ``None``. Where ``torch.distributed`` runs several ranks, the
+    first ``None`` warns once that every expert stays local (pass ``ep.LOCAL`` to say so, or a
+    process group for expert parallelism)."""
+    global _warned_local
+    from . import ep
+
+    if group is not None:
+        return group
+    if not _warned_local and ep.group_size(None) > 1:
+        _warned_local = True
+        warnings.warn(
+            "MoELayer/routed_experts: group=None runs every expert on this rank (R = 1, data "
+            "parallel) although torch.distributed has several ranks; pass a process group for expert "
+            "parallelism, or group=ep.LOCAL to keep the experts local without this warning",
+            stacklevel=3,
+        )
+    return ep.LOCAL
 
 
 def check_alignment(alignment: int, recipe: str, *, op: str) -> None:
