@@ -49,8 +49,9 @@ class Kernel:
 
     @classmethod
     def shared_bytes(cls, variant: Any, config: Any) -> int:
-        """Dynamic shared memory one CTA takes, in bytes, where ``config`` sizes it (rings); 0 where
-        it is small or not modelled (occupancy estimates, ``cute_kernels.model``)."""
+        """Dynamic shared memory one CTA takes, in bytes, where ``config`` sizes it (rings): the
+        size of the ``@cute.struct`` the kernel allocates, never a recount of its allocations; 0
+        where it is small or not modelled (occupancy estimates, ``cute_kernels.model``)."""
         return 0
 
     def launcher(self) -> Any:

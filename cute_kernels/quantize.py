@@ -144,18 +144,16 @@ class QuantizeConfig:
 # for more CTAs per SM (notes/quantize-1x32-groups-and-padding.md).
 
 
-def _staging_ring(smem, x: cute.Tensor, batch: int, stages: int):
+def _staging_ring(storage, x: cute.Tensor, batch: int, stages: int):
     """Per-lane cp.async staging: ``(ring, atom)``.
 
     ``ring``: this warp's shared slots (stages, batch, lane, 8), row-major, one unit of ``batch``
-    vectors per stage; ``atom``: the 16-byte ``cp.async`` (L2 only) copy. The loads in flight cost
-    no registers, and each lane reads back only what it copied itself, so completion is the lane's
-    own ``cp.async.wait_group``: no barrier.
+    vectors per stage, in ``storage.ring`` (:func:`shared_storage`); ``atom``: the 16-byte
+    ``cp.async`` (L2 only) copy. The loads in flight cost no registers, and each lane reads back
+    only what it copied itself, so completion is the lane's own ``cp.async.wait_group``: no barrier.
     """
-    ring = smem.allocate_tensor(
-        x.element_type,
-        cute.make_ordered_layout((WARPS, stages, batch, 32, VECTOR), order=(4, 3, 2, 1, 0)),
-        byte_alignment=128,
+    ring = storage.ring.get_tensor(
+        cute.make_ordered_layout((WARPS, stages, batch, 32, VECTOR), order=(4, 3, 2, 1, 0))
     )
     warp = cute.arch.thread_idx()[0] // 32
     atom = cute.make_copy_atom(
@@ -204,11 +202,22 @@ def _store_scale_word(scale_words: cute.Tensor, place, col_tiles: Int32, tile: I
         scale_words[word_index] = word
 
 
-def _smem_bytes(dtype_name: str, layout: ScaleLayout, config: QuantizeConfig, ring_units: int) -> int:
-    """Shared memory of one CTA: the warps' cp.async rings and the group scans' arrays."""
-    ring = WARPS * ring_units * config.batch_vectors * 32 * VECTOR * DTYPES[dtype_name].width // 8
-    arrays = {ScaleLayout.M_GROUPS: 2, ScaleLayout.PADDED: 3}.get(layout, 0)
-    return ring + arrays * 4 * prefix_smem_words(config.max_groups) + 16 * WARPS
+def shared_storage(dtype_name: str, layout: ScaleLayout, config: QuantizeConfig):
+    """The ``@cute.struct`` of one CTA's shared memory: ``ring``, the warps' cp.async rings
+    (WARPS x stages x batch_vectors x 32 lanes x 8 elements of x's dtype, 128-byte aligned); for the
+    grouped layouts the group scans' Int32 arrays ``prefix`` and ``ends`` (``max_groups + 1``
+    words), their scratch ``warp_totals`` (a word per warp) and, ``padded``, the aligned scan's
+    ``aligned``. The kernel allocates it; its size is the launch's dynamic shared memory."""
+    words = prefix_smem_words(config.max_groups)
+    ring = WARPS * config.stages * config.batch_vectors * 32 * VECTOR
+    fields = {"ring": cute.struct.Align[cute.struct.MemRange[DTYPES[dtype_name], ring], 128]}
+    if layout.scans_groups:
+        fields["prefix"] = cute.struct.Align[cute.struct.MemRange[Int32, words], 16]
+        fields["ends"] = cute.struct.Align[cute.struct.MemRange[Int32, words], 16]
+        fields["warp_totals"] = cute.struct.Align[cute.struct.MemRange[Int32, WARPS], 16]
+    if layout is ScaleLayout.PADDED:
+        fields["aligned"] = cute.struct.Align[cute.struct.MemRange[Int32, words], 16]
+    return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
 
 def _scale_view(scales: cute.Tensor, layout: ScaleLayout, rows, scale_cols) -> cute.Tensor:
@@ -346,8 +355,9 @@ class Quantize1x32Kernel(Kernel):
 
     @classmethod
     def shared_bytes(cls, variant: Quantize1x32Variant, config: QuantizeConfig) -> int:
-        """The warps' ``cp.async`` rings (``config.stages`` units each) and the group scans' arrays."""
-        return _smem_bytes(variant.dtype, variant.layout, config, config.stages)
+        """The size of :func:`shared_storage`, the struct the kernel allocates: the warps'
+        ``cp.async`` rings (``config.stages`` units each) and the group scans' arrays."""
+        return shared_storage(variant.dtype, variant.layout, config).__sizeof__()
 
     def __init__(self, variant: Quantize1x32Variant, config: QuantizeConfig) -> None:
         if variant.mode not in ("floor", "rceil"):
@@ -364,6 +374,7 @@ class Quantize1x32Kernel(Kernel):
         self.warp_tiles = config.warp_tiles
         self.warp_rows = WARPS // config.warp_tiles  # quarters of a row block per CTA
         self.threads = 32 * WARPS
+        self.storage = shared_storage(variant.dtype, layout, config)
         self.fit_waves = config.fit_waves and layout.scans_groups
         num_sms = variant.num_sms or DEFAULT_NUM_SMS["sm_90a"]
         self.wave_ctas = num_sms * resident_ctas(config.min_ctas_per_sm, self.shared_bytes(variant, config))
@@ -509,19 +520,19 @@ class Quantize1x32Kernel(Kernel):
         return src_row, src_rows
 
     @cute.jit
-    def _row_block_scan(self, smem, offsets, tid, rows):
+    def _row_block_scan(self, storage, offsets, tid, rows):
         """``(prefix, ends, warp_totals)``: the group scan in units of 128 rows (all threads; ends
         with a CTA barrier) into shared arrays sized for ``config.max_groups``; ``warp_totals`` is
         its scratch, reusable by a later scan."""
         words = prefix_smem_words(self.config.max_groups)
-        prefix = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
-        ends = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
-        warp_totals = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
+        prefix = storage.prefix.get_tensor(cute.make_layout(words))
+        ends = storage.ends.get_tensor(cute.make_layout(words))
+        warp_totals = storage.warp_totals.get_tensor(cute.make_layout(WARPS))
         self.scan(offsets, offsets.shape[0], rows, TILE_ROWS, prefix, warp_totals, tid, self.threads, ends)
         return prefix, ends, warp_totals
 
     @cute.jit
-    def _group_rows(self, smem, groups: _Groups, row: Int32, tid: Int32):
+    def _group_rows(self, storage, groups: _Groups, row: Int32, tid: Int32):
         """The rows this thread's row ``row`` maps to in the grouped layouts, which tile the data by
         source rows: ``(data_row, zero_row, q_row, q_zero)``.
 
@@ -531,14 +542,14 @@ class Quantize1x32Kernel(Kernel):
         ``row`` of q is a padding row (:func:`padded_group_rows`); CTA 0 also writes the padded
         offsets. Runs the group scans (every thread of the CTA calls it)."""
         offsets, alignment = groups.offsets, groups.alignment
-        prefix, ends, warp_totals = self._row_block_scan(smem, offsets, tid, groups.rows)
+        prefix, ends, warp_totals = self._row_block_scan(storage, offsets, tid, groups.rows)
         num_groups = offsets.shape[0]
         steps = search_steps(self.config.max_groups)
         data_row, zero_row = m_groups_scale_rows(prefix, ends, num_groups, row, row, steps)
         q_row, q_zero = row, False
         if cutlass.const_expr(self.padded):
             words = prefix_smem_words(self.config.max_groups)
-            aligned = smem.allocate_tensor(Int32, cute.make_layout(words), 16)
+            aligned = storage.aligned.get_tensor(cute.make_layout(words))
             self.scan(
                 offsets, num_groups, groups.rows, alignment, aligned, warp_totals, tid, self.threads, ends
             )
@@ -623,7 +634,7 @@ class Quantize1x32Kernel(Kernel):
         col_tiles = ceil_div(cols, TILE_K)
         q_vec = mx_vector_view(q, out_rows, cols)
 
-        smem = SmemAllocator()
+        storage = SmemAllocator().allocate(self.storage)
         src_row, src_rows = self._block_rows(group_param, row_block, rows)
         scale_view = _scale_view(scales, layout, rows, scale_cols)
 
@@ -637,7 +648,7 @@ class Quantize1x32Kernel(Kernel):
         # Per-lane cp.async pipeline: unit u = batch (u % batches) of this warp's tile u // batches, in
         # ring slot u % ring_units; ``ahead`` units are in flight while one converts.
         x_vec = mx_vector_view(x, rows, cols)
-        ring, atom = _staging_ring(smem, x, self.batch, self.ring_units)
+        ring, atom = _staging_ring(storage, x, self.batch, self.ring_units)
         tiles = cutlass.max(ceil_div(last_tile - first_tile, warp_tiles), 0)
         units = tiles * self.batches
         # A quarter with no source row (the zero row blocks of the grouped layouts) only zeroes its
@@ -659,7 +670,7 @@ class Quantize1x32Kernel(Kernel):
         if cutlass.const_expr(layout.scans_groups):
             own_row = row_block * TILE_ROWS + quarter_row + lane
             groups = _Groups(offsets, padded_start, padded_end, group_param, rows, out_rows)
-            data_row, zero_row, q_row, q_zero = self._group_rows(smem, groups, own_row, tid)
+            data_row, zero_row, q_row, q_zero = self._group_rows(storage, groups, own_row, tid)
             scale_place = _scale_word_place(data_row)
             zero_place = _scale_word_place(zero_row)
         stores = _ScaleStores(scale_view, col_tiles, scale_place, zero_place)
