@@ -9,16 +9,41 @@ layout, vector width, ...) and one *config* (launch shape: threads, stages, regi
   compile per variant and arch, never per shape);
 - ``__call__`` (``@cute.jit``, the host launcher) and ``kernel`` (``@cute.kernel``); a class whose
   variants differ in their arguments returns another ``@cute.jit`` method from ``launcher()``;
-- ``can_implement(...)``: the limits a caller checks before launching.
+- ``can_implement(...)``: the limits a caller checks before launching;
+- ``shared_bytes(variant, config)`` and ``loads_in_flight(variant, config, cols)``: the resources
+  one CTA takes, stated next to the code that allocates and issues them (the bytes-in-flight
+  model, ``cute_kernels.model``, asks the classes).
 
 :meth:`Kernel.compile` ties them together; the registry (``cute_kernels.registry``) calls it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from cute_utils.jit import compile_tvm_ffi
+
+#: Threads per warp.
+WARP = 32
+
+
+@dataclass(frozen=True)
+class LoadsInFlight:
+    """``threads``: threads per CTA; ``bytes_per_cta``: bytes of x (the input the kernel streams,
+    at its own dtype's size) one CTA has requested and not yet consumed once every warp is in its
+    steady-state loop (small loads: group offsets, amax and scale words, are left out);
+    ``derivation``: one line saying how that product was formed."""
+
+    threads: int
+    bytes_per_cta: int
+    derivation: str
+
+
+def ring_units_in_flight(stages: int) -> int:
+    """Units of a ``cp.async`` / TMA ring in flight while one converts: ``stages - 1``, or the one
+    tile a single-stage ring issues and then waits for."""
+    return max(stages - 1, 1)
 
 
 class Kernel:
@@ -53,6 +78,14 @@ class Kernel:
         size of the ``@cute.struct`` the kernel allocates, never a recount of its allocations; 0
         where it is small or not modelled (occupancy estimates, ``cute_kernels.model``)."""
         return 0
+
+    @classmethod
+    def loads_in_flight(cls, variant: Any, config: Any, cols: int) -> LoadsInFlight:
+        """Threads per CTA and bytes of x one CTA keeps in flight (:class:`LoadsInFlight`) for
+        ``variant`` under ``config``, counted from what the kernel issues before it waits for the
+        first of those loads; ``cols``: K, the row width in elements of x, where the count depends
+        on it. Defined by the bandwidth-bound kernels (``registry.modelled()``)."""
+        raise NotImplementedError(f"kernel {cls.name!r} states no loads in flight")
 
     def launcher(self) -> Any:
         """What ``cute.compile`` traces: the object itself (its ``__call__``), unless a variant

@@ -23,7 +23,7 @@ from cutlass import BFloat16, Float32, Int32
 from cute_utils.blocked import ceil_div
 from cute_utils.fp8 import add_rn, mul_rn
 
-from .base import Kernel
+from .base import Kernel, LoadsInFlight
 
 VECTOR = 8  # bf16 elements per 16-byte vector
 
@@ -59,6 +59,17 @@ class CombineSumKernel(Kernel):
     """Combine's weighted sum (module docstring). Launch: ``kernel(rows, dst_index, weights, out)``."""
 
     name = "combine_sum"
+
+    @classmethod
+    def loads_in_flight(
+        cls, variant: CombineSumVariant, config: CombineSumConfig, cols: int
+    ) -> LoadsInFlight:
+        """``vectors`` 16-byte vectors per thread: a slot's loads are used before the next slot's."""
+        return LoadsInFlight(
+            config.threads,
+            config.threads * config.vectors * VECTOR * 2,
+            f"{config.threads} thr x {config.vectors} vectors x {VECTOR} bf16 x 2 B (one slot at a time)",
+        )
 
     def __init__(self, variant: CombineSumVariant, config: CombineSumConfig) -> None:
         super().__init__(variant, config)

@@ -28,7 +28,7 @@ from cute_utils.fp8 import mul_rn
 from cute_utils.groups import clamped_end
 from cute_utils.rows import row_steps
 
-from .base import Kernel
+from .base import Kernel, LoadsInFlight
 
 VECTOR = 16  # E4M3 elements per 16-byte load of q
 _WARP = 32
@@ -62,6 +62,22 @@ class DequantFp8RowsKernel(Kernel):
     """Bounded row dequantization (module docstring). Launch: ``kernel(q, scales, ends, x)``."""
 
     name = "dequantize_fp8_rows"
+
+    @classmethod
+    def loads_in_flight(
+        cls, variant: DequantFp8RowsVariant, config: DequantFp8RowsConfig, cols: int
+    ) -> LoadsInFlight:
+        """One batch of ``unroll`` steps per lane of each warp's row (1-byte E4M3 elements), capped
+        by the row's steps."""
+        width = VECTOR if variant.vector else 1
+        rows = config.threads // _WARP
+        steps = min(_WARP * config.unroll, -(-cols // width))
+        return LoadsInFlight(
+            config.threads,
+            rows * steps * width,
+            f"{rows} rows x min({_WARP} lanes x {config.unroll} unroll, K = {cols} / {width}) steps "
+            f"x {width} E4M3 x 1 B",
+        )
 
     def __init__(self, variant: DequantFp8RowsVariant, config: DequantFp8RowsConfig) -> None:
         super().__init__(variant, config)

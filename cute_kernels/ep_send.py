@@ -58,7 +58,7 @@ from cute_utils.mx import (
 from cute_utils.peers import buffer_view, destination
 from cute_utils.rows import cta_max
 
-from .base import Kernel
+from .base import Kernel, LoadsInFlight
 
 RECIPES = ("bf16", "mxfp8", "fp8_rowwise")
 VECTOR = 8  # bf16 elements per 16-byte load
@@ -213,6 +213,19 @@ class QuantizeScatterKernel(Kernel):
     """Quantize-and-scatter for EP dispatch (module docstring); launch contract in :meth:`__call__`."""
 
     name = "ep_send"
+
+    @classmethod
+    def loads_in_flight(cls, variant: SendVariant, config: SendConfig, cols: int) -> LoadsInFlight:
+        """One token per CTA: a chunk of ``threads x vectors`` 16-byte vectors of its bf16 row, all
+        loads issued before any is used, or the whole row where it is shorter."""
+        row_bytes = cols * 2
+        chunk = config.threads * config.vectors * VECTOR * 2
+        return LoadsInFlight(
+            config.threads,
+            min(chunk, row_bytes),
+            f"min({config.threads} thr x {config.vectors} vectors x {VECTOR} bf16 x 2 B, "
+            f"{row_bytes} B row at K = {cols})",
+        )
 
     def __init__(self, variant: SendVariant, config: SendConfig) -> None:
         super().__init__(variant, config)

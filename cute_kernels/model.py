@@ -4,7 +4,8 @@ H100, H200 and B200 (Little's law).
 A memory-bound kernel reaches a device copy's bandwidth ``BW`` only if each SM keeps
 ``BW x latency / SMs`` bytes of loads in flight. Per kernel and arch the model takes:
 
-- bytes in flight per CTA from the config (``cute_kernels.inflight``);
+- bytes in flight per CTA from the config (each kernel class's ``loads_in_flight``, through
+  ``cute_kernels.inflight``);
 - CTAs resident per SM from the compiled kernel's registers per thread (``cute_utils.sass``,
   allocated per warp in units of 256), its threads (2048 per SM), its shared memory (static, plus
   ``Kernel.shared_bytes`` where a config sizes it: the 1x32 ring; the other kernels' dynamic arrays

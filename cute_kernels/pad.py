@@ -65,7 +65,7 @@ from cute_utils.groups import (
 from cute_utils.rows import chunk_fragment, load_row_chunk, row_vector_view, store_row_chunk
 from cute_utils.scan import WARP
 
-from .base import Kernel
+from .base import Kernel, LoadsInFlight
 
 VECTOR_BYTES = 16
 #: Element types the kernels move, one per element size: padding copies bytes, so every dtype of 1,
@@ -190,6 +190,20 @@ class RowGatherKernel(Kernel):
         self.per_lane = config.vectors_per_lane
         self.row_chunk = config.row_chunk
         self.cta_items = self.warps * config.items_per_warp
+
+    @classmethod
+    def loads_in_flight(cls, variant: RowGatherVariant, config: PadConfig, cols: int) -> LoadsInFlight:
+        """Per warp one row chunk of ``32 x vectors_per_lane`` vectors (loaded, then stored), or the
+        whole row where it is shorter (pad, unpad and the row scatter alike)."""
+        row_bytes = cols * (ELEMENT_TYPES[variant.dtype].width // 8)
+        chunk = WARP * config.vectors_per_lane * variant.vector_bytes
+        warps = config.threads // WARP
+        return LoadsInFlight(
+            config.threads,
+            warps * min(chunk, row_bytes),
+            f"{warps} warps x min({WARP} lanes x {config.vectors_per_lane} vectors x "
+            f"{variant.vector_bytes} B, {row_bytes} B row at K = {cols})",
+        )
 
     @classmethod
     def variants(cls) -> list[RowGatherVariant]:

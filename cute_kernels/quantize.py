@@ -84,7 +84,7 @@ from cute_utils.mx_rows import (
 )
 from cute_utils.occupancy import DEFAULT_NUM_SMS, MAX_GRID_Y, chunk_major_grid, resident_ctas
 
-from .base import Kernel
+from .base import Kernel, LoadsInFlight, ring_units_in_flight
 
 STEPS = QUARTER_ROWS // ROWS_PER_STEP  # 16 steps of 2 rows
 
@@ -352,6 +352,20 @@ class Quantize1x32Kernel(Kernel):
     """The 1x32 quantization kernel (module docstring); launch contract in :meth:`__call__`."""
 
     name = "quantize_1x32"
+
+    @classmethod
+    def loads_in_flight(
+        cls, variant: Quantize1x32Variant, config: QuantizeConfig, cols: int
+    ) -> LoadsInFlight:
+        """Per lane ``stages - 1`` ring units of ``batch_vectors`` 8-element vectors."""
+        elem = DTYPES[variant.dtype].width // 8
+        units = ring_units_in_flight(config.stages)
+        return LoadsInFlight(
+            32 * WARPS,
+            WARPS * 32 * units * config.batch_vectors * VECTOR * elem,
+            f"{WARPS} warps x 32 lanes x {units} units (stages {config.stages} - 1) x "
+            f"{config.batch_vectors} vectors x {VECTOR} elem x {elem} B",
+        )
 
     @classmethod
     def shared_bytes(cls, variant: Quantize1x32Variant, config: QuantizeConfig) -> int:

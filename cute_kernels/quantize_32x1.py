@@ -65,7 +65,7 @@ from cute_utils.group_tiles import group_row_tile, grouped_tile_count, k_groups_
 from cute_utils.groups import prefix_smem_words
 from cute_utils.mx import BLOCK_SIZE, abs_bits, e8m0_scale, inverse_scale
 
-from .base import Kernel
+from .base import Kernel, LoadsInFlight
 
 THREADS = 128
 COLS_PER_THREAD = PAIR
@@ -200,6 +200,18 @@ class Quantize32x1Kernel(Kernel):
     """
 
     name = "quantize_32x1"
+
+    @classmethod
+    def loads_in_flight(
+        cls, variant: Quantize32x1Variant, config: Quantize32x1Config, cols: int
+    ) -> LoadsInFlight:
+        """Per thread one 32-row block of its column pair, all loads before the block max."""
+        elem = DTYPES[variant.dtype].width // 8
+        return LoadsInFlight(
+            THREADS,
+            THREADS * BLOCK_SIZE * COLS_PER_THREAD * elem,
+            f"{THREADS} thr x {BLOCK_SIZE} rows x {COLS_PER_THREAD} cols x {elem} B",
+        )
 
     def __init__(self, variant: Quantize32x1Variant, config: Quantize32x1Config) -> None:
         super().__init__(variant, config)

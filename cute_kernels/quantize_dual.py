@@ -85,7 +85,7 @@ from cute_utils.groups import prefix_smem_words
 from cute_utils.mx import BLOCK_SIZE, e4m3x2_into, e4m3x4, e8m0_scale, inverse_scale, max_u16x2
 from cute_utils.occupancy import MAX_GRID_Y, chunk_major_grid, spread_row_tile
 
-from .base import Kernel
+from .base import WARP, Kernel, LoadsInFlight, ring_units_in_flight
 
 WARPS_M = 4  # warps along M: one 32-row block each
 LANE_ROWS = 8  # rows of a lane's fragment
@@ -270,6 +270,19 @@ class QuantizeDualKernel(Kernel):
     """
 
     name = "quantize_dual"
+
+    @classmethod
+    def loads_in_flight(cls, variant: DualVariant, config: DualConfig, cols: int) -> LoadsInFlight:
+        """Per lane an 8 x 8 fragment per ring unit; one stage: the tile issued, then waited for."""
+        elem = DTYPES[variant.dtype].width // 8
+        warps = WARPS_M * WARPS_K
+        units = ring_units_in_flight(config.stages)
+        return LoadsInFlight(
+            WARP * warps,
+            warps * WARP * units * LANE_ROWS * LANE_COLS * elem,
+            f"{warps} warps x {WARP} lanes x {units} tile (stages {config.stages}: max(stages - 1, 1)) x "
+            f"{LANE_ROWS} rows x {LANE_COLS} cols x {elem} B",
+        )
 
     def __init__(self, variant: DualVariant, config: DualConfig) -> None:
         super().__init__(variant, config)

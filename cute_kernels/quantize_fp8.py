@@ -34,7 +34,7 @@ from cute_utils.groups import clamped_end
 from cute_utils.mx import lane_group_max, max_abs_bits, scale_values
 from cute_utils.rows import cta_max, row_steps
 
-from .base import Kernel
+from .base import Kernel, LoadsInFlight
 
 DTYPES = {"bfloat16": BFloat16, "float32": Float32}
 VECTOR = 8
@@ -87,6 +87,22 @@ class Fp8RowKernel(Kernel):
     variant: ``kernel(x, q, scales, group_end_offsets)``."""
 
     name = "quantize_fp8_row"
+
+    @classmethod
+    def loads_in_flight(cls, variant: Fp8RowVariant, config: Fp8RowConfig, cols: int) -> LoadsInFlight:
+        """One batch of ``unroll`` steps per thread of each row the CTA works on (a whole CTA per
+        row, or a warp per row), capped by the row's steps."""
+        elem = DTYPES[variant.dtype].width // 8
+        width = VECTOR if variant.vector else 1
+        row_threads = config.threads if config.row_per_cta else _WARP
+        rows = 1 if config.row_per_cta else config.threads // _WARP
+        steps = min(row_threads * config.unroll, -(-cols // width))
+        return LoadsInFlight(
+            config.threads,
+            rows * steps * width * elem,
+            f"{rows} row(s) x min({row_threads} thr x {config.unroll} unroll, K = {cols} / {width}) steps "
+            f"x {width} elem x {elem} B (each pass; the cast pass re-reads from L2)",
+        )
 
     def __init__(self, variant: Fp8RowVariant, config: Fp8RowConfig) -> None:
         super().__init__(variant, config)

@@ -61,7 +61,7 @@ from cute_utils.fp8 import fp8_quant_scale_masked, reciprocal_rn
 from cute_utils.groups import group_bounds, group_of_row, row_group_bounds
 from cute_utils.mx import abs_bits, warp_transpose_max
 
-from .base import Kernel
+from .base import Kernel, LoadsInFlight
 
 THREADS = 128
 WARPS = THREADS // 32
@@ -202,6 +202,16 @@ class Columns:
     cols: Int32
 
 
+def _column_loads(variant: Fp8ColVariant, blocks: int) -> LoadsInFlight:
+    """``blocks`` 32-row blocks of a column pair per thread, all loads before any use."""
+    elem = DTYPES[variant.dtype].width // 8
+    return LoadsInFlight(
+        THREADS,
+        THREADS * blocks * BLOCK * PAIR * elem,
+        f"{THREADS} thr x {blocks} block(s) x {BLOCK} rows x {PAIR} cols x {elem} B",
+    )
+
+
 class _ColumnPass:
     """What both passes share: loads and the group walk (module docstring).
 
@@ -339,6 +349,11 @@ class Fp8ColAmaxKernel(_ColumnPass, Kernel):
     name = "quantize_fp8_col_amax"
 
     @classmethod
+    def loads_in_flight(cls, variant: Fp8ColVariant, config: Fp8ColAmaxConfig, cols: int) -> LoadsInFlight:
+        """Amax pass: one 32-row block of its column pair per thread, all loads before any use."""
+        return _column_loads(variant, 1)
+
+    @classmethod
     def variants(cls) -> list[Fp8ColVariant]:
         return _variants(stores=(True,))  # the amax pass stores no q
 
@@ -450,6 +465,12 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
     ``mask`` the rounding (``cute_utils.fp8.POW2_MASK`` or -1)."""
 
     name = "quantize_fp8_col_cast"
+
+    @classmethod
+    def loads_in_flight(cls, variant: Fp8ColVariant, config: Fp8ColCastConfig, cols: int) -> LoadsInFlight:
+        """Cast pass: ``load_blocks`` 32-row blocks of its column pair per thread, all loads before
+        any use."""
+        return _column_loads(variant, config.load_blocks)
 
     @classmethod
     def variants(cls) -> list[Fp8ColVariant]:

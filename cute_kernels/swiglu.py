@@ -45,7 +45,7 @@ from cute_utils.mx import lane_group_max, scale_values
 from cute_utils.rows import cta_max, row_steps
 from cute_utils.swiglu_math import amax_bits, bf16_amax, bf16x2, silu, silu_grad, silu_parts
 
-from .base import Kernel
+from .base import Kernel, LoadsInFlight
 
 VECTOR = 8  # output columns per step of the vector variant (16-byte bf16 loads and stores)
 DIRECTIONS = ("fwd", "bwd")
@@ -113,6 +113,24 @@ class SwigluFp8Kernel(Kernel):
     group_end_offsets)``."""
 
     name = "swiglu_fp8"
+
+    @classmethod
+    def loads_in_flight(cls, variant: SwigluVariant, config: SwigluConfig, cols: int) -> LoadsInFlight:
+        """One batch of ``unroll`` steps per thread of each row the CTA works on, capped by the
+        row's steps (``cols`` = H, the gate / up width), each step's inputs: gate and up (and
+        grad_h), bf16."""
+        width = VECTOR if variant.vector else 1
+        inputs = 3 if variant.direction == "bwd" else 2
+        row_threads = config.threads if config.row_per_cta else _WARP
+        rows = 1 if config.row_per_cta else config.threads // _WARP
+        steps = min(row_threads * config.unroll, -(-cols // width))
+        return LoadsInFlight(
+            config.threads,
+            rows * steps * inputs * width * 2,
+            f"{rows} row(s) x min({row_threads} thr x {config.unroll} unroll, H = {cols} / {width}) steps x "
+            f"{inputs} inputs x {width} elem x 2 B "
+            "(compute pass; the cast pass re-reads bf16 outputs from L2)",
+        )
 
     def __init__(self, variant: SwigluVariant, config: SwigluConfig) -> None:
         super().__init__(variant, config)

@@ -62,12 +62,12 @@ from cute_utils.blocked import (
     funnel_word,
     store_chunk,
 )
-from cute_utils.constants import MAX_GROUPS, SWIZZLE_WIDE_MAX_BYTES
+from cute_utils.constants import BLOCK_SIZE, MAX_GROUPS, SWIZZLE_WIDE_MAX_BYTES
 from cute_utils.group_tiles import group_tile, grouped_tile_count, m_groups_row_block, tile_count
 from cute_utils.groups import prefix_smem_words, scan_group_sizes
 from cute_utils.prefetch import LINE_BYTES, prefetch_row_ranges
 
-from .base import Kernel
+from .base import Kernel, LoadsInFlight
 
 
 class SwizzleLayout(str, Enum):
@@ -385,6 +385,21 @@ class SwizzleKernel(Kernel):
     """
 
     name = "swizzle"
+
+    @classmethod
+    def loads_in_flight(cls, variant: SwizzleVariant, config: SwizzleConfig, cols: int) -> LoadsInFlight:
+        """One 128-row block of the CTA's window (4-byte words, staged in registers while the
+        previous block is stored); raw (not ``word_loads``) rows take up to one aligned word more.
+        ``cols``: K of the data the scales belong to (K / 32 scale columns)."""
+        scale_cols = cols // BLOCK_SIZE
+        words = -(-min(config.window_cols, scale_cols) // TILE_COLS) + (0 if variant.word_loads else 1)
+        extra = "" if variant.word_loads else ", up to 1 spill word"
+        return LoadsInFlight(
+            config.threads,
+            TILE_ROWS * words * 4,
+            f"{TILE_ROWS} rows x {words} words{extra} x 4 B of E8M0 "
+            f"({config.window_cols}-col window of K/32 = {scale_cols} cols; {config.threads} thr)",
+        )
 
     def __init__(self, variant: SwizzleVariant, config: SwizzleConfig) -> None:
         super().__init__(variant, config)

@@ -45,7 +45,7 @@ import cutlass.cute as cute
 from cutlass import Float8E4M3FN, Float8E8M0FNU, Float32, Int32, Uint8, Uint32
 from cutlass.memory import SmemAllocator
 
-from cute_kernels.base import Kernel
+from cute_kernels.base import Kernel, LoadsInFlight, ring_units_in_flight
 from cute_kernels.quantize import DTYPES, ScaleLayout
 from cute_utils import tma
 from cute_utils.blocked import TILE_ROWS, TILE_WORDS, blocked_tile_index, blocked_word_slot, ceil_div
@@ -264,6 +264,18 @@ class QuantizeTmaKernel(Kernel):
     """The TMA-load 1x32 quantization kernel (module docstring); launch contract in :meth:`__call__`."""
 
     name = "quantize_tma"
+
+    @classmethod
+    def loads_in_flight(cls, variant: TmaVariant, config: TmaQuantizeConfig, cols: int) -> LoadsInFlight:
+        """Per warp ``stages - 1`` TMA boxes of ``box_rows`` x 128 columns."""
+        elem = DTYPES[variant.dtype].width // 8
+        units = ring_units_in_flight(config.stages)
+        return LoadsInFlight(
+            32 * WARPS,
+            WARPS * units * config.box_rows * TILE_K * elem,
+            f"{WARPS} warps x {units} boxes (stages {config.stages} - 1) x {config.box_rows} rows x "
+            f"{TILE_K} cols x {elem} B",
+        )
 
     def __init__(self, variant: TmaVariant, config: TmaQuantizeConfig) -> None:
         if variant.mode not in ("floor", "rceil"):

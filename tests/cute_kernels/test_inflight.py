@@ -5,6 +5,7 @@ compiles each representative variant to read the CTA size from its cubin)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +55,39 @@ def test_every_variant_counts(name):
         config = configs.pick(name, variant, ARCH)
         got = inflight.loads_in_flight(name, variant, config)
         assert got.bytes_per_cta > 0 and got.threads == _kernel_threads(name, variant, config), variant
+
+
+RECORDED = Path(__file__).parents[1] / "support" / "inflight_counts.txt"
+
+
+def test_counts_are_the_recorded_ones():
+    """Every variant's count on both archs at K = 2048 and 7168 is the one recorded when the counts
+    moved from this module into the kernel classes (``tests/support/inflight_counts.txt``)."""
+    recorded = {}
+    for line in RECORDED.read_text().splitlines()[1:]:
+        name, target, arch, cols, threads, nbytes = line.split()
+        recorded[name, target, arch, int(cols)] = (int(threads), int(nbytes))
+    got = {}
+    for name in registry.modelled():
+        cls = registry.entry(name).kernel_class()
+        for variant in cls.variants():
+            for arch in ("sm_90a", "sm_100a"):
+                config = configs.pick(name, variant, arch)
+                for cols in (2048, 7168):
+                    count = inflight.loads_in_flight(name, variant, config, cols=cols)
+                    got[name, cls.target_name(variant), arch, cols] = (count.threads, count.bytes_per_cta)
+    assert got == recorded
+
+
+def test_every_modelled_class_states_its_loads():
+    for name in registry.modelled():
+        assert "loads_in_flight" in vars(registry.entry(name).kernel_class()) or name in (
+            "pad",
+            "unpad",
+            "row_scatter",
+        ), name  # the row gathers share their base class's
+    with pytest.raises(NotImplementedError, match="ep_route"):
+        registry.entry("ep_route").kernel_class().loads_in_flight(None, None, 0)
 
 
 def test_hand_computed():
