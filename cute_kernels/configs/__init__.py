@@ -1,6 +1,7 @@
 """Launch configs per GPU arch: ``sm90`` (Hopper) and ``sm100`` (Blackwell), one function per kernel
 (named as in ``cute_kernels.registry``) taking the variant and returning its config, each choice
-with a one-line reason and the note that measured it.
+with a one-line reason and the note that measured it. ``sm90`` has every kernel's; ``sm100`` only
+the choices it makes differently (:func:`pick` falls back to ``sm90`` for the rest).
 
 Kernels whose best config depends on the shape also have ``<kernel>_for_shape(variant, shape_class,
 tuned)`` there: ``shape_class`` a string the binding derives from the call (``"bfloat16/k2048"``),
@@ -17,14 +18,28 @@ from pathlib import Path
 from typing import Any
 
 _MODULES = {"sm_90a": "sm90", "sm_100a": "sm100"}
+#: The arch whose configs an arch takes where its own module does not state one.
+_FALLBACK = {"sm_100a": "sm_90a"}
+
+
+def _function(name: str, arch: str) -> Any:
+    """The function ``name`` of ``arch``'s config module, else of the arch it falls back to."""
+    if arch not in _MODULES:
+        raise ValueError(f"no configs for arch {arch!r} (known: {', '.join(_MODULES)})")
+    while True:
+        module = importlib.import_module(f"{__name__}.{_MODULES[arch]}")
+        function = getattr(module, name, None)
+        if function is not None:
+            return function
+        if arch not in _FALLBACK:
+            raise AttributeError(f"no config function {name!r} for {arch} in {module.__name__}")
+        arch = _FALLBACK[arch]
 
 
 def pick(kernel: str, variant: Any, arch: str) -> Any:
-    """The config of ``kernel``'s ``variant`` on ``arch`` (``"sm_90a"`` or ``"sm_100a"``)."""
-    if arch not in _MODULES:
-        raise ValueError(f"no configs for arch {arch!r} (known: {', '.join(_MODULES)})")
-    module = importlib.import_module(f"{__name__}.{_MODULES[arch]}")
-    return getattr(module, kernel)(variant)
+    """The config of ``kernel``'s ``variant`` on ``arch`` (``"sm_90a"`` or ``"sm_100a"``): the arch
+    module's function ``kernel``, or, where ``sm100`` states none, ``sm90``'s."""
+    return _function(kernel, arch)(variant)
 
 
 #: The tuners' per-device tables (``bench/tune_*.py --write``).
@@ -45,8 +60,5 @@ def tuned_entry(kernel: str, arch: str, device: str, shape_class: str) -> dict |
 def pick_for_shape(kernel: str, variant: Any, arch: str, device: str, shape_class: str) -> Any:
     """The config of ``kernel``'s ``variant`` for ``shape_class`` on ``device`` (an ``arch`` GPU):
     the tuned table's entry, else the arch module's heuristic."""
-    if arch not in _MODULES:
-        raise ValueError(f"no configs for arch {arch!r} (known: {', '.join(_MODULES)})")
-    module = importlib.import_module(f"{__name__}.{_MODULES[arch]}")
-    tuned = tuned_entry(kernel, arch, device, shape_class)
-    return getattr(module, f"{kernel}_for_shape")(variant, shape_class, tuned)
+    function = _function(f"{kernel}_for_shape", arch)
+    return function(variant, shape_class, tuned_entry(kernel, arch, device, shape_class))

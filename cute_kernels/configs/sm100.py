@@ -1,38 +1,20 @@
-"""Blackwell (sm_100a) launch configs, one function per registered kernel: ``name(variant) -> config``.
+"""Blackwell (sm_100a) launch configs where they differ from Hopper's: ``name(variant) -> config``.
 
 No Blackwell GPU has been measured. Every kernel runs the same instructions on sm_100a as on
-sm_90a, so a kernel takes Hopper's config (``sm90``) unless the bytes-in-flight model
+sm_90a, so a kernel takes Hopper's config (``configs.pick`` falls back to ``sm90`` for every
+function not defined here) unless the bytes-in-flight model
 (``python -m cute_kernels.model``, notes/bandwidth-model.md) says that config keeps too few load
 bytes in flight per SM for B200 (~62 KiB at Hopper's fitted latency, by the model); those
 choices are here, each with the model's numbers at K = 7168. Hopper runs these configs too: the
 GPU tests of the ops that launch them pass there under ``CUTE_KERNELS_TEST_CONFIG_ARCH=sm_100a``
 (tests/conftest.py).
+
+SwiGLU + FP8 keeps Hopper's config: forward 3 CTAs per SM x 28 KiB at H = 7168 (1.35x B200's need
+on paper); the backward keeps 2 x 24 KiB (0.8x; its SwiGLU arithmetic, not its loads, is expected
+to bind).
 """
 
 from __future__ import annotations
-
-from . import sm90
-
-quantize_1x32 = sm90.quantize_1x32
-quantize_32x1 = sm90.quantize_32x1
-quantize_dual = sm90.quantize_dual
-pad = sm90.pad
-unpad = sm90.unpad
-row_scatter = sm90.row_scatter
-combine_sum = sm90.combine_sum
-ep_send = sm90.ep_send
-ep_route = sm90.ep_route
-ep_layout = sm90.ep_layout
-ep_zero_fill = sm90.ep_zero_fill
-quantize_tma = sm90.quantize_tma
-quantize_fp8_col_amax = sm90.quantize_fp8_col_amax
-quantize_fp8_col_cast = sm90.quantize_fp8_col_cast
-quantize_fp8_col_amax_for_shape = sm90.quantize_fp8_col_amax_for_shape
-quantize_fp8_col_cast_for_shape = sm90.quantize_fp8_col_cast_for_shape
-# SwiGLU + FP8: forward 3 CTAs per SM x 28 KiB at H = 7168 (1.35x B200's need on paper); the
-# backward keeps 2 x 24 KiB (0.8x; its SwiGLU arithmetic, not its loads, is expected to bind).
-swiglu_fp8 = sm90.swiglu_fp8
-dequantize_fp8_rows = sm90.dequantize_fp8_rows
 
 
 # --- swizzle ---
