@@ -116,7 +116,7 @@ class DualConfig:
     CTAs take their row tiles in :func:`~cute_utils.occupancy.spread_row_tile` order (else in order).
 
     Each arch's choice and the measurements behind it: ``cute_kernels/configs/sm90.py``
-    (``quantize_dual``; tuner ``bench/tune_quantize_dual.py``)."""
+    (``quantize_dual``; tuner ``python -m bench.tune quantize_dual``)."""
 
     stages: int = 1
     tiles_per_cta: int = 1

@@ -1,6 +1,6 @@
 """Shared benchmark harness for the cute-kernels data-movement kernels.
 
-Used by the ``bench_*`` scripts, the ``tune_*`` sweeps and ``demo``. One module per concern:
+Used by the ``bench_*`` scripts, the tuner (``bench.tune``) and ``demo``. One module per concern:
 
 * :mod:`.device` -- CUDA availability (:func:`require_cuda`, :func:`cuda_or_none`), the L2 size;
 * :mod:`.timing` -- :func:`time_cuda` / :func:`time_cuda_detailed` and

@@ -5,9 +5,9 @@ the choices it makes differently (:func:`pick` falls back to ``sm90`` for the re
 
 Kernels whose best config depends on the shape also have ``<kernel>_for_shape(variant, shape_class,
 tuned)`` there: ``shape_class`` a string the binding derives from the call (``"bfloat16/k2048"``),
-``tuned`` the entry of the per-device table ``tuned.json`` (written by the kernel's tuner in
-``bench/``: ``{kernel: {arch: {device name: {shape class: config fields}}}}``) or None, when the
-function falls back to its heuristic."""
+``tuned`` the entry of the per-device table ``tuned.json`` (written by ``python -m bench.tune KERNEL
+--write``: ``{kernel: {arch: {device name: {shape class: config fields}}}}``) or None, when the
+function falls back to its heuristic. The candidates that tuner sweeps are declared in ``spaces``."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def pick(kernel: str, variant: Any, arch: str) -> Any:
     return _function(kernel, arch)(variant)
 
 
-#: The tuners' per-device tables (``bench/tune_*.py --write``).
+#: The per-device table ``python -m bench.tune KERNEL --write`` merges into.
 TUNED_TABLE = Path(__file__).with_name("tuned.json")
 
 

@@ -123,7 +123,7 @@ def ep_zero_fill(variant):
     return EpZeroFillConfig()
 
 
-# --- FP8 rowwise, one scale per row (bench/tune_fp8_rowwise.py; notes/fp8-rowwise-row-kernel.md) ---
+# --- FP8 rowwise, one scale per row (bench.tune quantize_fp8_row; notes/fp8-rowwise-row-kernel.md) ---
 # The bindings pick per K class (quantize_fp8_row_for_shape below); without a shape (the SASS
 # targets CI checks, the registry's default) the kernel takes the heuristic of the benchmarks' K
 # class (K = 7168: class 8192), so the build CI inspects is one the bindings launch.
@@ -179,7 +179,7 @@ def quantize_fp8_col_cast(variant):
 
 
 # Per shape class (``"<dtype>/<layout>[+dual]/k<K class>/g<group-count bucket>"``, see
-# ``torch_bindings.quantize_fp8.col_shape_class``): the tuned entry (bench/tune_fp8_cols.py
+# ``torch_bindings.quantize_fp8.col_shape_class``): the tuned entry (``bench.tune quantize_fp8_col``
 # --write [--dual]; measured on the bf16 vector-load, vector-store variant of the class and taken
 # for it only), else the configs above.
 def _tuned_variant(variant) -> bool:

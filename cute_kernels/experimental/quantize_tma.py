@@ -1,8 +1,8 @@
 """1x32 MXFP8 quantization with TMA loads: the same bytes as :mod:`cute_kernels.quantize` for the
 ``plain`` and ``blocked`` scale layouts (bf16 / fp32 input, floor / rceil), with the per-lane
 ``cp.async`` ring replaced by one TMA box per pipeline unit (:mod:`cute_utils.tma`). Experimental:
-registered as ``quantize_tma`` (compiled and SASS-checked, benchmarked by ``bench/tune_quantize_tma.py``)
-but run by no public op.
+registered as ``quantize_tma`` (compiled and SASS-checked, benchmarked by
+``python -m bench.tune quantize_tma``) but run by no public op.
 
 Work decomposition (as in :mod:`cute_kernels.quantize`): each 128-row block of scale rows is split
 into four 32-row quarters, one per warp, and its 128-column tiles into runs, one per CTA; with
@@ -33,8 +33,8 @@ row-major, K % 32 == 0, 16-byte aligned, M >= 1. ``q``: (M, K) ``float8_e4m3fn``
 ``float8_e8m0fnu``, (M, K/32) for ``plain``, (128 ceil(M/128), 4 ceil(K/128)) for ``blocked``. M and K
 are symbolic: one compile per (dtype, mode, layout, config, arch).
 
-It is slower than the cp.async kernel on the same bytes (``bench/tune_quantize_tma.py``, with TMA
-or 8-byte stores of q; notes/quantize-tma.md), so the bindings use the cp.async kernel; this one
+It is slower than the cp.async kernel on the same bytes (``python -m bench.tune quantize_tma``, with
+TMA or 8-byte stores of q; notes/quantize-tma.md), so the bindings use the cp.async kernel; this one
 stays as the TMA alternative (and the user of :mod:`cute_utils.tma`).
 """
 
@@ -304,7 +304,7 @@ class QuantizeTmaKernel(Kernel):
 
     @classmethod
     def variants(cls) -> list[TmaVariant]:
-        """Every (dtype, mode, layout) variant (``bench/tune_quantize_tma.py`` and the SASS checks)."""
+        """Every (dtype, mode, layout) variant (``python -m bench.tune quantize_tma`` and the SASS checks)."""
         return [TmaVariant(d, m, layout) for d in DTYPES for m in ("floor", "rceil") for layout in LAYOUTS]
 
     @classmethod
