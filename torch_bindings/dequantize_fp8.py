@@ -4,6 +4,8 @@ an FP8 rowwise dispatch's tokens (notes/bounded-row-passes.md)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from . import checks, reference, targets
@@ -18,11 +20,17 @@ _ANY_GROUPS = 1 << 62  # the kernel reads only the last end: any number of group
 _EMPTY_BF16: dict[targets.DeviceTarget, _Tensor] = {}
 
 
-def _variant(key: tuple, target: targets.DeviceTarget):
-    """``key = ("dequantize_fp8_rows", vector)`` -> the kernel's variant."""
-    from cute_kernels.dequant_fp8 import DequantFp8RowsVariant
+class DequantKey(NamedTuple):
+    """The dequantization kernel's key in a device's table: ``vector`` (16-byte steps)."""
 
-    return DequantFp8RowsVariant(key[1])
+    kernel: str
+    vector: bool
+
+    def variant(self, target: targets.DeviceTarget):
+        """The kernel's variant (imports the kernel module)."""
+        from cute_kernels.dequant_fp8 import DequantFp8RowsVariant
+
+        return DequantFp8RowsVariant(self.vector)
 
 
 def _run(target: targets.DeviceTarget, q: _Tensor, scales: _Tensor, ends: _Tensor) -> _Tensor:
@@ -36,8 +44,8 @@ def _run(target: targets.DeviceTarget, q: _Tensor, scales: _Tensor, ends: _Tenso
     x = empty.new_empty(rows, cols)
     if rows and cols:
         vector = not (cols & 15 or q.data_ptr() & 15)  # x: fresh, 512-byte aligned
-        key = (_KERNEL, vector)
-        kernel = target.kernels.get(key) or target.kernel(key, _variant)
+        key = (_KERNEL, vector)  # a DequantKey's fields
+        kernel = target.kernels.get(key) or target.kernel(DequantKey._make(key), DequantKey.variant)
         kernel(q, scales, ends, x)
     return x
 

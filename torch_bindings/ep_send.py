@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -158,10 +158,20 @@ def _check(x, dst_index, buffers, options: _Options) -> None:
 # --- The op ------------------------------------------------------------------------------------------
 
 
-def _variant(key: tuple, target) -> object:
-    from cute_kernels.ep_send import SendVariant
+class SendKey(NamedTuple):
+    """The send kernel's key in a device's table: ``recipe``, the scaling ``mode`` and
+    ``round_pow2`` (the FP8 rowwise scales' rounding)."""
 
-    return SendVariant(key[1], key[2], key[3])
+    kernel: str
+    recipe: str
+    mode: str
+    round_pow2: bool
+
+    def variant(self, target) -> object:
+        """The kernel's variant (imports the kernel module)."""
+        from cute_kernels.ep_send import SendVariant
+
+        return SendVariant(self.recipe, self.mode, self.round_pow2)
 
 
 def quantize_and_send(
@@ -192,7 +202,7 @@ def quantize_and_send(
     mode = scaling_mode if recipe == "mxfp8" else "rceil"
     pow2 = round_scales_to_power_of_2 if recipe == "fp8_rowwise" else True
     target = targets.known(x) or targets.select(OP, "cute", x)
-    kernel = target.kernel(("ep_send", recipe, mode, pow2), _variant)
+    kernel = target.kernel(SendKey("ep_send", recipe, mode, pow2), SendKey.variant)
     scales = buffers.tags if recipe == "bf16" else buffers.scales  # bf16: a placeholder, never written
     s_own = scales.own.view(torch.float8_e8m0fnu) if scales.own.dtype == torch.uint8 else scales.own
     index = dst_index.view(x.shape[0], topk)

@@ -28,11 +28,19 @@ _KERNEL_DTYPES = frozenset(getattr(torch, name) for name in PAD_KERNEL_DTYPES)
 _Tensor, _I32 = torch.Tensor, checks.OFFSETS_DTYPE
 
 
-def _variant(key: tuple, target: targets.DeviceTarget):
-    """``key = (registry name, torch dtype, vector bytes)`` -> the kernel's variant."""
-    from cute_kernels.pad import RowGatherVariant
+class RowGatherKey(NamedTuple):
+    """A pad or unpad kernel's key in a device's table: its registry name (``kernel``), the torch
+    ``dtype`` it copies (its own, or the integer carrier of its size) and ``vector_bytes``."""
 
-    return RowGatherVariant(str(key[1]).removeprefix("torch."), key[2])
+    kernel: str
+    dtype: torch.dtype
+    vector_bytes: int
+
+    def variant(self, target: targets.DeviceTarget):
+        """The kernel's variant (imports the kernel module)."""
+        from cute_kernels.pad import RowGatherVariant
+
+        return RowGatherVariant(str(self.dtype).removeprefix("torch."), self.vector_bytes)
 
 
 class _Operand(NamedTuple):
@@ -81,9 +89,9 @@ _VECTORS = tuple(_vector_bytes(i >> 4, i & 15) for i in range(9 << 4))
 
 def _gather(
     name: str, t: torch.Tensor, rows: int, cols: int, operand: _Operand
-) -> tuple[torch.Tensor, tuple[str, torch.dtype, int]]:
+) -> tuple[torch.Tensor, tuple]:
     """``(data, key)``: the 2-D contiguous ``t`` (rows, cols) as kernel ``name`` takes it (itself or
-    its carrier view) and that kernel's table key ``(name, kernel dtype, vector bytes)``. The vector
+    its carrier view) and that kernel's table key (a :class:`RowGatherKey`'s fields). The vector
     is the widest access (16, 4 or the element size) that divides the row size in bytes, t's data
     pointer and its row stride in bytes (TVM-FFI checks the stride divisibility a kernel declares);
     a contiguous t with elements has row stride ``cols`` (one row's stride is neither read nor
@@ -122,7 +130,7 @@ def _launch_pad(
     padded_start = group_end_offsets.new_empty(num_groups)
     padded_end = group_end_offsets.new_empty(num_groups)
     # out: fresh from the caching allocator, 512-byte aligned
-    kernel = target.kernels.get(key) or target.kernel(key, _variant)
+    kernel = target.kernels.get(key) or target.kernel(RowGatherKey._make(key), RowGatherKey.variant)
     # Always launched: CTA 0 writes padded_start / padded_end even when there is no data.
     kernel(data, out, group_end_offsets, padded_start, padded_end, alignment)
     return (out.view(x.dtype) if operand.view else out), padded_start, padded_end
@@ -255,8 +263,8 @@ def _fast_unpad(target: targets.DeviceTarget, args: tuple):
     vector = _VECTORS[size << 4 | (row_bytes | padded.data_ptr() | stride_bytes) & 15]
     data = padded.view(kernel_dtype) if view else padded
     out = data.new_empty(num_tokens, cols)
-    key = ("unpad", kernel_dtype, vector)
-    kernel = target.kernels.get(key) or target.kernel(key, _variant)
+    key = ("unpad", kernel_dtype, vector)  # a RowGatherKey's fields
+    kernel = target.kernels.get(key) or target.kernel(RowGatherKey._make(key), RowGatherKey.variant)
     kernel(data, out, group_end_offsets, padded_start)  # out: fresh, 512-byte aligned
     return out.view(padded.dtype) if view else out
 

@@ -12,7 +12,7 @@ import torch
 
 from . import checks, reference, targets
 from .op import KernelOp
-from .quantize import GROUP_CAPACITY, KERNEL, scales_shape_1x32, variant_of
+from .quantize import GROUP_CAPACITY, KERNEL, Quantize1x32Key, scales_shape_1x32
 
 _OP = "pad_and_quantize_mxfp8_2d"
 
@@ -51,8 +51,8 @@ def _launch(
         return q, scales, padded_start, padded_end
     padded_start = group_end_offsets.new_empty(num_groups)
     padded_end = group_end_offsets.new_empty(num_groups)
-    key = (KERNEL, x.dtype, mode, "padded", GROUP_CAPACITY[num_groups])  # launch_1x32_2d's key form
-    kernel = target.kernels.get(key) or target.kernel(key, variant_of)
+    key = (KERNEL, x.dtype, mode, "padded", GROUP_CAPACITY[num_groups], 2)  # a Quantize1x32Key's fields
+    kernel = target.kernels.get(key) or target.kernel(Quantize1x32Key._make(key), Quantize1x32Key.variant)
     kernel(x, q, scales, group_end_offsets, padded_start, padded_end, alignment)
     return q, scales, padded_start, padded_end
 

@@ -1,13 +1,15 @@
 """``quantize_mxfp8_2d``: PyTorch entry point of the 1x32 quantization kernel (``cute_kernels.quantize``).
 
 The 32x1 block runs ``cute_kernels.quantize_32x1`` through ``torch_bindings.quantize_32x1``.
-The 1x32 kernel's key in a device's table is ``("quantize_1x32", dtype, mode, layout, max groups)``
-(max groups: ``GROUP_CAPACITY[G]`` for the M-groups layout and ``pad_quantize``'s padded one, else
-``MAX_GROUPS``), with a trailing 3 for the entry that takes ``quantize_3d``'s (E, N, K) operands;
-the variant (and the kernel module) is built only on a miss.
+The 1x32 kernel's key in a device's table is a :class:`Quantize1x32Key` (dtype, mode, layout, max
+groups: ``GROUP_CAPACITY[G]`` for the M-groups layout and ``pad_quantize``'s padded one, else
+``MAX_GROUPS``; rank 3 for the entry that takes ``quantize_3d``'s (E, N, K) operands); the variant
+(and the kernel module) is built only on a miss.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -31,17 +33,25 @@ _E4M3 = torch.float8_e4m3fn
 _E8M0 = torch.float8_e8m0fnu
 
 
-def variant_of(key: tuple, target: targets.DeviceTarget):
-    """``key = ("quantize_1x32", torch dtype, mode, layout value, max groups[, 3])`` -> the kernel's
-    variant on ``target`` (its SM count sizes the grouped layouts' waves; a trailing 3: the entry
-    taking (E, N, K) operands)."""
-    from cute_kernels.quantize import Quantize1x32Variant, ScaleLayout
+class Quantize1x32Key(NamedTuple):
+    """The 1x32 kernel's key in a device's table: x's torch ``dtype``, the scaling ``mode``, the
+    scale ``layout`` (a ``ScaleLayout`` value), ``max_groups`` (the group capacity) and ``rank``
+    (3: the entry taking (E, N, K) operands)."""
 
-    dtype, mode, layout, max_groups = key[1:5]
-    rank = key[5] if len(key) > 5 else 2
-    return Quantize1x32Variant(
-        str(dtype).removeprefix("torch."), mode, ScaleLayout(layout), max_groups, target.num_sms, rank
-    )
+    kernel: str
+    dtype: torch.dtype
+    mode: str
+    layout: str
+    max_groups: int
+    rank: int
+
+    def variant(self, target: targets.DeviceTarget):
+        """The kernel's variant on ``target`` (its SM count sizes the grouped layouts' waves)."""
+        from cute_kernels.quantize import Quantize1x32Variant, ScaleLayout
+
+        dtype = str(self.dtype).removeprefix("torch.")
+        layout = ScaleLayout(self.layout)
+        return Quantize1x32Variant(dtype, self.mode, layout, self.max_groups, target.num_sms, self.rank)
 
 
 def scales_shape_1x32(x_shape: tuple, num_groups: int | None, blocked: bool) -> tuple:
@@ -76,8 +86,8 @@ def launch_1x32_2d(
         scales = target.e8m0.new_empty(rows, cols >> 5)
     q = target.e4m3.new_empty(rows, cols)
     if scales.numel():
-        key = (KERNEL, x.dtype, mode, layout, key_groups)
-        kernel = target.kernels.get(key) or target.kernel(key, variant_of)
+        key = (KERNEL, x.dtype, mode, layout, key_groups, 2)  # a Quantize1x32Key's fields
+        kernel = target.kernels.get(key) or target.kernel(Quantize1x32Key._make(key), Quantize1x32Key.variant)
         kernel(x, q, scales, group_end_offsets, None, None, 0)
     return q, scales
 

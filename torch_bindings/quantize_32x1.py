@@ -10,6 +10,8 @@ SPEC's shapes and strides (q^T storage) and launch on the current stream with no
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from cute_utils.constants import BLOCK_SIZE
@@ -25,13 +27,23 @@ _E4M3 = torch.float8_e4m3fn
 _E8M0 = torch.float8_e8m0fnu
 
 
-def _variant(key: tuple, target: targets.DeviceTarget):
-    """``key = ("quantize_32x1", torch dtype, mode, layout name, rank)`` -> the kernel's variant
-    (rank 2: one matrix's operands as they are; rank 3: expert weights)."""
-    from cute_kernels.quantize_32x1 import Quantize32x1Variant, ScaleLayout
+class Quantize32x1Key(NamedTuple):
+    """The 32x1 kernel's key in a device's table: x's torch ``dtype``, the scaling ``mode``, the
+    scale ``layout`` (a ``ScaleLayout`` value) and ``rank`` (2: one matrix's operands as they are;
+    3: expert weights)."""
 
-    _, dtype, mode, layout, rank = key
-    return Quantize32x1Variant(str(dtype).removeprefix("torch."), mode, ScaleLayout(layout), rank)
+    kernel: str
+    dtype: torch.dtype
+    mode: str
+    layout: str
+    rank: int
+
+    def variant(self, target: targets.DeviceTarget):
+        """The kernel's variant (imports the kernel module)."""
+        from cute_kernels.quantize_32x1 import Quantize32x1Variant, ScaleLayout
+
+        dtype = str(self.dtype).removeprefix("torch.")
+        return Quantize32x1Variant(dtype, self.mode, ScaleLayout(self.layout), self.rank)
 
 
 def scales_shape_32x1(rows: int, cols: int, num_groups: int | None, blocked: bool) -> tuple:
@@ -67,8 +79,8 @@ def launch_32x1_2d(
         return q, x.new_zeros(scale_shape, dtype=_E8M0)
     scales = target.e8m0.new_empty(*scale_shape)
     # the rank-2 entry on the public tensors: (M, K) x and q (strides (1, M)), 2-D scales
-    key = (_KERNEL, x.dtype, mode, layout, 2)
-    kernel = target.kernels.get(key) or target.kernel(key, _variant)
+    key = (_KERNEL, x.dtype, mode, layout, 2)  # a Quantize32x1Key's fields
+    kernel = target.kernels.get(key) or target.kernel(Quantize32x1Key._make(key), Quantize32x1Key.variant)
     kernel(x, q, scales, group_end_offsets)
     return q, scales
 
@@ -105,8 +117,8 @@ def launch_32x1_3d(
     checks.check_kernel_experts(_OP_3D, experts)
     scales = target.e8m0.new_empty(*scale_shape)
     # the rank-3 entry on the public tensors: (E, N, K) w and q (strides (N K, 1, N)), (E, R, C) scales
-    key = (_KERNEL, w.dtype, mode, "blocked" if blocked else "plain", 3)
-    kernel = target.kernels.get(key) or target.kernel(key, _variant)
+    key = (_KERNEL, w.dtype, mode, "blocked" if blocked else "plain", 3)  # a Quantize32x1Key's fields
+    kernel = target.kernels.get(key) or target.kernel(Quantize32x1Key._make(key), Quantize32x1Key.variant)
     kernel(w, q, scales, None)
     return q, scales
 

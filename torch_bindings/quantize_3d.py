@@ -14,7 +14,7 @@ from cute_utils.constants import BLOCK_SIZE
 
 from . import checks, reference, targets
 from .op import KernelOp
-from .quantize import KERNEL, MAX_GROUPS, variant_of
+from .quantize import KERNEL, MAX_GROUPS, Quantize1x32Key
 from .quantize_32x1 import launch_32x1_3d
 from .swizzle import blocked_output_shape
 
@@ -56,8 +56,8 @@ def _launch_1x32(
         layout, scales = "plain", target.e8m0.new_empty(experts, n, k >> 5)
     q = target.e4m3.new_empty(experts, n, k)
     if scales.numel():
-        key = (KERNEL, w.dtype, mode, layout, MAX_GROUPS, 3)
-        kernel = target.kernels.get(key) or target.kernel(key, variant_of)
+        key = (KERNEL, w.dtype, mode, layout, MAX_GROUPS, 3)  # a Quantize1x32Key's fields
+        kernel = target.kernels.get(key) or target.kernel(Quantize1x32Key._make(key), Quantize1x32Key.variant)
         kernel(w, q, scales, None, None, None, n)
     return q, scales
 

@@ -7,6 +7,8 @@ compiled once per (dtype, scaling mode, scale layout, arch) with symbolic sizes.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from . import checks, reference, targets
@@ -20,11 +22,20 @@ _E4M3 = torch.float8_e4m3fn
 _E8M0 = torch.float8_e8m0fnu
 
 
-def _variant(key: tuple, target: targets.DeviceTarget):
-    """``key = ("quantize_dual", x dtype, scaling mode, scale layout name)`` -> the kernel's variant."""
-    from cute_kernels.quantize_dual import DualVariant, ScaleLayout
+class DualKey(NamedTuple):
+    """The dual kernel's key in a device's table: x's torch ``dtype``, the scaling ``mode`` and the
+    scale ``layout`` (a ``ScaleLayout`` value)."""
 
-    return DualVariant(str(key[1]).removeprefix("torch."), key[2], ScaleLayout(key[3]))
+    kernel: str
+    dtype: torch.dtype
+    mode: str
+    layout: str
+
+    def variant(self, target: targets.DeviceTarget):
+        """The kernel's variant (imports the kernel module)."""
+        from cute_kernels.quantize_dual import DualVariant, ScaleLayout
+
+        return DualVariant(str(self.dtype).removeprefix("torch."), self.mode, ScaleLayout(self.layout))
 
 
 def _launch_dual(
@@ -57,8 +68,8 @@ def _launch_dual(
         return q_r, x.new_zeros(shape_r, dtype=_E8M0), q_c, x.new_zeros(shape_c, dtype=_E8M0)
     s_r = target.e8m0.new_empty(*shape_r)
     s_c = target.e8m0.new_empty(*shape_c)
-    key = ("quantize_dual", x.dtype, scaling_mode, layout)
-    kernel = target.kernels.get(key) or target.kernel(key, _variant)
+    key = ("quantize_dual", x.dtype, scaling_mode, layout)  # a DualKey's fields
+    kernel = target.kernels.get(key) or target.kernel(DualKey._make(key), DualKey.variant)
     kernel(x, q_r, s_r, q_c, s_c, group_end_offsets)
     return q_r, s_r, q_c, s_c
 

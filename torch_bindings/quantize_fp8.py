@@ -12,6 +12,8 @@ also produce the row outputs (x or w read twice).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from cute_utils.constants import FP8_POW2_MASK
@@ -29,23 +31,33 @@ _BF16, _F32 = torch.bfloat16, torch.float32
 _ANY_GROUPS = 1 << 62  # the column kernels take any number of row groups
 
 
-def _variant(key: tuple, target: targets.DeviceTarget):
-    """``key = ("quantize_fp8_row", torch dtype, round_pow2, vector, rank, K[, "bounded"])`` -> the
-    kernel's variant (K raw in the key, one lookup per call: the kernels of one K class are one
-    compile)."""
-    from cute_kernels.quantize_fp8 import Fp8RowVariant
+class Fp8RowKey(NamedTuple):
+    """The row kernel's key in a device's table: x's torch ``dtype``, ``round_pow2``, ``vector``
+    (16-byte steps), ``rank``, ``cols`` (K raw, one lookup per call: the kernels of one K class are
+    one compile) and ``bounded`` (only the rows below the last group end)."""
 
-    _, dtype, round_pow2, vector, rank, _, *bounded = key
-    return Fp8RowVariant(str(dtype).removeprefix("torch."), round_pow2, vector, rank, bool(bounded))
+    kernel: str
+    dtype: torch.dtype
+    round_pow2: bool
+    vector: bool
+    rank: int
+    cols: int
+    bounded: bool
 
+    def variant(self, target: targets.DeviceTarget):
+        """The kernel's variant (imports the kernel module)."""
+        from cute_kernels.quantize_fp8 import Fp8RowVariant
 
-def _row_config(key: tuple, variant, target: targets.DeviceTarget):
-    """The row kernel's config for the K class of the key's K (``cute_kernels.configs.pick_for_shape``);
-    a bounded variant takes its unbounded twin's."""
-    from cute_kernels import configs
+        dtype = str(self.dtype).removeprefix("torch.")
+        return Fp8RowVariant(dtype, self.round_pow2, self.vector, self.rank, self.bounded)
 
-    shape_class = f"{variant.dtype}/k{k_class(key[5])}"
-    return configs.pick_for_shape(_KERNEL, variant, target.arch, target.name, shape_class)
+    def config(self, variant, target: targets.DeviceTarget):
+        """The config for the K class of the key's K (``cute_kernels.configs.pick_for_shape``); a
+        bounded variant takes its unbounded twin's."""
+        from cute_kernels import configs
+
+        shape_class = f"{variant.dtype}/k{k_class(self.cols)}"
+        return configs.pick_for_shape(_KERNEL, variant, target.arch, target.name, shape_class)
 
 
 def k_class(cols: int) -> int:
@@ -54,13 +66,49 @@ def k_class(cols: int) -> int:
     return 1 << max(cols - 1, 255).bit_length()
 
 
-def _col_variant(key: tuple, target: targets.DeviceTarget):
-    """``key = (registry name, torch dtype, layout, vector_loads, vector_stores, dual, K class, group
-    bucket)`` -> the column kernels' variant."""
-    from cute_kernels.quantize_fp8_col import Fp8ColVariant
+class ColKey(NamedTuple):
+    """A column pass's key in a device's table: its registry name (``kernel``), x's torch ``dtype``,
+    the scale ``layout``, ``vector_loads``, ``vector_stores``, ``dual``, and the shape class's K
+    class and group bucket (which stand for any K and G of their class)."""
 
-    _, dtype, layout, vector_loads, vector_stores, dual = key[:6]
-    return Fp8ColVariant(str(dtype).removeprefix("torch."), layout, vector_loads, vector_stores, dual)
+    kernel: str
+    dtype: torch.dtype
+    layout: str
+    vector_loads: bool
+    vector_stores: bool
+    dual: bool
+    k_class: int
+    group_bucket: int
+
+    def variant(self, target: targets.DeviceTarget):
+        """The column kernels' variant (imports the kernel module)."""
+        from cute_kernels.quantize_fp8_col import Fp8ColVariant
+
+        dtype = str(self.dtype).removeprefix("torch.")
+        return Fp8ColVariant(dtype, self.layout, self.vector_loads, self.vector_stores, self.dual)
+
+    def config(self, variant, target: targets.DeviceTarget):
+        """The pass's config for the key's shape class (``cute_kernels.configs.pick_for_shape``)."""
+        from cute_kernels import configs
+
+        shape_class = col_shape_class(
+            variant.dtype, variant.layout, self.k_class, self.group_bucket, variant.dual
+        )
+        return configs.pick_for_shape(self.kernel, variant, target.arch, target.name, shape_class)
+
+
+class ColPassesKey(NamedTuple):
+    """The key under which a device's table keeps both column passes of a call (no registry name:
+    K and G raw, a few entries per (K, G) met): x's torch ``dtype``, the scale ``layout``,
+    ``vector_loads``, ``vector_stores``, ``dual``, ``cols`` (K) and ``groups`` (G)."""
+
+    dtype: torch.dtype
+    layout: str
+    vector_loads: bool
+    vector_stores: bool
+    dual: bool
+    cols: int
+    groups: int
 
 
 def group_bucket(groups: int) -> int:
@@ -76,15 +124,6 @@ def col_shape_class(dtype: str, layout: str, cols: int, groups: int, dual: bool 
     rows (G, E or 1): ``"<dtype>/<layout>/k<K class>/g<group bucket>"``, the layout ``"<layout>+dual"``
     for the dual variants."""
     return f"{dtype}/{layout}{'+dual' if dual else ''}/k{k_class(cols)}/g{group_bucket(groups)}"
-
-
-def _col_config(key: tuple, variant, target: targets.DeviceTarget):
-    """The config of the key's pass for its shape class (``cute_kernels.configs.pick_for_shape``);
-    the key's K class and group bucket stand for any K and G of their class."""
-    from cute_kernels import configs
-
-    shape_class = col_shape_class(variant.dtype, variant.layout, key[6], key[7], variant.dual)
-    return configs.pick_for_shape(key[0], variant, target.arch, target.name, shape_class)
 
 
 def _col_outputs(
@@ -104,22 +143,18 @@ def _col_outputs(
 
 
 def _col_passes(target: targets.DeviceTarget, key: tuple) -> tuple:
-    """``(amax kernel, cast kernel)`` for ``key = (dtype, layout, vector_loads, vector_stores, dual,
-    K, G)``, found with one lookup (K and G raw: a few entries per (K, G) met); a miss classes K
-    and G and takes each pass from ``target.kernel`` (one compile per distinct config)."""
+    """``(amax kernel, cast kernel)`` for ``key`` (a :class:`ColPassesKey`'s fields), found with one
+    lookup; a miss classes K and G and takes each pass from ``target.kernel`` (one compile per
+    distinct config)."""
     passes = target.kernels.get(key)
     if passes is None:
-        dtype, layout, vector_loads, vector_stores, dual, cols, groups = key
-        shape_class = (k_class(cols), group_bucket(groups))
-        amax = target.kernel(
-            (_COL_AMAX, dtype, layout, vector_loads, True, dual, *shape_class), _col_variant, _col_config
+        k = ColPassesKey._make(key)
+        k_cls, bucket = k_class(k.cols), group_bucket(k.groups)
+        amax = ColKey(_COL_AMAX, k.dtype, k.layout, k.vector_loads, True, k.dual, k_cls, bucket)
+        cast = ColKey(_COL_CAST, k.dtype, k.layout, k.vector_loads, k.vector_stores, k.dual, k_cls, bucket)
+        passes = target.kernels[k] = tuple(
+            target.kernel(p, ColKey.variant, ColKey.config) for p in (amax, cast)
         )
-        cast = target.kernel(
-            (_COL_CAST, dtype, layout, vector_loads, vector_stores, dual, *shape_class),
-            _col_variant,
-            _col_config,
-        )
-        passes = target.kernels[key] = (amax, cast)
     return passes
 
 
@@ -135,9 +170,8 @@ def _launch_cols(target: targets.DeviceTarget, x, offsets, round_pow2: bool, col
     row_words = x.numel() // cols if dual else 0  # M, or E N
     amax = torch.zeros(groups * cols + row_words, dtype=torch.int32, device=x.device)
     steps = groups.bit_length()
-    amax_pass, cast_pass = _col_passes(
-        target, (x.dtype, layout, vector_loads, vector_stores, dual, cols, groups)
-    )
+    key = (x.dtype, layout, vector_loads, vector_stores, dual, cols, groups)  # a ColPassesKey's fields
+    amax_pass, cast_pass = _col_passes(target, key)
     amax_pass(x, amax, offsets, steps)
     mask = FP8_POW2_MASK if round_pow2 else -1
     cast_pass(x, q, amax, scales, offsets, mask, steps, *(rows_out or (None, None)))
@@ -173,8 +207,10 @@ def _launch_rows(
         return q, scales.fill_(1.0)
     if scales.numel():
         vector = not (cols & 7 or x.data_ptr() & 15)  # q: fresh, 512-byte aligned
-        key = (_KERNEL, x.dtype, round_pow2, vector, len(shape), cols)
-        kernel = target.kernels.get(key) or target.kernel(key, _variant, _row_config)
+        key = (_KERNEL, x.dtype, round_pow2, vector, len(shape), cols, False)  # an Fp8RowKey's fields
+        kernel = target.kernels.get(key) or target.kernel(
+            Fp8RowKey._make(key), Fp8RowKey.variant, Fp8RowKey.config
+        )
         kernel(x, q, scales)
     return q, scales
 
@@ -192,8 +228,10 @@ def _launch_bounded_rows(
         return q, scales.fill_(1.0)
     if shape[0]:
         vector = not (cols & 7 or x.data_ptr() & 15)  # q: fresh, 512-byte aligned
-        key = (_KERNEL, x.dtype, round_pow2, vector, 2, cols, "bounded")
-        kernel = target.kernels.get(key) or target.kernel(key, _variant, _row_config)
+        key = (_KERNEL, x.dtype, round_pow2, vector, 2, cols, True)  # an Fp8RowKey's fields
+        kernel = target.kernels.get(key) or target.kernel(
+            Fp8RowKey._make(key), Fp8RowKey.variant, Fp8RowKey.config
+        )
         kernel(x, q, scales, ends)
     return q, scales
 

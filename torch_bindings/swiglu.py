@@ -9,6 +9,8 @@ below the last group end (read on the device) and leave the rows past it unwritt
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from . import checks, reference, targets
@@ -21,12 +23,22 @@ _Tensor = torch.Tensor
 _ANY_GROUPS = 1 << 62  # the bounded kernels read only the last end: any number of groups
 
 
-def _variant(key: tuple, target: targets.DeviceTarget):
-    """``key = ("swiglu_fp8", direction, round_pow2, vector[, "bounded"])`` -> the kernel's variant."""
-    from cute_kernels.swiglu import SwigluVariant
+class SwigluKey(NamedTuple):
+    """The SwiGLU + FP8 kernel's key in a device's table: ``direction`` ("fwd" / "bwd"),
+    ``round_pow2``, ``vector`` (16-byte steps) and ``bounded`` (only the rows below the last group
+    end)."""
 
-    _, direction, round_pow2, vector, *bounded = key
-    return SwigluVariant(direction, round_pow2, vector, bool(bounded))
+    kernel: str
+    direction: str
+    round_pow2: bool
+    vector: bool
+    bounded: bool
+
+    def variant(self, target: targets.DeviceTarget):
+        """The kernel's variant (imports the kernel module)."""
+        from cute_kernels.swiglu import SwigluVariant
+
+        return SwigluVariant(self.direction, self.round_pow2, self.vector, self.bounded)
 
 
 def _launch(
@@ -51,13 +63,14 @@ def _launch(
         return out, q, scales.fill_(1.0)
     if rows:
         unaligned = h13.data_ptr() & 15 or (grad_h is not None and grad_h.data_ptr() & 15)
-        key = (_KERNEL, "fwd" if grad_h is None else "bwd", round_pow2, not (half & 7 or unaligned))
+        direction, vector = "fwd" if grad_h is None else "bwd", not (half & 7 or unaligned)
         if ends is None:
-            kernel = target.kernels.get(key) or target.kernel(key, _variant)
+            key = (_KERNEL, direction, round_pow2, vector, False)  # a SwigluKey's fields
+            kernel = target.kernels.get(key) or target.kernel(SwigluKey._make(key), SwigluKey.variant)
             kernel(h13, out, q, scales, grad_h)  # outputs: fresh, 512-byte aligned
         else:
-            key = (*key, "bounded")
-            kernel = target.kernels.get(key) or target.kernel(key, _variant)
+            key = (_KERNEL, direction, round_pow2, vector, True)  # a SwigluKey's fields
+            kernel = target.kernels.get(key) or target.kernel(SwigluKey._make(key), SwigluKey.variant)
             kernel(h13, out, q, scales, grad_h, ends)
     return out, q, scales
 

@@ -1,11 +1,14 @@
 """``swizzle_scales``: PyTorch entry point of the blocked-scale kernel (``cute_kernels.swizzle``).
 
-The eager hot path imports no kernel module: it picks the variant as a small integer code (layout,
-word loads, wide window, ragged end; decoded by :func:`_variant` on a device's first use of it) from
-host-side copies of the kernel's limits (``SwizzleKernel.can_implement``, ``wide_window``).
+The eager hot path imports no kernel module: it picks the variant's :class:`SwizzleKey` (layout,
+rank, word loads, wide window, ragged end; one of the prebuilt keys, so a call allocates none;
+:meth:`SwizzleKey.variant` builds the variant on a device's first use of it) from host-side copies
+of the kernel's limits (``SwizzleKernel.can_implement``, ``wide_window``).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -33,33 +36,57 @@ def blocked_output_shape(scales_shape: tuple, num_groups: int | None, groups: st
 
 
 _E8M0, _U8 = torch.float8_e8m0fnu, torch.uint8
-_LAYOUTS = ("plain", "plain", "m_groups", "k_groups")  # by (code & 7) >> 1 (1: 3-D plain)
-_WIDE = 8  # code bit: the layout's 128-column-window config (cute_kernels.swizzle.wide_window)
-_RAGGED = 16  # code bit: raw-word loads of a source that ends inside an aligned word
-#: The kernel-table key of each variant code (built once: no tuple per call).
-_KEYS = tuple(("swizzle", code) for code in range(2 * _RAGGED))
+
+
+class SwizzleKey(NamedTuple):
+    """A swizzle variant's key in a device's kernel table: ``layout`` (a ``SwizzleLayout`` value),
+    ``rank`` (3: plain (E, R, C)), ``word_loads`` (rows of whole, aligned 4-byte words),
+    ``wide`` (the 128-column-window config, :func:`wide_window`), ``ragged_end`` (raw-word loads
+    of a source that may end inside an aligned word)."""
+
+    kernel: str
+    layout: str
+    rank: int
+    word_loads: bool
+    wide: bool
+    ragged_end: bool
+
+    def variant(self, target: targets.DeviceTarget):
+        """The ``SwizzleVariant`` of this key (imports the kernel module)."""
+        from cute_kernels.swizzle import SwizzleLayout, SwizzleVariant
+
+        return SwizzleVariant(
+            SwizzleLayout(self.layout), self.rank, self.word_loads, self.wide, ragged_end=self.ragged_end
+        )
+
+
+class _Loads(NamedTuple):
+    """The two keys of one layout, rank and window: ``aligned`` (plain and M-groups: word loads;
+    K-groups, whose rows are never loaded as words: raw words of a source ending on a word) and
+    ``ragged`` (raw words of a source that may end inside an aligned word)."""
+
+    aligned: SwizzleKey
+    ragged: SwizzleKey
+
+
+def _loads(layout: str, rank: int = 2, wide: bool = False) -> _Loads:
+    words = layout != "k_groups"
+    return _Loads(
+        SwizzleKey("swizzle", layout, rank, words, wide, False),
+        SwizzleKey("swizzle", layout, rank, False, wide, True),
+    )
+
+
+#: Every key, prebuilt (a call picks one and allocates none); the grouped layouts' by ``wide``.
+_PLAIN, _PLAIN_3D = _loads("plain"), _loads("plain", 3)
+_M_GROUPS = (_loads("m_groups"), _loads("m_groups", wide=True))
+_K_GROUPS = (_loads("k_groups"), _loads("k_groups", wide=True))
 
 
 def wide_window(rows: int, cols: int) -> bool:
     """Whether grouped (rows, cols) scales take the wide-window kernel: the host-side copy of
     ``cute_kernels.swizzle.wide_window`` (the hot path does not import the kernel modules)."""
     return cols > 64 and rows * cols <= SWIZZLE_WIDE_MAX_BYTES
-
-
-def _variant(key: tuple, target: targets.DeviceTarget):
-    """``key = ("swizzle", code)`` -> its ``SwizzleVariant``; ``code = 2 * kind + word_loads
-    (+ _WIDE) (+ _RAGGED)``, kind 0: 2-D plain, 1: 3-D plain, 2: M-groups, 3: K-groups."""
-    from cute_kernels.swizzle import SwizzleLayout, SwizzleVariant
-
-    code = key[1]
-    kind = (code & 7) >> 1
-    return SwizzleVariant(
-        SwizzleLayout(_LAYOUTS[kind]),
-        rank=3 if kind == 1 else 2,
-        word_loads=bool(code & 1),
-        wide=bool(code & _WIDE),
-        ragged_end=bool(code & _RAGGED),
-    )
 
 
 def _run_kernel(
@@ -99,44 +126,42 @@ def _fast(target: targets.DeviceTarget, args: tuple):
         scales = scales.view(_E8M0)
     if group_end_offsets is None:
         if len(shape) == 2:
-            code, (rows, cols) = 0, shape
+            loads, (rows, cols) = _PLAIN, shape
         elif len(shape) == 3:
-            code, (experts, rows, cols) = 2, shape
+            loads, (experts, rows, cols) = _PLAIN_3D, shape
         else:
             return None
         out_rows, out_cols = (rows + 127) & -128, (cols + 3) & -4
-        if code:  # (E, Rp, Cp)
+        if loads is _PLAIN_3D:  # (E, Rp, Cp)
             out = scales.new_empty(experts, out_rows, out_cols)
             out_rows *= experts
         else:
             out = scales.new_empty(out_rows, out_cols)
         if not (out_rows and out_cols):  # out.numel(), without a call
             return out
+        static = cols
     else:
         num_groups = checks.fast_launch_groups(group_end_offsets)
         if not num_groups or len(shape) != 2:
             return None
         rows, cols = shape
+        # wide_window(rows, cols) inlined (test_bindings_cpu checks the variant this picks against it)
+        wide = cols > 64 and rows * cols <= SWIZZLE_WIDE_MAX_BYTES
         if groups == "M":
             if not cols:
                 return None
-            code, out = 4, scales.new_empty(rows + 128 * num_groups, (cols + 3) & -4)
+            loads, static = _M_GROUPS[wide], cols
+            out = scales.new_empty(rows + 128 * num_groups, (cols + 3) & -4)
         else:
             if not rows:
                 return None
-            code, out = 6, scales.new_empty((rows + 127) & -128, cols + 4 * num_groups)
-        # wide_window(rows, cols) inlined (test_bindings_cpu checks the variant this picks against it)
-        if cols > 64 and rows * cols <= SWIZZLE_WIDE_MAX_BYTES:
-            code += _WIDE
-    # Rows of whole, aligned 4-byte words (one word per tile column) stage with fewer instructions.
-    if code & 7 < 6 and not cols & 3 and not scales.data_ptr() & 3:
-        code += 1
-    elif code & 7 < 6 or rows & 3 or scales.data_ptr() & 3:
-        # Raw words where the source may end inside a word, decided from the static dim (C for
-        # plain and M-groups, R = K for K-groups) and the base, so M never switches kernels.
-        code += _RAGGED
-    key = _KEYS[code]
-    kernel = target.kernels.get(key) or target.kernel(key, _variant)
+            loads, static = _K_GROUPS[wide], rows
+            out = scales.new_empty((rows + 127) & -128, cols + 4 * num_groups)
+    # Rows of whole, aligned 4-byte words stage with fewer instructions; else raw words, ragged where
+    # the source may end inside a word, decided from the static dim (C for plain and M-groups, R = K
+    # for K-groups) and the base, so M never switches kernels.
+    key = loads.ragged if static & 3 or scales.data_ptr() & 3 else loads.aligned
+    kernel = target.kernels.get(key) or target.kernel(key, SwizzleKey.variant)
     kernel(scales, out, group_end_offsets, target.num_sms)
     return out
 

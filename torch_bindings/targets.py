@@ -52,11 +52,12 @@ class DeviceTarget:
         variant_of: Callable[[tuple, DeviceTarget], object],
         config_of: Callable[[tuple, object, DeviceTarget], object] | None = None,
     ) -> Callable:
-        """The compiled kernel for the binding's ``key`` (``key[0]``: its ``cute_kernels.registry``
-        name, the rest cheap static choices): from this table, else the registry entry compiles
-        ``variant_of(key, self)`` for this arch through ``kernel_cache.get_kernel`` (memory, disk,
-        then a compile), with the arch's default config or ``config_of(key, variant, self)``
-        (kernels tuned per shape class)."""
+        """The compiled kernel for the binding's ``key`` (a small ``NamedTuple`` of the kernel's
+        static choices whose first field, ``kernel``, is its ``cute_kernels.registry`` name): from
+        this table, else the registry entry compiles ``variant_of(key, self)`` (the key class's
+        ``variant`` method) for this arch through ``kernel_cache.get_kernel`` (memory, disk, then a
+        compile), with the arch's default config or ``config_of(key, variant, self)`` (kernels tuned
+        per shape class)."""
         kernel = self.kernels.get(key)
         if kernel is None:
             variant = variant_of(key, self)

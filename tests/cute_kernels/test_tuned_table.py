@@ -93,7 +93,8 @@ def test_the_bindings_launch_the_tuned_column_configs(monkeypatch):
         dtype, layout, dual, k, groups = match[1], match[2], bool(match[3]), int(match[4]), int(match[5])
         cols, g = k - k // 8, max(groups - 1, 1)  # another K and G of the class
         target = targets.DeviceTarget(arch, 132, device)
-        passes = quantize_fp8._col_passes(target, (getattr(torch, dtype), layout, True, True, dual, cols, g))
+        key = quantize_fp8.ColPassesKey(getattr(torch, dtype), layout, True, True, dual, cols, g)
+        passes = quantize_fp8._col_passes(target, key)
         (_, _, amax_config), (_, variant, cast_config) = passes
         assert (variant.layout, variant.dual) == (layout, dual)
         assert cast_config == type(cast_config)(**fields), (device, shape_class)

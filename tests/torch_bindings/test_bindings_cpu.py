@@ -238,7 +238,7 @@ def test_grouped_1x32_keys_hold_their_groups(groups):
     quantize.launch_1x32_2d(Target(), x, x.shape, ends, groups, "rceil", True)
     pad_quantize._launch(Target(), x, x.shape, ends, groups, 32, "rceil")
     capacity = SMALL_GROUPS if groups <= SMALL_GROUPS else MAX_GROUPS
-    assert [key[4] for key in keys] == [capacity, capacity] and capacity >= groups
+    assert [key.max_groups for key in keys] == [capacity, capacity] and capacity >= groups
 
 
 @pytest.mark.parametrize(

@@ -356,7 +356,7 @@ def test_launcher_variants_and_empty_shapes(backward):
     for h13, vector in ((aligned, True), (odd, False), (shifted, False)):
         out, q, scales = call(h13)
         key, args = target.kernels.calls.pop()
-        assert key == ("swiglu_fp8", "bwd" if backward else "fwd", True, vector)
+        assert key == swiglu.SwigluKey("swiglu_fp8", "bwd" if backward else "fwd", True, vector, False)
         assert args[0] is h13 and args[1] is out and args[2] is q and args[3] is scales
         assert (args[4] is not None) == backward
         assert out.shape == ((4, h13.shape[1]) if backward else (4, h13.shape[1] // 2)) and out.dtype == BF16
@@ -557,13 +557,13 @@ def test_bounded_launcher_keys_and_arguments(backward):
     ):
         out, q, scales = call(h13, ends)
         key, args = target.kernels.calls.pop()
-        assert key == ("swiglu_fp8", direction, False, vector, "bounded")
+        assert key == swiglu.SwigluKey("swiglu_fp8", direction, False, vector, bounded=True)
         assert args[0] is h13 and args[1] is out and args[2] is q and args[3] is scales and args[5] is ends
         assert len(args) == 6 and (args[4] is not None) == backward
         call(h13, None)
-        assert target.kernels.calls.pop()[0] == ("swiglu_fp8", direction, False, vector)
-    assert swiglu._variant(("swiglu_fp8", direction, False, True, "bounded"), target).bounded
-    assert not swiglu._variant(("swiglu_fp8", direction, False, True), target).bounded
+        assert target.kernels.calls.pop()[0] == swiglu.SwigluKey("swiglu_fp8", direction, False, vector, False)
+    assert swiglu.SwigluKey("swiglu_fp8", direction, False, True, True).variant(target).bounded
+    assert not swiglu.SwigluKey("swiglu_fp8", direction, False, True, False).variant(target).bounded
     _, _, scales = call(torch.zeros(3, 0, dtype=BF16), ends)
     assert scales.tolist() == [1.0] * 3 and not target.kernels.calls
     out, _, scales = call(torch.zeros(0, 16, dtype=BF16), ends)
