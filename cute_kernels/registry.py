@@ -6,8 +6,9 @@ listed, so the bindings import this module on machines without the DSL. Each ker
 :class:`cute_kernels.base.Kernel`) carries its variants, fake arguments, per-arch config, compile
 and limits; :func:`sass_targets` turns every variant of every entry into a named SASS target.
 
-Adding a kernel: one class (``cute_kernels/<module>.py``), one entry in :data:`KERNELS`, its configs in
-``cute_kernels/configs/sm90.py`` and ``sm100.py``, one binding function.
+Adding a kernel: one class (``cute_kernels/<module>.py``), one entry in :data:`KERNELS`, its config in
+``cute_kernels/configs/sm90.py`` (and ``sm100.py`` only where Blackwell's differs), one binding
+function.
 """
 
 from __future__ import annotations

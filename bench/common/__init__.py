@@ -14,6 +14,8 @@ Used by the ``bench_*`` scripts, the tuner (``bench.tune``) and ``demo``. One mo
   :func:`progress_row` and :func:`finish`;
 * :mod:`.cli` -- the shared options, the results folder and :func:`progress`;
 * :mod:`.groups` -- group-size generators (:func:`skewed_group_ends`, :func:`block_group_ends`).
+* :mod:`.tuning` -- the tuner's sweep, ranking and table writing; :mod:`.tuned` -- the tuned table
+  (not re-exported: only ``bench.tune`` uses them).
 
 Every public name is re-exported here, so ``from bench.common import X`` works as before.
 

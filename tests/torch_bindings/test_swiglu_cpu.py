@@ -561,7 +561,8 @@ def test_bounded_launcher_keys_and_arguments(backward):
         assert args[0] is h13 and args[1] is out and args[2] is q and args[3] is scales and args[5] is ends
         assert len(args) == 6 and (args[4] is not None) == backward
         call(h13, None)
-        assert target.kernels.calls.pop()[0] == swiglu.SwigluKey("swiglu_fp8", direction, False, vector, False)
+        key = swiglu.SwigluKey("swiglu_fp8", direction, False, vector, False)
+        assert target.kernels.calls.pop()[0] == key
     assert swiglu.SwigluKey("swiglu_fp8", direction, False, True, True).variant(target).bounded
     assert not swiglu.SwigluKey("swiglu_fp8", direction, False, True, False).variant(target).bounded
     _, _, scales = call(torch.zeros(3, 0, dtype=BF16), ends)
