@@ -106,7 +106,7 @@ def _harness(args: argparse.Namespace, device, arch: str):
     return Harness(
         compile=compile_one,
         time=lambda fn, sets: time_cuda(fn, sets, **timing),
-        copy_us=lambda nbytes: copy_baseline_best(nbytes, device, tries=args.copy_tries)[0].us,
+        copy_us=lambda nbytes: copy_baseline_best(nbytes, device, tries=args.copy_tries, **timing)[0].us,
         rotating=make_rotating_inputs,
         as_bytes=lambda t: t.view(torch.uint8).clone(),
         reset=lambda t, byte: t.view(torch.uint8).fill_(byte),

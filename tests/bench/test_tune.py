@@ -156,3 +156,13 @@ def test_write_winners_merges_into_the_table(tmp_path, monkeypatch):
         }
     finally:
         configs._tuned.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["pad", "quantize_fp8_col"])
+def test_a_short_sweep_on_the_gpu(kernel, tmp_path):
+    """The driver end to end on the GPU: a quick sweep with few timing samples, every config's bytes
+    the same, the results written."""
+    argv = [kernel, "--quick", "--iters", "2", "--warmup", "1", "--reps", "1", "--copy-tries", "1"]
+    assert tune.main([*argv, "--out", str(tmp_path)]) == 0
+    assert (tmp_path / f"tune_{kernel}.json").exists()
