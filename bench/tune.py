@@ -121,7 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --write: {args.kernel}'s configs are chosen in configs/sm90.py", file=sys.stderr)
         return 2
     from bench.common.device import cuda_or_none
+    from cute_kernels.configs import spaces as declared
 
+    name = _space_name(args)
+    unknown = [k for k in TARGETS[args.kernel] if name not in declared.spaces(k)]
+    if unknown:
+        print(f"error: --space {name}: not declared for {', '.join(unknown)}", file=sys.stderr)
+        return 2
     device = cuda_or_none(f"bench.tune {args.kernel}")
     if device is None:
         return 2
@@ -140,7 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     if arch is None:
         print(f"error: {why}", file=sys.stderr)
         return 2
-    name = _space_name(args)
     space = {k: spaces.space(k, name, quick=args.quick) for k in TARGETS[args.kernel]}
     cases: list = getattr(tune_cases, args.kernel)(args, device)
     print(f"device: {torch.cuda.get_device_name()} ({arch}), {len(cases)} cases, space {name}")

@@ -371,7 +371,7 @@ class Quantize1x32Kernel(Kernel):
     def shared_bytes(cls, variant: Quantize1x32Variant, config: QuantizeConfig) -> int:
         """The size of :func:`shared_storage`, the struct the kernel allocates: the warps'
         ``cp.async`` rings (``config.stages`` units each) and the group scans' arrays."""
-        return shared_storage(variant.dtype, variant.layout, config).__sizeof__()
+        return shared_storage(variant.dtype, variant.layout, config).size_in_bytes()
 
     def __init__(self, variant: Quantize1x32Variant, config: QuantizeConfig) -> None:
         if variant.mode not in ("floor", "rceil"):

@@ -38,9 +38,9 @@ def _outside_graph(name: str, reference: Callable[..., Any]) -> Callable[..., An
     """``reference`` wrapped with ``torch.compiler.disable``, its reason naming the op ``name``."""
     reason = (
         f"{name}: torch.compile of the cute_kernels ops is a GPU feature (the graph holds the CuTeDSL "
-        "kernel's custom op, on a CUDA tensor of an sm_90/sm_100 GPU); on CPU, or with "
-        "backend='reference', the PyTorch reference runs eagerly outside the graph, so "
-        "fullgraph=True cannot compile it. Call the op eagerly there (same bytes)."
+        "kernel's custom op, on a CUDA tensor of an sm_90/sm_100 GPU); on CPU, on a GPU the kernels "
+        "do not support, or with backend='reference', the PyTorch reference runs eagerly outside "
+        "the graph, so fullgraph=True cannot compile it. Call the op eagerly there (same bytes)."
     )
     return torch.compiler.disable(reference, reason=reason)
 

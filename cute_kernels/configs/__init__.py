@@ -23,17 +23,31 @@ _FALLBACK = {"sm_100a": "sm_90a"}
 
 
 def _function(name: str, arch: str) -> Any:
-    """The function ``name`` of ``arch``'s config module, else of the arch it falls back to."""
+    """The function ``name`` of ``arch``'s config module, else of the arch it falls back to; never
+    for an arch the kernel does not compile for (``Kernel.archs``)."""
     if arch not in _MODULES:
         raise ValueError(f"no configs for arch {arch!r} (known: {', '.join(_MODULES)})")
+    asked = arch
     while True:
         module = importlib.import_module(f"{__name__}.{_MODULES[arch]}")
         function = getattr(module, name, None)
         if function is not None:
+            if arch != asked:
+                _check_arch(name, asked)
             return function
         if arch not in _FALLBACK:
             raise AttributeError(f"no config function {name!r} for {arch} in {module.__name__}")
         arch = _FALLBACK[arch]
+
+
+def _check_arch(name: str, arch: str) -> None:
+    """A fallback config only for a kernel that compiles for ``arch`` (``name`` a registry kernel,
+    or ``<kernel>_for_shape``)."""
+    from cute_kernels import registry
+
+    entry = registry.KERNELS.get(name.removesuffix("_for_shape"))
+    if entry is not None and arch not in entry.kernel_class().archs:
+        raise ValueError(f"kernel {entry.name!r} does not compile for {arch}: it has no config there")
 
 
 def pick(kernel: str, variant: Any, arch: str) -> Any:

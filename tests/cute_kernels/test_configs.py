@@ -22,11 +22,24 @@ def test_sm100_states_only_its_own_choices():
 
 @pytest.mark.parametrize("name", sorted(registry.KERNELS))
 def test_pick_falls_back_to_sm90(name):
+    blackwell = "sm_100a" in registry.entry(name).kernel_class().archs
     for variant in registry.entry(name).variants()[:4]:
         hopper = configs.pick(name, variant, "sm_90a")
         assert hopper == getattr(sm90, name)(variant)
         own = getattr(sm100, name, None)
-        assert configs.pick(name, variant, "sm_100a") == (own or getattr(sm90, name))(variant)
+        if blackwell:
+            assert configs.pick(name, variant, "sm_100a") == (own or getattr(sm90, name))(variant)
+        else:  # an sm_90a-only kernel (wgmma) has no sm_100a config to fall back to
+            with pytest.raises(ValueError, match="does not compile for sm_100a"):
+                configs.pick(name, variant, "sm_100a")
+
+
+def test_sm100_overrides_come_with_their_shape_functions():
+    """Where sm100 states a kernel's config and sm90 picks it per shape, sm100 states the per-shape
+    choice too (else ``pick_for_shape`` would bypass the sm100 choice through sm90's)."""
+    for name, function in vars(sm100).items():
+        if inspect.isfunction(function) and hasattr(sm90, f"{name}_for_shape"):
+            assert hasattr(sm100, f"{name}_for_shape"), name
 
 
 def test_pick_for_shape_falls_back_to_sm90():
