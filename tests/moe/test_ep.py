@@ -350,3 +350,37 @@ def test_ep_imports_and_runs_on_cpu_without_cutlass():
         [sys.executable, "-c", _WITHOUT_CUTLASS], env=env, cwd=root, capture_output=True, text=True
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_ep_kernel_keys_are_named_and_looked_up_as_plain_tuples():
+    """The EP bindings' kernel keys: each NamedTuple builds its kernel's variant from named fields,
+    and ``_kernel`` finds a compiled kernel from the plain tuple of the same fields (a NamedTuple
+    compares and hashes equal), compiling only on a miss."""
+    pytest.importorskip("cutlass")
+    from cute_kernels.combine_sum import CombineSumVariant
+    from cute_kernels.ep_route import EpFillVariant, EpIdVariant
+    from cute_kernels.pad import RowGatherVariant
+
+    cases = [
+        (ep.ScatterKey, ("row_scatter", "bfloat16", 16), RowGatherVariant("bfloat16", 16)),
+        (ep.IdKey, ("ep_route", "int64"), EpIdVariant("int64")),
+        (ep.IdKey, ("ep_layout", "int32"), EpIdVariant("int32")),
+        (ep.FillKey, ("ep_zero_fill", "float32", 4), EpFillVariant("float32", 4)),
+        (ep.CombineSumKey, ("combine_sum",), CombineSumVariant()),
+    ]
+
+    class Target:
+        def __init__(self):
+            self.kernels, self.compiled = {}, []
+
+        def kernel(self, key, variant_of):
+            self.compiled.append(variant_of(key, self))
+            self.kernels[key] = f"kernel {len(self.compiled)}"
+            return self.kernels[key]
+
+    target = Target()
+    for key_class, key, variant in cases:
+        first = ep._kernel(target, key_class, key)
+        assert target.compiled[-1] == variant
+        assert ep._kernel(target, key_class, key) == first  # found, not compiled again
+    assert len(target.compiled) == len(cases)

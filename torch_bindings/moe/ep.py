@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -356,7 +356,7 @@ def scatter_rows(
         return
     vec = _vector_bytes(src.dtype, src.shape[1])
     name = str(src.dtype).removeprefix("torch.")
-    kernel = target.kernel(("row_scatter", name, vec), _scatter_variant)
+    kernel = _kernel(target, ScatterKey, ("row_scatter", name, vec))
     kernel(src, dst.own, src_rows, dst_index, ptrs)
 
 
@@ -365,10 +365,59 @@ def _target(tensor: torch.Tensor):
     return targets.known(tensor) or targets.select("ep", "auto", tensor)
 
 
-def _scatter_variant(key: tuple, target) -> object:
-    from cute_kernels.pad import RowGatherVariant
+class ScatterKey(NamedTuple):
+    """The row scatter's key: element ``dtype`` name and vector bytes ``vec``."""
 
-    return RowGatherVariant(key[1], key[2])
+    kernel: str
+    dtype: str
+    vec: int
+
+    def variant(self, target) -> object:
+        from cute_kernels.pad import RowGatherVariant
+
+        return RowGatherVariant(self.dtype, self.vec)
+
+
+class IdKey(NamedTuple):
+    """The routing kernels' key (``ep_route``, ``ep_layout``): the ids' dtype name."""
+
+    kernel: str
+    ids: str
+
+    def variant(self, target) -> object:
+        from cute_kernels.ep_route import EpIdVariant
+
+        return EpIdVariant(self.ids)
+
+
+class FillKey(NamedTuple):
+    """The zero fill's key: the buffer's dtype name and vector bytes ``vec``."""
+
+    kernel: str
+    dtype: str
+    vec: int
+
+    def variant(self, target) -> object:
+        from cute_kernels.ep_route import EpFillVariant
+
+        return EpFillVariant(self.dtype, self.vec)
+
+
+class CombineSumKey(NamedTuple):
+    """The combine sum's key (one variant)."""
+
+    kernel: str
+
+    def variant(self, target) -> object:
+        from cute_kernels.combine_sum import CombineSumVariant
+
+        return CombineSumVariant()
+
+
+def _kernel(target, key_class, key: tuple) -> object:
+    """The compiled kernel of ``key`` (a plain tuple of ``key_class``'s fields, equal to the key:
+    the table is read without building the NamedTuple; built only to compile on a miss)."""
+    return target.kernels.get(key) or target.kernel(key_class._make(key), key_class.variant)
 
 
 def _scatter_rows_reference(src, buffers: list, src_rows, dst_index) -> None:
@@ -417,12 +466,6 @@ def _routing_target(tensor: torch.Tensor, experts: int):
     return _target(tensor) if experts <= EP_MAX_EXPERTS else None
 
 
-def _id_variant(key: tuple, target) -> object:
-    from cute_kernels.ep_route import EpIdVariant
-
-    return EpIdVariant(key[1])
-
-
 def route(topk_idx: torch.Tensor, experts: int, ticket: int = 0) -> Routing:
     """:class:`Routing` of topk_idx (T, k) int32/int64 (any strides); on a GPU one launch of the
     route kernel, which also writes ``ticket`` (the slot's :func:`slot_ticket`) after the counts
@@ -434,7 +477,7 @@ def route(topk_idx: torch.Tensor, experts: int, ticket: int = 0) -> Routing:
     ids = topk_idx.view(-1) if topk_idx.is_contiguous() else topk_idx.contiguous().view(-1)
     message = torch.empty(experts + 1, dtype=torch.int32, device=ids.device)
     position = message.new_empty(ids.shape[0])
-    kernel = target.kernel(("ep_route", _ID_NAMES[ids.dtype]), _id_variant)
+    kernel = _kernel(target, IdKey, ("ep_route", _ID_NAMES[ids.dtype]))
     kernel(ids, message, position, experts, ticket)
     return Routing(ids, message[:experts], position, message)
 
@@ -482,7 +525,7 @@ def layout(
         return _layout_torch(routing, all_counts, rank, shape, filled)
     dst = routing.position.new_empty(shape.pairs)
     start, end, sizes = (dst.new_empty(shape.local_experts) for _ in range(3))
-    kernel = target.kernel(("ep_layout", _ID_NAMES[routing.expert.dtype]), _id_variant)
+    kernel = _kernel(target, IdKey, ("ep_layout", _ID_NAMES[routing.expert.dtype]))
     kernel(
         routing.expert,
         routing.position,
@@ -659,7 +702,7 @@ def _fill_padding(lay: Layout, bufs: dict, recipe: str) -> None:
     for name, rows in bufs.items():
         own = rows.own
         word = _ONE_BITS if name == "s" and recipe == "fp8_rowwise" else 0
-        kernel = target.kernel(_fill_key(own), _fill_variant)
+        kernel = _kernel(target, FillKey, _fill_key(own))
         kernel(own, lay.padded_start, lay.padded_end, lay.sizes, filled, int(fresh), word, target.num_sms)
 
 
@@ -679,12 +722,6 @@ def _fill_key(buf: torch.Tensor) -> tuple:
             raise ValueError(f"no zero-fill variant writes rows of {buf.shape[1]} x {buf.dtype}")
         key = _FILL_KEYS[shape_key] = ("ep_zero_fill", name, vec)
     return key
-
-
-def _fill_variant(key: tuple, target) -> object:
-    from cute_kernels.ep_route import EpFillVariant
-
-    return EpFillVariant(key[1], key[2])
 
 
 _INDEX_TENSORS: dict[tuple, torch.Tensor] = {}
@@ -792,14 +829,8 @@ def finish_combine(
     if target is None:
         return reference.weighted_slot_sum(combined_rows(result, rows_buffer), weights)
     out = rows.new_empty((shape.tokens, rows.shape[1]))
-    target.kernel(("combine_sum",), _combine_sum_variant)(rows, result.dst_index, weights, out)
+    _kernel(target, CombineSumKey, ("combine_sum",))(rows, result.dst_index, weights, out)
     return out
-
-
-def _combine_sum_variant(key: tuple, target) -> object:
-    from cute_kernels.combine_sum import CombineSumVariant
-
-    return CombineSumVariant()
 
 
 def combined_rows(result: DispatchResult, rows_buffer: SharedRows) -> torch.Tensor:
