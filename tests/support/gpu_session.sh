@@ -8,7 +8,8 @@
 #   (2+ GPUs) bash tests/support/gpu_session.sh multigpu
 #
 # Stages:
-#   gemm      the grouped GEMM's GPU tests (the kernel not yet verified on a GPU), then its bench
+#   gemm      the grouped GEMM's GPU tests and its gemm="cute" wiring (not yet verified on a GPU),
+#             then its bench
 #   suite     every GPU test (pytest -m gpu, XDIST workers, default 6)
 #   fuzz      the fuzz harness on dirty memory with garbage offsets (FUZZ_EXAMPLES per op)
 #   sanitize  compute-sanitizer memcheck + racecheck over the small fuzz, caching allocator off
@@ -40,7 +41,8 @@ echo "GPUs: $gpus ($("$PYTHON" -c 'import torch; print(torch.cuda.get_device_nam
 for stage in "$@"; do
     case "$stage" in
     gemm)
-        run_stage gemm_tests "$PYTHON" -m pytest -q -x -m gpu tests/torch_bindings/test_grouped_gemm_sm90_gpu.py
+        run_stage gemm_tests "$PYTHON" -m pytest -q -x -m gpu tests/torch_bindings/test_grouped_gemm_sm90_gpu.py \
+            tests/moe/test_grouped_mm_cute.py
         run_stage gemm_bench "$PYTHON" -m bench.bench_grouped_gemm --out "$OUT"
         ;;
     suite) run_stage suite "$PYTHON" -m pytest -q -m gpu -n "${XDIST:-6}" tests ;;
