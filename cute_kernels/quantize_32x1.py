@@ -57,11 +57,15 @@ from cute_utils.blocked import (
     blocked_row_offset,
     blocked_tile_index,
     ceil_div,
-    zero_fill_chunks,
 )
 from cute_utils.columns import PAIR, as_one_expert, block_half_view, column_pair_view, store_sector_pairs
 from cute_utils.constants import MAX_GROUPS
-from cute_utils.group_tiles import group_row_tile, grouped_tile_count, k_groups_tile_column
+from cute_utils.group_tiles import (
+    group_row_tile,
+    grouped_tile_count,
+    k_groups_tile_column,
+    zero_k_groups_tail,
+)
 from cute_utils.groups import prefix_smem_words
 from cute_utils.mx import BLOCK_SIZE, abs_bits, e8m0_scale, inverse_scale
 
@@ -148,6 +152,23 @@ def quantize_column(values: cute.Tensor, j: cutlass.Constexpr, s: Int32, q: cute
     q.store(scaled.load().to(Float8E4M3FN))
 
 
+def shared_storage(layout: ScaleLayout, config: Quantize32x1Config):
+    """The ``@cute.struct`` of one CTA's shared memory, ``None`` for the layouts that take none:
+    ``k_groups`` holds the shared-memory group scan's Int32 arrays ``prefix`` and ``ends``
+    (``max_groups + 1`` words each) and its scratch ``warp_totals`` (a word per warp), each 16-byte
+    aligned (up to 32 groups the scan runs in registers and leaves them unused). The kernel
+    allocates it; its size is the launch's dynamic shared memory."""
+    if layout is not ScaleLayout.K_GROUPS:
+        return None
+    words = prefix_smem_words(config.max_groups)
+    fields = {
+        "prefix": cute.struct.Align[cute.struct.MemRange[Int32, words], 16],
+        "ends": cute.struct.Align[cute.struct.MemRange[Int32, words], 16],
+        "warp_totals": cute.struct.Align[cute.struct.MemRange[Int32, THREADS // 32], 16],
+    }
+    return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+
 @dataclass(frozen=True)
 class Quantize32x1Variant:
     """Compile-time choices: ``dtype`` (a :data:`DTYPES` name), ``mode`` (``"floor"`` or
@@ -213,11 +234,19 @@ class Quantize32x1Kernel(Kernel):
             f"{THREADS} thr x {BLOCK_SIZE} rows x {COLS_PER_THREAD} cols x {elem} B",
         )
 
+    @classmethod
+    def shared_bytes(cls, variant: Quantize32x1Variant, config: Quantize32x1Config) -> int:
+        """The size of :func:`shared_storage`, the struct the ``k_groups`` kernel allocates (the group
+        scan's arrays); 0 for the other layouts, which take no shared memory."""
+        storage = shared_storage(variant.layout, config)
+        return 0 if storage is None else storage.size_in_bytes()
+
     def __init__(self, variant: Quantize32x1Variant, config: Quantize32x1Config) -> None:
         super().__init__(variant, config)
         self.mode = variant.mode
         self.layout = variant.layout
         self.grouped = variant.layout is ScaleLayout.K_GROUPS
+        self.storage = shared_storage(variant.layout, config)
 
     @classmethod
     def variants(cls) -> list[Quantize32x1Variant]:
@@ -324,7 +353,7 @@ class Quantize32x1Kernel(Kernel):
         _, rows, _ = x.shape
         _, scale_rows, scale_cols = scales.shape
         num_groups = offsets.shape[0]
-        smem = SmemAllocator()
+        storage = SmemAllocator().allocate(self.storage)
         words = prefix_smem_words(self.config.max_groups)
         first_row, tile_rows, covered, group_prefix, next_prefix, covered_blocks = group_row_tile(
             offsets,
@@ -333,16 +362,17 @@ class Quantize32x1Kernel(Kernel):
             row_tile,
             tid,
             THREADS,
-            smem.allocate_tensor(Int32, cute.make_layout(words), 16),
-            smem.allocate_tensor(Int32, cute.make_layout(words), 16),
-            smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32), 16),
+            storage.prefix.get_tensor(cute.make_layout(words)),
+            storage.ends.get_tensor(cute.make_layout(words)),
+            storage.warp_totals.get_tensor(cute.make_layout(THREADS // 32)),
         )
         # Bytes past the last group's region are zero: a grid-stride loop over all CTAs.
         grid_x, grid_y, _ = cute.arch.grid_dim()
-        zero_fill_chunks(
+        zero_k_groups_tail(
             _flat_view(scales, Uint32, 4)[0, None],
-            cutlass.min(scale_rows * TILE_COLS * covered_blocks, scale_rows * scale_cols),
-            scale_rows * scale_cols,
+            scale_rows,
+            scale_cols,
+            covered_blocks,
             (row_tile * grid_y + col_chunk) * THREADS + tid,
             grid_x * grid_y * THREADS,
         )
@@ -430,4 +460,5 @@ __all__ = [
     "column_amax_bits",
     "load_column_pair_block",
     "quantize_column",
+    "shared_storage",
 ]

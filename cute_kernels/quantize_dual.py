@@ -77,10 +77,9 @@ from cute_utils.blocked import (
     blocked_row_offset,
     blocked_tile_index,
     ceil_div,
-    zero_fill_chunks,
 )
 from cute_utils.constants import MAX_GROUPS
-from cute_utils.group_tiles import group_row_tile, k_groups_tile_column
+from cute_utils.group_tiles import group_row_tile, k_groups_tile_column, zero_k_groups_tail
 from cute_utils.groups import prefix_smem_words
 from cute_utils.mx import BLOCK_SIZE, e4m3x2_into, e4m3x4, e8m0_scale, inverse_scale, max_u16x2
 from cute_utils.occupancy import MAX_GRID_Y, chunk_major_grid, spread_row_tile
@@ -529,12 +528,13 @@ class QuantizeDualKernel(Kernel):
         grid_x, grid_y, grid_z = cute.arch.grid_dim()
         bx, by, bz = cute.arch.block_idx()
         cta = (bz * grid_y + by) * grid_x + bx
-        zero_fill_chunks(
+        zero_k_groups_tail(
             cute.make_tensor(
                 cute.recast_ptr(scales_t.iterator, dtype=Uint32), cute.make_layout(cute.size(scales_t) // 4)
             ),
-            cutlass.min(scale_rows_t * TILE_COLS * covered_blocks, scale_rows_t * scale_cols_t),
-            scale_rows_t * scale_cols_t,
+            scale_rows_t,
+            scale_cols_t,
+            covered_blocks,
             cta * 32 * warps + tid,
             grid_x * grid_y * grid_z * 32 * warps,
         )

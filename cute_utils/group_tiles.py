@@ -14,7 +14,8 @@ Users: the swizzle's M-groups row blocks (:func:`m_groups_row_block`) and K-grou
 (:func:`group_tile`, unit 4); the 32x1 and dual kernels' group-aligned row tiles
 (:func:`group_row_tile`: a warp scan in registers up to :data:`WARP_SCAN_GROUPS` groups,
 :func:`warp_group_row_block`, else the shared-memory scan) and where their K-groups scale words go
-(:func:`k_groups_tile_column`); the sm_90a grouped GEMM's 2d3d output tiles (:func:`group_tile`,
+(:func:`k_groups_tile_column`), and the zero tail of their K-groups scales past the last group
+(:func:`zero_k_groups_tail`); the sm_90a grouped GEMM's 2d3d output tiles (:func:`group_tile`,
 unit 128); 3D experts, all groups of one size (:func:`uniform_groups_row_block`).
 """
 
@@ -22,7 +23,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from .blocked import TILE_BYTES, ceil_div
+from .blocked import TILE_BYTES, ceil_div, zero_fill_chunks
 from .constants import TILE_COLS, TILE_ROWS
 from .groups import SEARCH_STEPS, clamped_end, find_group, scan_group_sizes, smem_group_bounds
 from .scan import WARP, warp_inclusive_sum
@@ -98,6 +99,28 @@ def k_groups_tile_column(group_prefix: Int32, next_prefix: Int32, row_block: Int
     word at byte ``base + (k // 128) * row_block_bytes + (k % 32) * 16 + ((k % 128) // 32) * 4``."""
     base = scale_rows * TILE_COLS * group_prefix + (row_block - group_prefix) * TILE_BYTES
     return base, (next_prefix - group_prefix) * TILE_BYTES
+
+
+@cute.jit
+def zero_k_groups_tail(
+    words: cute.Tensor,
+    scale_rows: Int32,
+    scale_cols: Int32,
+    covered_blocks: Int32,
+    index: Int32,
+    stride: Int32,
+):
+    """Zero the bytes of a K-groups scale layout ((Rp, M/32 + 4 G) bytes with ``scale_rows`` = Rp,
+    ``scale_cols`` = M/32 + 4 G; ``words``: the same bytes as flat Uint32) past the groups' padded
+    128-row blocks (``covered_blocks`` = prefix[G], from :func:`group_row_tile`), as the chunks
+    ``index``, ``index + stride``, ... of a grid-stride loop over every thread of the grid."""
+    zero_fill_chunks(
+        words,
+        cutlass.min(scale_rows * TILE_COLS * covered_blocks, scale_rows * scale_cols),
+        scale_rows * scale_cols,
+        index,
+        stride,
+    )
 
 
 #: Most groups :func:`warp_group_scan` takes (one per lane).

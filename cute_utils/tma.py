@@ -8,10 +8,14 @@ tensor at run time, so symbolic shapes work):
 * :func:`make_row_tile_load` -> ``(atom, tma_x)``: a TMA load of ``(box_rows, box_cols)`` boxes of a
   row-major (rows, cols) tensor; pass both to the kernel.
 
+Shared memory: the kernel's ``@cute.struct`` declares the rings of all its warps with
+:func:`slots_field` (the boxes) and :func:`barriers_field` (one mbarrier per slot), so the struct's
+size is the CTA's shared memory; the kernel allocates the struct once.
+
 Kernel side, per warp (every lane calls each function; they elect the single thread they need):
 
-* :func:`allocate_warp_ring` -> ``(slots, barriers)``: this warp's ``stages`` shared slots (one box
-  each, row-major, no swizzle) and one mbarrier per slot;
+* :func:`warp_ring` -> ``(slots, barriers)``: this warp's ``stages`` shared slots (one box each,
+  row-major, no swizzle) and one mbarrier per slot, from the struct's two fields;
 * :func:`partition_ring` -> ``(src, dst)``: the TMA views of the boxes and of the slots;
 * :func:`ring_init`: initialise the barriers (arrival count 1: the issuing thread's arrive);
 * :func:`ring_issue`: arm slot ``stage``'s barrier with the box's byte count and start the copy of
@@ -22,8 +26,8 @@ Kernel side, per warp (every lane calls each function; they elect the single thr
 
 TMA stores from a per-warp staging ring (the lanes write a box with STS, one thread stores it):
 
-* :func:`make_row_tile_store` (host) -> ``(atom, tma_y)``; :func:`allocate_warp_slots` for the slots
-  and :func:`partition_ring` for the views, as for loads;
+* :func:`make_row_tile_store` (host) -> ``(atom, tma_y)``; :func:`warp_slots` for the slots (a
+  :func:`slots_field` of the struct) and :func:`partition_ring` for the views, as for loads;
 * :func:`store_slot_wait`: before the lanes overwrite a staging slot, wait until the store issued
   from it ``ahead`` stores ago has read it;
 * :func:`store_issue`: after :func:`ring_release` (the lanes' STS made visible to the async proxy),
@@ -91,29 +95,37 @@ def box_bytes(dtype, box_rows: int, box_cols: int) -> int:
     return box_rows * box_cols * dtype.width // 8
 
 
-def allocate_warp_slots(smem, dtype, box_rows: int, box_cols: int, stages: int, warps: int, warp):
-    """Warp ``warp``'s (box_rows, box_cols, stages) slots (:func:`box_layout`, 128-byte aligned) out of
-    ``warps`` rings of ``dtype`` allocated in one go, without barriers (TMA store staging)."""
-    ring = smem.allocate_tensor(
-        dtype,
+def slots_field(dtype, box_rows: int, box_cols: int, stages: int, warps: int):
+    """The ``@cute.struct`` field (128-byte aligned) of ``warps`` rings of ``stages`` boxes of
+    ``(box_rows, box_cols)`` elements of ``dtype`` each, one ring after the other."""
+    return cute.struct.Align[cute.struct.MemRange[dtype, box_rows * box_cols * stages * warps], 128]
+
+
+def barriers_field(stages: int, warps: int):
+    """The ``@cute.struct`` field (8-byte aligned) of the mbarriers of ``warps`` load rings of
+    ``stages`` slots each."""
+    return cute.struct.Align[cute.struct.MemRange[Int64, stages * warps], 8]
+
+
+def warp_slots(memory, box_rows: int, box_cols: int, stages: int, warps: int, warp):
+    """Warp ``warp``'s (box_rows, box_cols, stages) slots (:func:`box_layout`) of the allocated
+    :func:`slots_field` ``memory`` (rings without barriers: TMA store staging)."""
+    ring = memory.get_tensor(
         cute.make_layout(
             (box_rows, box_cols, stages, warps),
             stride=(box_cols, 1, box_rows * box_cols, stages * box_rows * box_cols),
-        ),
-        byte_alignment=128,
+        )
     )
     return ring[None, None, None, warp]
 
 
-def allocate_warp_ring(smem, dtype, box_rows: int, box_cols: int, stages: int, warps: int, warp):
-    """``(slots, barriers)`` of warp ``warp`` out of ``warps`` load rings allocated in one go.
+def warp_ring(slots, barriers, box_rows: int, box_cols: int, stages: int, warps: int, warp):
+    """``(slots, barriers)`` of warp ``warp``'s load ring, from the allocated fields ``slots``
+    (:func:`slots_field`) and ``barriers`` (:func:`barriers_field`).
 
-    ``slots``: (box_rows, box_cols, stages) tensor of ``dtype`` (:func:`allocate_warp_slots`);
-    ``barriers``: Int64 pointer to this warp's ``stages`` mbarriers (``barriers + s`` is slot s's).
-    Call it from every thread of the CTA, the same way, so the allocations agree."""
-    slots = allocate_warp_slots(smem, dtype, box_rows, box_cols, stages, warps, warp)
-    barriers = smem.allocate_array(Int64, stages * warps, byte_alignment=8)
-    return slots, barriers + warp * stages
+    ``slots``: (box_rows, box_cols, stages) tensor (:func:`warp_slots`); ``barriers``: Int64 pointer
+    to this warp's ``stages`` mbarriers (``barriers + s`` is slot s's)."""
+    return warp_slots(slots, box_rows, box_cols, stages, warps, warp), barriers.data_ptr() + warp * stages
 
 
 def partition_ring(atom, tma_x: cute.Tensor, slots: cute.Tensor, box_rows: int, box_cols: int):

@@ -214,7 +214,7 @@ def swiglu_fp8(variant):
 
 
 # --- quantize TMA, experimental (notes/quantize-tma.md) ---
-# 8-row boxes, 3 stages, TMA stores of q: 4 KB in flight per warp, 7 CTAs per SM. Not tuned: it
+# 8-row boxes, 3 stages, TMA stores of q: 4 KB in flight per warp, 6 CTAs per SM. Not tuned: it
 # is slower than the cp.async 1x32 kernel and no public op runs it.
 def quantize_tma(variant):
     from cute_kernels.experimental.quantize_tma import TmaQuantizeConfig

@@ -95,13 +95,25 @@ class TmaQuantizeConfig:
             raise ValueError(f"warp_tiles={self.warp_tiles} must be 1, 2 or 4")
         if self.store_stages < 0:
             raise ValueError(f"store_stages={self.store_stages} must be >= 0")
-        if self.ring_bytes(4) > SMEM_BYTES - 1024:
-            raise ValueError(f"{self}: the fp32 rings take {self.ring_bytes(4)} bytes of shared memory")
+        fp32_bytes = shared_storage(Float32, self).size_in_bytes()
+        if fp32_bytes > SMEM_BYTES - 1024:
+            raise ValueError(f"{self}: the fp32 rings take {fp32_bytes} bytes of shared memory")
 
-    def ring_bytes(self, element_bytes: int) -> int:
-        """Shared memory of a CTA's rings (slots and barriers) for elements of ``element_bytes``."""
-        load = self.stages * (self.box_rows * TILE_K * element_bytes + 8)
-        return WARPS * (load + self.store_stages * self.box_rows * TILE_K)
+
+def shared_storage(dtype, config: TmaQuantizeConfig):
+    """The ``@cute.struct`` of one CTA's shared memory for x of ``dtype``: ``slots``, the warps' load
+    rings (``stages`` boxes of ``box_rows`` x 128 elements each, 128-byte aligned), ``barriers``,
+    their mbarriers (one per slot), and, with TMA stores (``store_stages > 0``), ``q_slots``, the
+    warps' E4M3 staging rings (:mod:`cute_utils.tma`). The kernel allocates it; its size is the
+    launch's dynamic shared memory."""
+    box_rows, stages = config.box_rows, config.stages
+    fields = {
+        "slots": tma.slots_field(dtype, box_rows, TILE_K, stages, WARPS),
+        "barriers": tma.barriers_field(stages, WARPS),
+    }
+    if config.store_stages:
+        fields["q_slots"] = tma.slots_field(Float8E4M3FN, box_rows, TILE_K, config.store_stages, WARPS)
+    return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
 
 # The default config (``TmaQuantizeConfig()``, not tuned: the reasons are in
@@ -109,7 +121,7 @@ class TmaQuantizeConfig:
 # because that takes the per-lane 64-bit address math and store predicates out of the loop (SASS of
 # the bf16 rceil blocked main loop on sm_90a: ~86 instructions per 8-element step, 100 with 8-byte
 # STG, 122 for the cp.async kernel). 8-row boxes, 3 stages: 2 KB (bf16) per box, 4 KB in flight per
-# warp, 32 KB of shared memory per CTA (7 CTAs, 28 warps per SM).
+# warp, 32 KB of shared memory per CTA (`shared_storage`: 6 CTAs, 24 warps per SM).
 
 
 @cute.jit
@@ -277,6 +289,12 @@ class QuantizeTmaKernel(Kernel):
             f"{TILE_K} cols x {elem} B",
         )
 
+    @classmethod
+    def shared_bytes(cls, variant: TmaVariant, config: TmaQuantizeConfig) -> int:
+        """The size of :func:`shared_storage`, the struct the kernel allocates: the warps' load rings
+        with their mbarriers and, with TMA stores, their E4M3 staging rings."""
+        return shared_storage(DTYPES[variant.dtype], config).size_in_bytes()
+
     def __init__(self, variant: TmaVariant, config: TmaQuantizeConfig) -> None:
         if variant.mode not in ("floor", "rceil"):
             raise ValueError(f"mode must be 'floor' or 'rceil', got {variant.mode!r}")
@@ -284,7 +302,7 @@ class QuantizeTmaKernel(Kernel):
         if layout not in LAYOUTS:
             raise ValueError(f"the TMA kernel takes plain or blocked scales, not {layout}")
         dtype = DTYPES[variant.dtype]
-        if config.ring_bytes(dtype.width // 8) > SMEM_BYTES - 1024:
+        if self.shared_bytes(variant, config) > SMEM_BYTES - 1024:
             raise ValueError(f"{config}: the rings do not fit in shared memory for {variant.dtype}")
         super().__init__(variant, config)
         self.mode = variant.mode
@@ -301,6 +319,7 @@ class QuantizeTmaKernel(Kernel):
         self.threads = 32 * WARPS
         self.store_stages = config.store_stages
         self.tma_store = config.store_stages > 0
+        self.storage = shared_storage(dtype, config)
 
     @classmethod
     def variants(cls) -> list[TmaVariant]:
@@ -360,16 +379,14 @@ class QuantizeTmaKernel(Kernel):
             min_blocks_per_mp=self.config.min_ctas_per_sm,
         )
 
-    def _q_out(self, smem, store_atom, tma_q, q: cute.Tensor, warp, rows, cols):
+    def _q_out(self, storage, store_atom, tma_q, q: cute.Tensor, warp, rows, cols):
         """``(q_out, q_boxes, q_stages)``: where the lanes write E4M3 data, q itself or (TMA stores)
         this warp's staging ring (row = slot row), as 8-element vectors (bf16) or pairs of Uint32
         words (fp32), and the staging ring's TMA views (``None`` without TMA stores)."""
         box_rows = self.box_rows
         q_boxes = q_stages = None
         if self.tma_store:
-            q_slots = tma.allocate_warp_slots(
-                smem, Float8E4M3FN, box_rows, TILE_K, self.store_stages, WARPS, warp
-            )
+            q_slots = tma.warp_slots(storage.q_slots, box_rows, TILE_K, self.store_stages, WARPS, warp)
             q_boxes, q_stages = tma.partition_ring(store_atom, tma_q, q_slots, box_rows, TILE_K)
             out_rows = self.store_stages * box_rows
             q_base = q_slots
@@ -508,10 +525,12 @@ class QuantizeTmaKernel(Kernel):
         lane_vec = lane % LANES_PER_ROW  # the lane's 8-element vector within the 128-column tile
 
         scale_view = _scale_view(scales, self.layout, rows, cols)
-        smem = SmemAllocator()
-        slots, barriers = tma.allocate_warp_ring(smem, self.dtype, box_rows, TILE_K, stages, WARPS, warp)
+        storage = SmemAllocator().allocate(self.storage)
+        slots, barriers = tma.warp_ring(
+            storage.slots, storage.barriers, box_rows, TILE_K, stages, WARPS, warp
+        )
         src, dst = tma.partition_ring(atom, tma_x, slots, box_rows, TILE_K)
-        q_out, q_boxes, q_stages = self._q_out(smem, store_atom, tma_q, q, warp, rows, cols)
+        q_out, q_boxes, q_stages = self._q_out(storage, store_atom, tma_q, q, warp, rows, cols)
         lane_view = self._lane_view(slots)
         swap = Int32(0)
         if cutlass.const_expr(self.wide):
@@ -546,4 +565,5 @@ __all__ = [
     "QuantizeTmaKernel",
     "TmaQuantizeConfig",
     "TmaVariant",
+    "shared_storage",
 ]
