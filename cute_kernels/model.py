@@ -46,7 +46,8 @@ CALIBRATION = Path(__file__).with_name("configs") / "calibration.json"
 
 @dataclass(frozen=True)
 class Machine:
-    """``copy_gbps``: a device copy's bandwidth (GB/s = bytes per ns); ``source``: where it comes from."""
+    """``copy_gbps``: a device copy's bandwidth in bytes per nanosecond (the same number as GB per s);
+    ``source``: where it comes from."""
 
     name: str
     arch: str
