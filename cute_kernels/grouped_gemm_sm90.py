@@ -36,10 +36,11 @@ no per-group tensor maps:
   (stores are predicated on ``row < end_g``). Tiles are numbered from a CTA-wide scan of the
   per-group tile counts (``cute_utils.groups.scan_group_sizes``, unit 128 rows) and mapped to
   (group, first row) by the group-tile scheduler (``cute_utils.group_tiles.group_tile``).
-- 2d2d: a group's reduction starts at its own first row; the tail box of the reduction reads rows
-  of the next group, which are zeroed in shared memory (both operands, at the swizzled offsets of
-  their logical coordinates) by the consumers before the wgmma (then a proxy fence and a consumer
-  barrier).
+- 2d2d: a group's reduction boxes start at its first row rounded down to 16 (a TMA box's innermost
+  coordinate must be a multiple of 16 bytes, or the load is an illegal instruction); the first box
+  then holds up to 15 rows of the previous group and the last box rows of the next group. Those are
+  zeroed in shared memory (both operands, at the swizzled offsets of their logical coordinates) by
+  the consumers before the wgmma (then a proxy fence and a consumer barrier).
 
 The epilogue scales in fp32 (``acc * scale_a * scale_b``, in that order), converts to bf16, stages
 the tile in shared memory and stores it as 16-byte row vectors, each predicated on its row (below
@@ -142,14 +143,16 @@ def _staging_stride(config: GroupedGemmConfig) -> int:
 @dataclass
 class _Work:
     """One output tile: group ``g``; A box rows from ``a_row``, B box rows from ``b_row``, the
-    reduction from ``red0`` over ``k_tiles`` boxes, the last holding ``tail`` valid elements;
-    output rows ``[row0, row_end)`` and columns from ``col0``."""
+    reduction from ``red0`` (a multiple of 16) over ``k_tiles`` boxes, whose valid elements start at
+    ``head`` in the first box and end at ``tail`` in the last; output rows ``[row0, row_end)`` and
+    columns from ``col0``."""
 
     g: Int32
     a_row: Int32
     b_row: Int32
     red0: Int32
     k_tiles: Int32
+    head: Int32
     tail: Int32
     row0: Int32
     row_end: Int32
@@ -357,16 +360,19 @@ class GroupedGemmSm90Kernel(Kernel):
             steps = search_steps(MAX_GROUPS)
             g, row0, end = group_tile(prefix, ends, offsets.shape[0], row_block, TILE_M, steps)
             k_tiles = cute.ceil_div(reduction, TILE_K)
-            work = _Work(g, row0, n_block * self.tile_n, Int32(0), k_tiles, Int32(TILE_K), row0, end,
-                         n_block * self.tile_n)  # fmt: skip
+            work = _Work(g, row0, n_block * self.tile_n, Int32(0), k_tiles, Int32(0), Int32(TILE_K), row0,
+                         end, n_block * self.tile_n)  # fmt: skip
         else:
             m_tiles = cute.ceil_div(out_rows, TILE_M)
             g, rest = tile // (m_tiles * n_tiles), tile % (m_tiles * n_tiles)
             m_block, n_block = rest // n_tiles, rest % n_tiles
             start, end = group_bounds(offsets, g, reduction)
-            k_tiles = cute.ceil_div(end - start, TILE_K)
-            tail = end - start - (k_tiles - 1) * TILE_K
-            work = _Work(g, m_block * TILE_M, n_block * self.tile_n, start, k_tiles, tail,
+            red0 = start - start % _CHUNK  # TMA: the innermost box coordinate is 16-byte aligned
+            k_tiles = Int32(0)
+            if end > start:
+                k_tiles = cute.ceil_div(end - red0, TILE_K)
+            tail = end - red0 - (k_tiles - 1) * TILE_K
+            work = _Work(g, m_block * TILE_M, n_block * self.tile_n, red0, k_tiles, start - red0, tail,
                          m_block * TILE_M, out_rows, n_block * self.tile_n)  # fmt: skip
         return work
 
@@ -429,17 +435,23 @@ class GroupedGemmSm90Kernel(Kernel):
 
     @cute.jit
     def _mainloop(self, tiled_mma, ring, acc, frag_a, frag_b, raw, work: _Work, read, release, ctid):
-        """acc = the tile's reduction: per ring slot, wait for its bytes (2d2d: zero the rows past the
-        group's end in its last slot), issue its wgmmas and release the slot before (one wgmma
-        group stays in flight). Returns the advanced (read, release) pipeline states."""
+        """acc = the tile's reduction: per ring slot, wait for its bytes (2d2d: zero the rows before
+        the group's start in its first slot and past its end in its last), issue its wgmmas and
+        release the slot before (one wgmma group stays in flight). Returns the advanced (read,
+        release) pipeline states."""
         acc.fill(0.0)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         k_blocks = cute.size(frag_a, mode=[2])
         for kt in cutlass.range(work.k_tiles, unroll=1):
             ring.consumer_wait(read)
             if cutlass.const_expr(self.form == "2d2d"):
-                if kt == work.k_tiles - 1 and work.tail < TILE_K:
-                    self._zero_tail(raw, read.index, work.tail, ctid)
+                if (kt == 0 and work.head > 0) or (kt == work.k_tiles - 1 and work.tail < TILE_K):
+                    lo, hi = Int32(0), Int32(TILE_K)
+                    if kt == 0:
+                        lo = work.head
+                    if kt == work.k_tiles - 1:
+                        hi = work.tail
+                    self._zero_outside(raw, read.index, lo, hi, ctid)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(k_blocks):
                 slot = (None, None, kb, read.index)
@@ -457,18 +469,18 @@ class GroupedGemmSm90Kernel(Kernel):
         return read, release
 
     @cute.jit
-    def _zero_tail(self, raw, stage: Int32, tail: Int32, ctid: Int32):
-        """2d2d: zero reduction elements ``[tail, TILE_K)`` of every row of slot ``stage`` of both rings
-        (rows of the next group, or TMA zeros past M). The work is (row, 16-byte chunk) items, a warp
-        covering four whole rows per step; then the writes are made visible to wgmma (async proxy)
-        and every consumer thread waits for the others."""
+    def _zero_outside(self, raw, stage: Int32, lo: Int32, hi: Int32, ctid: Int32):
+        """2d2d: zero the reduction elements outside ``[lo, hi)`` of every row of slot ``stage`` of
+        both rings (rows of the previous or the next group, or TMA zeros past M). The work is (row,
+        16-byte chunk) items, a warp covering four whole rows per step; then the writes are made
+        visible to wgmma (async proxy) and every consumer thread waits for the others."""
         chunks = TILE_K // _CHUNK
         for item in cutlass.range(ctid, (TILE_M + self.tile_n) * chunks, CONSUMER_THREADS, unroll=1):
             row, chunk = item // chunks, item % chunks
             if row < TILE_M:
-                _zero_chunk(raw.bytes_a, raw.words_a, raw.layout_a, row, chunk, stage, tail)
+                _zero_chunk(raw.bytes_a, raw.words_a, raw.layout_a, row, chunk, stage, lo, hi)
             else:
-                _zero_chunk(raw.bytes_b, raw.words_b, raw.layout_b, row - TILE_M, chunk, stage, tail)
+                _zero_chunk(raw.bytes_b, raw.words_b, raw.layout_b, row - TILE_M, chunk, stage, lo, hi)
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=_MASK_BARRIER, number_of_threads=CONSUMER_THREADS)
 
@@ -561,19 +573,20 @@ def ring_offset(layout: cute.ComposedLayout, row: Int32, col: Int32, stage: Int3
 
 
 @cute.jit
-def _zero_chunk(ring_bytes, ring_words, layout, row: Int32, chunk: Int32, stage: Int32, tail: Int32):
-    """Zero the elements at or past ``tail`` among reduction elements ``[16 chunk, 16 chunk + 16)``
-    of ``row`` of slot ``stage``: two 64-bit stores when the whole chunk is past ``tail`` (its 16
-    bytes are contiguous, see ``GroupedGemmSm90Kernel._layouts``), byte stores for the chunk holding
-    ``tail``."""
+def _zero_chunk(ring_bytes, ring_words, layout, row: Int32, chunk: Int32, stage: Int32, lo: Int32, hi: Int32):
+    """Zero the elements outside ``[lo, hi)`` among reduction elements ``[16 chunk, 16 chunk + 16)``
+    of ``row`` of slot ``stage``: two 64-bit stores when the whole chunk is outside (its 16 bytes
+    are contiguous, see ``GroupedGemmSm90Kernel._layouts``), byte stores for a chunk holding ``lo``
+    or ``hi``."""
     first = chunk * _CHUNK
-    if first >= tail:
+    if first >= hi or first + _CHUNK <= lo:
         word = ring_offset(layout, row, first, stage) // 8
         for w in cutlass.range_constexpr(_CHUNK // 8):
             ring_words[word + w] = cutlass.Uint64(0)
-    elif first + _CHUNK > tail:
-        for col in cutlass.range(tail, first + _CHUNK, unroll=1):
-            ring_bytes[ring_offset(layout, row, col, stage)] = cutlass.Uint8(0)
+    elif first < lo or first + _CHUNK > hi:
+        for col in cutlass.range(first, first + _CHUNK, unroll=1):
+            if col < lo or col >= hi:
+                ring_bytes[ring_offset(layout, row, col, stage)] = cutlass.Uint8(0)
 
 
 def _vector_view(t: cute.Tensor) -> cute.Tensor:

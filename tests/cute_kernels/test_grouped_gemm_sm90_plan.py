@@ -1,11 +1,13 @@
 """The index math of the sm_90a FP8 grouped GEMM (``cute_kernels.grouped_gemm_sm90``) on a CPU.
 
-- The ring offsets the 2d2d tail masking writes through (``ring_offset``, the kernel's own helper,
+- The ring offsets the 2d2d masking writes through (``ring_offset``, the kernel's own helper,
   evaluated at trace time) are where TMA's 128-byte swizzle puts each element.
 - Pure-Python mirrors of the kernel's device math, against brute force, for group patterns that
   include empty groups, groups past M and garbage offsets: the tile scheduler (``_work``: every
-  stored output element belongs to exactly one tile, in bounds) and the tail masking
-  (``_zero_tail``: exactly the reduction elements past the group's end are zeroed).
+  stored output element belongs to exactly one tile, in bounds) and the masking of a group's
+  reduction boxes (``_zero_outside``: the boxes start at the group's start rounded down to 16, the
+  16-byte TMA coordinate rule, and exactly the elements before its start and past its end are
+  zeroed).
 
 The mirrors copy the kernel's formulas; a change there must change them too."""
 
@@ -63,29 +65,34 @@ def test_ring_offsets_follow_the_tma_swizzle():
         assert offset == (config.stages - 1) * box + _tma_swizzle_128b(r * TILE_K + c), (name, r, c)
 
 
-def _zeroed_bytes(tail: int, rows: int) -> list[int]:
-    """Mirror of ``_zero_tail`` / ``_zero_chunk`` on one ring slot of ``rows`` rows: the physical
+def _zeroed_bytes(lo: int, hi: int, rows: int) -> list[int]:
+    """Mirror of ``_zero_outside`` / ``_zero_chunk`` on one ring slot of ``rows`` rows: the physical
     bytes written, in order, by all consumer threads."""
     chunks, out = TILE_K // 16, []
     for ctid in range(THREADS):
         for item in range(ctid, rows * chunks, THREADS):
             row, chunk = item // chunks, item % chunks
             first = chunk * 16
-            if first >= tail:
+            if first >= hi or first + 16 <= lo:
                 base = _tma_swizzle_128b(row * TILE_K + first)
                 out += range(base, base + 16)
-            elif first + 16 > tail:
-                out += [_tma_swizzle_128b(row * TILE_K + c) for c in range(tail, first + 16)]
+            elif first < lo or first + 16 > hi:
+                cols = [c for c in range(first, first + 16) if c < lo or c >= hi]
+                out += [_tma_swizzle_128b(row * TILE_K + c) for c in cols]
     return out
 
 
 @pytest.mark.parametrize("rows", [TILE_M + 128, TILE_M + 64])
-def test_tail_masking_zeroes_exactly_the_elements_past_the_group(rows):
-    for tail in range(1, TILE_K):
-        written = _zeroed_bytes(tail, rows)
-        expected = {_tma_swizzle_128b(r * TILE_K + c) for r in range(rows) for c in range(tail, TILE_K)}
-        assert len(written) == len(set(written)), f"tail {tail}: a byte written twice"
-        assert set(written) == expected, f"tail {tail}"
+@pytest.mark.parametrize("lo", [0, 1, 7, 15])
+def test_masking_zeroes_exactly_the_elements_outside_the_group(rows, lo):
+    for hi in range(lo + 1, TILE_K + 1):
+        if lo == 0 and hi == TILE_K:
+            continue  # a full box: the kernel masks nothing
+        written = _zeroed_bytes(lo, hi, rows)
+        outside = [c for c in range(TILE_K) if c < lo or c >= hi]
+        expected = {_tma_swizzle_128b(r * TILE_K + c) for r in range(rows) for c in outside}
+        assert len(written) == len(set(written)), f"[{lo}, {hi}): a byte written twice"
+        assert set(written) == expected, f"[{lo}, {hi})"
 
 
 def _bounds(ends: list[int], total: int) -> list[tuple[int, int]]:
@@ -142,13 +149,20 @@ def test_2d3d_tiles_cover_each_group_once(name, tile_n):
 
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_2d2d_reduction_boxes_cover_each_group_once(name):
-    """Mirror of ``_work`` (2d2d): the boxes of group g read from its start, and the elements the
-    tail masking keeps are exactly the group's rows; empty groups run no stage (both sides)."""
+    """Mirror of ``_work`` (2d2d): the boxes of group g start at its start rounded down to 16 (a TMA
+    box's innermost coordinate is a multiple of 16 bytes), and the elements the masking keeps
+    (``[head, TILE_K)`` of the first box, ``[0, tail)`` of the last) are exactly the group's rows;
+    empty groups run no stage (both sides)."""
     ends = PATTERNS[name]
     for start, end in _bounds(ends, M):
-        k_tiles = -(-(end - start) // TILE_K)
-        tail = end - start - (k_tiles - 1) * TILE_K
-        valid = [tail if kt == k_tiles - 1 else TILE_K for kt in range(k_tiles)]
-        kept = [start + kt * TILE_K + c for kt in range(k_tiles) for c in range(valid[kt])]
+        red0 = start - start % 16
+        k_tiles = -(-(end - red0) // TILE_K) if end > start else 0
+        head, tail = start - red0, end - red0 - (k_tiles - 1) * TILE_K
+        kept = []
+        for kt in range(k_tiles):
+            lo = head if kt == 0 else 0
+            hi = tail if kt == k_tiles - 1 else TILE_K
+            kept += [red0 + kt * TILE_K + c for c in range(lo, hi)]
+        assert red0 % 16 == 0 and 0 <= head < 16
         assert kept == list(range(start, end))
-        assert k_tiles == 0 or 1 <= tail <= TILE_K
+        assert k_tiles == 0 or head < tail <= TILE_K or k_tiles > 1
