@@ -3,9 +3,9 @@
 TFLOP/s (2 M N K / time) at the bench_moe shapes with skewed groups (``bench.common.groups``), for
 the three GEMMs of an expert layer: forward (y = x w^T, 2d3d), dgrad (grad_x = grad_y w, 2d3d with
 w quantized along N) and wgrad (grad_w = grad_y^T x per group, 2d2d). The FP8 operands are
-quantized once, outside the timing (SPEC section 7 layouts). torch's FP8 wgrad needs groups of 16
-rows but the last: its wgrad operands are built from groups rounded down to 16 (the same M), ours
-take the skewed groups as they are. Needs an sm_90 GPU (the cute kernel is sm_90a only); without a
+quantized once, outside the timing (SPEC section 7 layouts). torch's wgrad (FP8 and bf16) needs
+groups of 16 rows but the last: its wgrad runs on groups rounded down to 16 (the same M), ours
+takes the skewed groups as they are. Needs an sm_90 GPU (the cute kernel is sm_90a only); without a
 CUDA GPU it exits 2.
 
     python -m bench.bench_grouped_gemm [--quick] [--out DIR]
@@ -93,7 +93,7 @@ def _calls(ops: dict) -> dict:
         "wgrad": {
             "cute": lambda: ours("2d2d", qc_gy.t(), qc_x.t(), sc_gy, sc_x, off),
             "torch_fp8": fp8(tc_gy.t(), tc_x, tsc_gy, tsc_x, ops["torch_offsets"]),
-            "torch_bf16": lambda: torch._grouped_mm(gy.t(), x, off),
+            "torch_bf16": lambda: torch._grouped_mm(gy.t(), x, ops["torch_offsets"]),
         },
     }
 
@@ -110,8 +110,11 @@ def rows_for(s: Shape, device: torch.device) -> list[dict]:
             try:
                 us = time_cuda(call)
                 row[f"{impl}_TFLOPs"] = round(flops / us / 1e6, 1)
+            except torch.AcceleratorError as exc:  # sticky: every later CUDA call would fail too
+                raise SystemExit(f"error: {s.name} {gemm} {impl}: {exc}") from exc
             except Exception as exc:  # report the others; a failing baseline is a table entry
                 row[f"{impl}_TFLOPs"] = f"error: {type(exc).__name__}"
+        progress(f"  {gemm}: " + ", ".join(f"{k} {v}" for k, v in row.items() if k.endswith("TFLOPs")))
         cute, fp8 = row["cute_TFLOPs"], row["torch_fp8_TFLOPs"]
         row["cute_vs_fp8"] = (
             round(cute / fp8, 3) if isinstance(cute, float) and isinstance(fp8, float) else ""

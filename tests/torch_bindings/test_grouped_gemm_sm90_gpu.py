@@ -3,7 +3,7 @@ reference (``reference.grouped_gemm_fp8_rowwise_reference``, the same operands):
 torch._scaled_grouped_mm's on the same operands, bytes equal run to run, a fuzz of group patterns
 (empty first / last, runs of empties, one-row groups, all rows in one group, sizes around the
 128-row tile) on poisoned memory (2d3d: the rows past the last end stay unwritten), and no host
-sync. Not yet run on a GPU (notes/grouped-gemm-sm90.md)."""
+sync (notes/grouped-gemm-sm90.md)."""
 
 from __future__ import annotations
 
@@ -54,11 +54,18 @@ def _operands(form: str, m: int, n: int, k: int, ends, seed: int = 0):
 
 
 def _run(form: str, args, poison) -> torch.Tensor:
+    """The kernel into an output of POISON bytes. The output is passed in, not left to the caching
+    allocator: outputs under 1 MiB come from its small-block pool, which ``poison`` does not reach,
+    so their unwritten rows would hold stale data rather than POISON."""
     from torch_bindings.grouped_gemm_sm90 import grouped_gemm_fp8_rowwise_sm90
 
+    a, b, offsets = args[0], args[1], args[4]
+    shape = (a.shape[0], b.shape[1]) if form == "2d3d" else (offsets.shape[0], a.shape[0], b.shape[0])
     poison()
+    out = torch.full((*shape[:-1], 2 * shape[-1]), POISON, dtype=torch.uint8, device="cuda")
+    out = out.view(torch.bfloat16)
     with no_sync():
-        return grouped_gemm_fp8_rowwise_sm90(form, *args)
+        return grouped_gemm_fp8_rowwise_sm90(form, *args, out=out)
 
 
 def _valid(form: str, out: torch.Tensor, ends) -> torch.Tensor:
