@@ -228,14 +228,16 @@ def _reduction_rows_16(t: torch.Tensor) -> torch.Tensor:
     zero. The kernel TMA-loads the operand, whose row stride must be a multiple of 16 bytes; the
     extra columns lie past every group's end, so they never enter a sum (the kernel also zeroes
     each group's tail in shared memory). A pass over the 1-byte operand (not over bf16 activations),
-    only for M % 16 != 0: the column quantizer has no output with a padded row stride."""
+    only for M % 16 != 0: the column quantizer has no output with a padded row stride. The copy
+    moves bytes (uint8 views): under ``torch.compile`` Inductor would otherwise emit a Triton
+    kernel of e4m3 values, which some Triton builds cannot compile."""
     rows = t.shape[1]
     if rows % 16 == 0:
         return t
-    padded = t.new_empty(t.shape[0], rows + (-rows) % 16)
+    padded = torch.empty(t.shape[0], rows + (-rows) % 16, dtype=torch.uint8, device=t.device)
     padded[:, rows:].zero_()
-    padded[:, :rows].copy_(t)
-    return padded
+    padded[:, :rows].copy_(t.view(torch.uint8))
+    return padded.view(t.dtype)
 
 
 def _cute_gemm(a, b, scale_a, scale_b, ends) -> torch.Tensor:
