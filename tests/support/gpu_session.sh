@@ -15,7 +15,8 @@
 #   sanitize  compute-sanitizer memcheck + racecheck over the small fuzz, caching allocator off
 #   bench     bench_moe --quick, bench_overhead --runs 3, bench_model --quick
 #   multigpu  the EP tests under torchrun on every GPU, then bench_ep (NVLink multicast off)
-# Environment: OUT (default /tmp/gpu-session), PYTHON (default python3), XDIST, FUZZ_EXAMPLES, SEED.
+# Environment: OUT (default /tmp/gpu-session), PYTHON (default python3), XDIST, FUZZ_EXAMPLES, SEED,
+# STAGE_TIMEOUT (seconds per stage, default 300: a hung kernel ends its stage, not the device call).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-python3}
@@ -29,7 +30,7 @@ run_stage() {  # name, then the command
     shift
     echo "== $name: $*"
     start=$(date +%s)
-    "$@" >"$OUT/$name.log" 2>&1
+    timeout -k 10 "${STAGE_TIMEOUT:-300}" "$@" >"$OUT/$name.log" 2>&1
     rc=$?
     last=$(grep -v '^\s*$' "$OUT/$name.log" | tail -n 1 | cut -c1-100)
     summary+=("$(printf '%-10s rc=%-3s %5ss  %s' "$name" "$rc" "$(($(date +%s) - start))" "$last")")
@@ -41,7 +42,7 @@ echo "GPUs: $gpus ($("$PYTHON" -c 'import torch; print(torch.cuda.get_device_nam
 for stage in "$@"; do
     case "$stage" in
     gemm)
-        run_stage gemm_tests "$PYTHON" -m pytest -q -x -m gpu tests/torch_bindings/test_grouped_gemm_sm90_gpu.py \
+        run_stage gemm_tests "$PYTHON" -m pytest -v -m gpu tests/torch_bindings/test_grouped_gemm_sm90_gpu.py \
             tests/moe/test_grouped_mm_cute.py
         run_stage gemm_bench "$PYTHON" -m bench.bench_grouped_gemm --out "$OUT"
         ;;
