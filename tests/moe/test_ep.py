@@ -384,3 +384,29 @@ def test_ep_kernel_keys_are_named_and_looked_up_as_plain_tuples():
         assert target.compiled[-1] == variant
         assert ep._kernel(target, key_class, key) == first  # found, not compiled again
     assert len(target.compiled) == len(cases)
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "mxfp8", "fp8_rowwise"])
+def test_new_symmetric_slots_hold_the_references_unfilled_rows(recipe):
+    """A new slot of symmetric buffers starts as rows no pair filled (``ep.fill_unfilled_rows``),
+    as the reference's rows past the last group read: zero bytes, and 1.0 in fp8_rowwise scale
+    rows. (A slot's first call fills only its padding rows, so the rows past the last group keep
+    these values; 2 H200 caught fp8_rowwise scales of 0.0 there.)"""
+    shape = ep.EpShape(2, 16, 128, 2, 4, 32, recipe)
+    ids = [torch.zeros(16, 2, dtype=torch.int64), torch.ones(16, 2, dtype=torch.int64)]
+    xs = [torch.randn(16, 128).bfloat16() for _ in range(2)]
+    want = ref.ep_dispatch(xs, ids, 4, recipe=recipe, alignment=32)[0]
+    last = int(want["padded_group_end_offsets"][-1])
+    for name, (size, dtype) in ep._dispatch_kinds(shape).items():
+        own = (
+            torch.full(size, 0x5A, dtype=torch.uint8).view(dtype)
+            if dtype.itemsize == 1
+            else torch.full(size, 7, dtype=dtype)
+        )
+        ep.fill_unfilled_rows(own, name)
+        if name == "s" and recipe == "fp8_rowwise":
+            assert last < own.shape[0] and torch.equal(want["scales"][last:], own.view(-1)[last:])
+        else:
+            assert not own.view(torch.uint8).any(), name
+        if name == "q":
+            assert torch.equal(want["q"][last:].view(torch.uint8), own[last:].view(torch.uint8))

@@ -160,10 +160,10 @@ def test_zero_fill_matches_row_scatter(recipe, hidden, fresh):
         )
         lay = ep.layout(ep.route(idss[rank], shape.experts), counts, rank, shape, filled)
         got, want = _dirty_slot(pool, shape, trial), _dirty_slot(pool, shape, trial)
-        ep.zero_padding(lay, got.views[0], recipe)
+        ep.zero_padding(lay, got.views[0])
         zero = ep._zero_rows(lay.padded_start, lay.padded_end, lay.sizes, filled, shape.rows)
         scatter = ep.Layout(lay.dst_index, lay.padded_start, lay.padded_end, lay.sizes, zero, filled)
-        ep.zero_padding(scatter, want.views[0], recipe)
+        ep.zero_padding(scatter, want.views[0])
         for name, rows in got.views[0].items():
             assert_same(rows.own, want.views[0][name].own, f"trial {trial}: {name} ({shape})")
 
@@ -179,7 +179,7 @@ def test_no_host_sync():
     def steps():
         routing = ep.route(ids, shape.experts, slot.index)
         lay = ep.layout(routing, pool.exchange_counts(routing, slot), 0, shape, filled)
-        ep.zero_padding(lay, slot.views[0], shape.recipe)
+        ep.zero_padding(lay, slot.views[0])
         return lay
 
     steps()
@@ -201,7 +201,7 @@ def test_cuda_graph_replays_new_routings():
     def steps():
         routing = ep.route(static, shape.experts)
         lay = ep.layout(routing, pool.exchange_counts(routing, slot), 0, shape, filled)
-        ep.zero_padding(lay, slot.views[0], shape.recipe)
+        ep.zero_padding(lay, slot.views[0])
         return lay
 
     side = torch.cuda.Stream()
@@ -225,7 +225,7 @@ def test_cuda_graph_replays_new_routings():
             assert torch.equal(getattr(lay, name), getattr(want, name)), f"{kind}: {name}"
         zero = ep._zero_rows(want.padded_start, want.padded_end, want.sizes, filled, shape.rows)
         scatter = ep.Layout(want.dst_index, want.padded_start, want.padded_end, want.sizes, zero, filled)
-        ep.zero_padding(scatter, want_slot.views[0], shape.recipe)
+        ep.zero_padding(scatter, want_slot.views[0])
         for name, rows in slot.views[0].items():
             assert_same(rows.own, want_slot.views[0][name].own, f"{kind}: {name}")
 

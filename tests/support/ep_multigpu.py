@@ -44,12 +44,40 @@ def _check(case: str, tokens: int, hidden: int, topk: int, experts: int, recipe:
     got = ep.dispatch(xs[rank], ids[rank], num_experts=experts, recipe=recipe, alignment=alignment)
     want = ref.ep_dispatch(xs, ids, experts, recipe=recipe, alignment=alignment)
     mine = want[rank]
+    if mine["scales"] is not None and not torch.equal(
+        got.scales.view(torch.uint8), mine["scales"].view(torch.uint8)
+    ):
+        _describe_scale_mismatch(got, mine, f"{case} {recipe} T{tokens} E{experts} rank {rank}")
     assert_dispatch_matches(got, mine, f"{case} rank {rank}")
     width = 256
     ys = [torch.randn(got.q.shape[0], width, generator=gen).bfloat16().to(dev) for _ in range(ranks)]
     out = ep.combine(ys[rank], got, ws[rank])
     want_out = ref.ep_combine(ys, mine["pair_rows"], ws)[rank]
     assert_same(out, want_out, f"{case} rank {rank} combine")
+
+
+def _describe_scale_mismatch(got, want: dict, what: str) -> None:
+    """Print where a dispatch's scales differ from the reference: the first differing rows
+    (fp8_rowwise: one fp32 per row; mxfp8: (row, column) from SPEC's blocked offsets inverted) and
+    the padded group ends."""
+    a, b = got.scales.view(torch.uint8).flatten(), want["scales"].view(torch.uint8).flatten()
+    ends = got.padded_group_end_offsets.tolist()
+    print(
+        f"{what}: scales {tuple(got.scales.shape)} vs {tuple(want['scales'].shape)}; ends {ends}", flush=True
+    )
+    if a.numel() != b.numel():
+        return
+    if got.scales.dim() == 1:  # fp8_rowwise
+        rows = (got.scales.view(torch.int32) != want["scales"].view(torch.int32)).nonzero().flatten()
+        for r in rows[:12].tolist():
+            print(f"  row {r}: got {float(got.scales[r])} want {float(want['scales'][r])}", flush=True)
+        return
+    diff, cols = (a != b).nonzero().flatten(), want["scales"].shape[-1]
+    for i in diff[:12].tolist():
+        tile, within = divmod(i, 512)
+        row = (tile // max(1, cols // 4)) * 128 + (within // 16) % 32 + 32 * ((within % 16) // 4)
+        col = (tile % max(1, cols // 4)) * 4 + within % 4
+        print(f"  byte {i}: row {row} col {col} got {int(a[i])} want {int(b[i])}", flush=True)
 
 
 def _check_autograd(tokens: int, hidden: int, topk: int, experts: int) -> None:
@@ -165,14 +193,18 @@ def main() -> None:
     dist.init_process_group("nccl")
     rank, ranks = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank % torch.cuda.device_count())
-    cases = 0
+    cases, failures = 0, []
     for recipe in ("mxfp8", "fp8_rowwise", "bf16"):
         for case in ("random", "one_expert", "one_rank", "empty_runs", "same_rank", "dropped", "random"):
             for tokens, hidden, topk, experts, align in (
                 (256, 512, 4, 8 * ranks, 32),
                 (77, 384, 8, 4 * ranks, 16),
             ):
-                _check(case, tokens, hidden, topk, experts, recipe, align)
+                try:
+                    _check(case, tokens, hidden, topk, experts, recipe, align)
+                except AssertionError as exc:  # report every failing case, then fail
+                    failures.append(f"{recipe} {case} T{tokens} E{experts}: {exc}")
+                    print(f"FAIL {failures[-1]}", flush=True)
                 cases += 1
     _check_autograd(96, 256, 4, 4 * ranks)
     cases += 1
@@ -197,6 +229,8 @@ def main() -> None:
     torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     dist.barrier()
+    if failures:
+        raise AssertionError(f"rank {rank}: {len(failures)} of {cases} cases failed")
     if rank == 0:
         print(
             f"ep multi-GPU: {cases} cases passed on {ranks} ranks ({torch.cuda.get_device_name()})",

@@ -254,7 +254,7 @@ class SymmetricPool(SlotRing):
         views: dict[str, SharedRows] = {}
         for name, (shape, dtype) in kinds.items():
             own = symm_mem.empty(shape, dtype=dtype, device=device)
-            own.zero_()
+            fill_unfilled_rows(own, name)
             handle = symm_mem.rendezvous(own, self.group)
             ptrs = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
             views[name] = SharedRows(own, ptrs, ptrs[self.rank : self.rank + 1].clone())
@@ -665,17 +665,17 @@ def send_dispatch(
     )
 
 
-def zero_padding(lay: Layout, bufs: dict, recipe: str) -> None:
+def zero_padding(lay: Layout, bufs: dict) -> None:
     """Step 5a: zero this rank's padding rows, and rows a previous call filled past the new end, in
     every row buffer (local writes to rows no pair fills: no ordering with the peers' sends). An
     fp8_rowwise scale row gets 1.0 (the bits of 1.0 read from a row of ones) rather than 0. On a GPU
     one zero-fill launch per buffer (``Layout.zero_index`` None), else a row scatter per buffer."""
     if lay.zero_index is None:
-        _fill_padding(lay, bufs, recipe)
+        _fill_padding(lay, bufs)
         return
     none = _minus_ones(lay.zero_index.shape[0], lay.zero_index.device)
     for name, rows in bufs.items():
-        if name == "s" and recipe == "fp8_rowwise":
+        if _padding_word(name, rows.own.dtype):
             ones = _ones_bits(rows.own.shape[0], rows.own.device)
             bits = _as_int32(rows)
             scatter_rows(ones, bits, _arange(ones.shape[0], ones.device), lay.zero_index, local=True)
@@ -693,7 +693,25 @@ def _as_int32(rows: SharedRows) -> SharedRows:
 _ONE_BITS = 0x3F800000
 
 
-def _fill_padding(lay: Layout, bufs: dict, recipe: str) -> None:
+def _padding_word(name: str, dtype: torch.dtype) -> int:
+    """The 4-byte word every word of a dispatch buffer's row holds where no pair fills it (padding,
+    rows past the last group, a new slot): the bits of 1.0 in fp8_rowwise scale rows (``s``, the
+    only fp32 kind), else 0 (reference.ep_dispatch)."""
+    return _ONE_BITS if name == "s" and dtype == torch.float32 else 0
+
+
+def fill_unfilled_rows(own: torch.Tensor, name: str) -> None:
+    """Every row of a new slot's buffer ``name`` as a row no pair filled (:func:`_padding_word`), so
+    that the rows past the last group read as the reference's from the first call on: the later
+    calls' fill (:func:`zero_padding`) rewrites only rows a previous call filled."""
+    word = _padding_word(name, own.dtype)
+    if word:
+        own.view(torch.int32).fill_(word)
+    else:
+        own.zero_()
+
+
+def _fill_padding(lay: Layout, bufs: dict) -> None:
     """:func:`zero_padding` by the zero-fill kernel (``cute_kernels.ep_route``): the rows
     ``_zero_rows`` names, one launch per buffer, reading the offsets and ``filled`` on the device."""
     target = _target(lay.padded_end)
@@ -701,7 +719,7 @@ def _fill_padding(lay: Layout, bufs: dict, recipe: str) -> None:
     filled = lay.padded_end if fresh else lay.filled  # read only when not fresh
     for name, rows in bufs.items():
         own = rows.own
-        word = _ONE_BITS if name == "s" and recipe == "fp8_rowwise" else 0
+        word = _padding_word(name, own.dtype)
         kernel = _kernel(target, FillKey, _fill_key(own))
         kernel(own, lay.padded_start, lay.padded_end, lay.sizes, filled, int(fresh), word, target.num_sms)
 
@@ -765,7 +783,7 @@ def _send_and_land(x: torch.Tensor, lay: Layout, slot: Slot, shape: EpShape, poo
     records the new filled end for the next call's zero fill."""
     bufs = slot.views[pool.rank]
     send_dispatch(x, lay, bufs, shape, pool.rank, scaling_mode)
-    zero_padding(lay, bufs, shape.recipe)
+    zero_padding(lay, bufs)
     pool.barrier()
     _mark_filled(lay, slot)
 
@@ -1121,7 +1139,7 @@ def simulate_dispatch(
     for r in range(ranks):
         send_dispatch(xs[r], lays[r], slot.views[r], shape, r, scaling_mode)
     for r in range(ranks):
-        zero_padding(lays[r], slot.views[r], shape.recipe)
+        zero_padding(lays[r], slot.views[r])
     results = [finish_dispatch(lays[r], slot.views[r], shape, r) for r in range(ranks)]
     for result in results:
         result.pool = pool
