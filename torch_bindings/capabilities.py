@@ -31,9 +31,10 @@ KERNEL_OPS = (
     "ep.combine",
 )
 GEMM_RECIPES = ("fp8_rowwise", "mxfp8", "bf16")
-#: ``Capabilities.cute_gemm`` values: ``gemm="cute"`` runs here when asked for, but its kernel has not
-#: yet been verified on a GPU (so ``gemm="auto"`` never picks it); or it cannot run here.
-CUTE_UNVERIFIED, CUTE_UNAVAILABLE = "unverified", "unavailable"
+#: ``Capabilities.cute_gemm`` values: ``gemm="cute"`` runs here when asked for, but ``gemm="auto"``
+#: does not pick it (its wgrad is slower than torch's: notes/grouped-gemm-sm90.md); or it cannot
+#: run here.
+CUTE_OPT_IN, CUTE_UNAVAILABLE = "opt-in", "unavailable"
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class Capabilities:
     ``"unavailable"``: ``backend="auto"`` raises there, and ``backend="reference"`` must be asked
     for), ``gemm`` (recipe -> ``"native"`` or ``"emulated"``, what ``gemm="auto"`` runs), ``arch``
     (the kernels' compile target, or ``None``), ``reason`` (why the kernels cannot run, or ``""``)
-    and ``cute_gemm`` (recipe -> :data:`CUTE_UNVERIFIED` or :data:`CUTE_UNAVAILABLE`: the opt-in
+    and ``cute_gemm`` (recipe -> :data:`CUTE_OPT_IN` or :data:`CUTE_UNAVAILABLE`: the opt-in
     ``gemm="cute"``, the project's own grouped GEMM, experimental and not yet verified on a GPU,
     for the recipes it has: fp8_rowwise)."""
 
@@ -85,7 +86,7 @@ def capabilities(device: torch.device | str | int | None = None) -> Capabilities
         path = "reference"
     ops = dict.fromkeys(KERNEL_OPS, path)
     gemm = {recipe: gemm_path_quiet(recipe, device) for recipe in GEMM_RECIPES}
-    cute = CUTE_UNAVAILABLE if cute_gemm_reason(device) else CUTE_UNVERIFIED
+    cute = CUTE_UNAVAILABLE if cute_gemm_reason(device) else CUTE_OPT_IN
     return Capabilities(str(device), arch, reason, ops, gemm, dict.fromkeys(CUTE_GEMM_RECIPES, cute))
 
 

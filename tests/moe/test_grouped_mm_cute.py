@@ -378,7 +378,7 @@ def test_capabilities_report_cute_as_opt_in(monkeypatch):
     assert cpu.cute_gemm == {"fp8_rowwise": "unavailable"} and "gemm='cute'" in str(cpu)
     monkeypatch.setattr(grouped_mm, "cute_gemm_reason", lambda device: None)
     here = tb.capabilities("cpu")
-    assert here.cute_gemm == {"fp8_rowwise": "unverified"}
+    assert here.cute_gemm == {"fp8_rowwise": "opt-in"}
     assert here.gemm["fp8_rowwise"] == "emulated", "what auto runs does not change"
 
 
@@ -521,5 +521,5 @@ def test_gpu_cute_experts_match_native_without_sync():
 def test_gpu_capabilities_report_cute():
     caps = tb.capabilities("cuda")
     runs = grouped_mm.cute_gemm_reason(torch.device("cuda")) is None
-    assert caps.cute_gemm == {"fp8_rowwise": "unverified" if runs else "unavailable"}
+    assert caps.cute_gemm == {"fp8_rowwise": "opt-in" if runs else "unavailable"}
     assert caps.gemm["fp8_rowwise"] in ("native", "emulated")
