@@ -22,7 +22,9 @@ KERNEL (the options each reads):
 - ``quantize_tma``: the experimental TMA 1x32 kernel, checked against the cp.async kernel
   (``--mode``);
 - ``quantize_fp8_row``: per K class;
-- ``quantize_fp8_col``: the amax and cast passes per shape class (``--dual``: the dual classes).
+- ``quantize_fp8_col``: the amax and cast passes per shape class (``--dual``: the dual classes);
+- ``grouped_gemm``: the sm_90a FP8 grouped GEMM's tile width and ring depth per GEMM of an expert
+  layer (sm_90 only; its choice goes to ``configs/sm90.py`` by hand).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ TARGETS = {
     "quantize_tma": ("quantize_tma",),
     "quantize_fp8_row": ("quantize_fp8_row",),
     "quantize_fp8_col": ("quantize_fp8_col_amax", "quantize_fp8_col_cast"),
+    "grouped_gemm": ("grouped_gemm_sm90",),
 }
 #: The targets whose winners go to the tuned table (``--write``).
 TABLED = ("quantize_fp8_row", "quantize_fp8_col")

@@ -406,3 +406,58 @@ def quantize_fp8_col(args: argparse.Namespace, device: torch.device) -> list[Cas
             )
         )
     return cases
+
+
+def grouped_gemm(args: argparse.Namespace, device: torch.device) -> list[Case]:
+    """The sm_90a FP8 grouped GEMM's three GEMMs of an expert layer at ``bench_grouped_gemm``'s
+    shapes (skewed groups; ``--quick``: the first shape): forward and dgrad (2d3d), wgrad (2d2d),
+    operands from the reference quantizers. The ratio column is to a copy of the operands' and
+    output's bytes: only its order means something for a GEMM (bench_grouped_gemm gives TFLOP/s)."""
+    from bench.bench_grouped_gemm import SHAPES
+    from cute_kernels.grouped_gemm_sm90 import GroupedGemmVariant
+    from torch_bindings import reference as ref
+    from torch_bindings.backend import num_sms
+
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        raise SystemExit("error: bench.tune grouped_gemm needs an sm_90 GPU (the kernel is sm_90a only)")
+    sms, cases = num_sms(device.index), []
+    for s in SHAPES[:1] if args.quick else SHAPES:
+        ends = torch.tensor(skewed_group_ends(s.tokens, s.experts, seed=1), dtype=torch.int32, device=device)
+        for gemm, form, (m, n, k) in (
+            ("forward", "2d3d", (s.tokens, s.hidden, s.dim)),
+            ("dgrad", "2d3d", (s.tokens, s.dim, s.hidden)),
+            ("wgrad", "2d2d", (s.tokens, s.hidden, s.dim)),
+        ):
+
+            def make(form=form, m=m, n=n, k=k, e=s.experts, ends=ends):
+                if form == "2d3d":
+                    a, sa = ref.quantize_fp8_2d(
+                        torch.randn(m, k, device=device, dtype=torch.bfloat16), axis="row"
+                    )
+                    w = (torch.randn(e, n, k, device=device) * 0.02).to(torch.bfloat16)
+                    b, sb = ref.quantize_fp8_3d(w, axis="K")
+                    out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
+                else:  # a (N, M), b (K, M): the column operands of grad_y and x, transposed
+                    gy, x = (torch.randn(m, c, device=device, dtype=torch.bfloat16) for c in (n, k))
+                    qa, sa = ref.quantize_fp8_2d(gy, axis="col", group_end_offsets=ends)
+                    qb, sb = ref.quantize_fp8_2d(x, axis="col", group_end_offsets=ends)
+                    a, b, out = qa.t(), qb.t(), torch.empty(e, n, k, device=device, dtype=torch.bfloat16)
+                return a, b, sa, sb, ends, out
+
+            if form == "2d3d":  # a, every expert's b, y
+                moved = m * k + s.experts * n * k + 2 * m * n
+            else:  # both column operands, every group's (N, K) output
+                moved = n * m + k * m + 2 * s.experts * n * k
+            cases.append(
+                Case(
+                    f"{s.name} {gemm}",
+                    ("grouped_gemm_sm90",),
+                    GroupedGemmVariant(form),
+                    make,
+                    lambda _, kernel, *a: kernel(*a, sms),
+                    lambda _, a: a[5:],
+                    lambda _, n=moved: n,
+                    shape_class=f"{form}/{gemm}",
+                )
+            )
+    return cases

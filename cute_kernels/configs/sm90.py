@@ -223,8 +223,8 @@ def quantize_tma(variant):
 
 
 # --- grouped GEMM, experimental (notes/grouped-gemm-sm90.md) ---
-# Not measured yet: a (128, 128) tile and a 4-deep ring (128 KiB), CUTLASS's Hopper register split
-# (40 producer / 232 consumer registers).
+# A (128, 128) tile and a 4-deep ring (128 KiB), CUTLASS's Hopper register split (40 producer / 232
+# consumer registers), for both forms until `python -m bench.tune grouped_gemm` has chosen per form.
 def grouped_gemm_sm90(variant):
     from cute_kernels.grouped_gemm_sm90 import GroupedGemmConfig
 

@@ -133,6 +133,17 @@ def _quantize_fp8_col_cast() -> dict[str, list]:
     return {DEFAULT: [Fp8ColCastConfig(32768, c, b) for c, b in itertools.product((2, 3, 4), (1, 2))]}
 
 
+def _grouped_gemm_sm90() -> dict[str, list]:
+    """The sm_90a grouped GEMM's tile widths and ring depths that fit 227 KiB of shared memory
+    (``GroupedGemmSm90Kernel.shared_bytes``), at CUTLASS's register split; all compile without
+    spills on sm_90a but tile_n = 256 in 2d3d (8 bytes of local memory)."""
+    from cute_kernels.grouped_gemm_sm90 import GroupedGemmConfig
+
+    grid = [(128, 4), (128, 5), (128, 3), (192, 4), (256, 3), (64, 6)]
+    default = [GroupedGemmConfig(tile_n=n, stages=s) for n, s in grid]
+    return {DEFAULT: default, "quick": [default[0], default[4]]}
+
+
 _SPACES: dict[str, Callable[[], dict[str, list]]] = {
     "swizzle": _swizzle,
     "quantize_1x32": _quantize_1x32,
@@ -144,6 +155,7 @@ _SPACES: dict[str, Callable[[], dict[str, list]]] = {
     "quantize_fp8_row": _quantize_fp8_row,
     "quantize_fp8_col_amax": _quantize_fp8_col_amax,
     "quantize_fp8_col_cast": _quantize_fp8_col_cast,
+    "grouped_gemm_sm90": _grouped_gemm_sm90,
 }
 
 
