@@ -97,6 +97,14 @@ class GroupedGemmConfig:
         if total > 65536 or self.producer_registers % 8 or self.consumer_registers % 8:
             raise ValueError("register caps must be multiples of 8 and fit 65536 registers per CTA")
 
+    def launch_registers(self) -> int:
+        """Registers per thread the compiled kernel must hold at launch for the consumers'
+        ``setmaxregister`` increase to be granted: it waits until the CTA's pool (THREADS x the
+        compiled count) covers both caps, so a build that needs fewer registers (a narrow tile)
+        would hang there. A build below this count must not be launched."""
+        total = WARPGROUP * self.producer_registers + CONSUMER_THREADS * self.consumer_registers
+        return -(-total // THREADS)
+
 
 @dataclass(frozen=True)
 class GroupedGemmVariant:

@@ -49,6 +49,7 @@ def test_compiles_with_expected_sass(compiled, target):
     config = GroupedGemmConfig()
     released = WARPGROUP * (kernel.registers - config.producer_registers)
     assert released >= CONSUMER_THREADS * (config.consumer_registers - kernel.registers), kernel.registers
+    assert kernel.registers >= config.launch_registers() == 168  # the tuner's guard, same rule
 
 
 def test_instruction_hashes_are_the_recorded_ones(compiled):
