@@ -9,6 +9,7 @@ takes the skewed groups as they are. Needs an sm_90 GPU (the cute kernel is sm_9
 CUDA GPU it exits 2.
 
     python -m bench.bench_grouped_gemm [--quick] [--out DIR]
+    python -m bench.bench_grouped_gemm --once wgrad   # two launches of ours per shape, for ncu
 """
 
 from __future__ import annotations
@@ -123,8 +124,23 @@ def rows_for(s: Shape, device: torch.device) -> list[dict]:
     return rows
 
 
+def run_once(s: Shape, device: torch.device, gemm: str) -> None:
+    """Two launches of our kernel for ``gemm`` at shape ``s`` (the first also compiles), nothing
+    timed: what a profiler reads (``ncu -k regex:GroupedGemm``, tests/support/gpu_session.sh)."""
+    ends = skewed_group_ends(s.tokens, s.experts, seed=1)
+    call = _calls(_operands(s, device, ends, ends))[gemm]["cute"]
+    call()
+    torch.cuda.synchronize()
+    call()
+    torch.cuda.synchronize()
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = make_parser(__doc__.splitlines()[0])
+    parser.add_argument(
+        "--once", choices=("forward", "dgrad", "wgrad"), help="two launches of ours per shape, untimed (ncu)"
+    )
+    args = parser.parse_args(argv)
     device = cuda_or_none("bench_grouped_gemm")
     if device is None:
         return 2
@@ -133,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
             "error: bench_grouped_gemm needs an sm_90 GPU (the cute kernel is sm_90a only)", file=sys.stderr
         )
         return 2
+    if args.once:
+        for s in SHAPES[:1] if args.quick else SHAPES:
+            progress(f"grouped GEMM once: {s.name} {args.once}")
+            run_once(s, device, args.once)
+        return 0
     rows = []
     for s in SHAPES[:1] if args.quick else SHAPES:
         progress(f"grouped GEMM: {s.name}")

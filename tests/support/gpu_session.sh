@@ -12,6 +12,8 @@
 #             then its bench
 #   suite     every GPU test (pytest -m gpu, XDIST workers, default 6)
 #   fuzz      the fuzz harness on dirty memory with garbage offsets (FUZZ_EXAMPLES per op)
+#   gemm_tune the grouped GEMM's config sweep (bench.tune grouped_gemm), then an ncu profile of the
+#             wgrad launches at the bench shapes (speed of light, warp stalls; $OUT/gemm_ncu.log)
 #   sanitize  compute-sanitizer memcheck + racecheck over the small fuzz, caching allocator off
 #   bench     bench_moe --quick, bench_overhead --runs 3, bench_model --quick
 #   multigpu  the EP tests under torchrun on every GPU, then bench_ep (NVLink multicast off)
@@ -45,6 +47,12 @@ for stage in "$@"; do
         run_stage gemm_tests "$PYTHON" -m pytest -v -m gpu tests/torch_bindings/test_grouped_gemm_sm90_gpu.py \
             tests/moe/test_grouped_mm_cute.py
         run_stage gemm_bench "$PYTHON" -m bench.bench_grouped_gemm --out "$OUT"
+        ;;
+    gemm_tune)
+        run_stage gemm_tune "$PYTHON" -m bench.tune grouped_gemm --out "$OUT"
+        run_stage gemm_ncu ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
+            --section LaunchStats --section Occupancy -k regex:GroupedGemm -c 4 \
+            "$PYTHON" -m bench.bench_grouped_gemm --once wgrad
         ;;
     suite) run_stage suite "$PYTHON" -m pytest -q -m gpu -n "${XDIST:-6}" tests ;;
     fuzz)
