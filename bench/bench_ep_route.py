@@ -115,7 +115,7 @@ class _Case:
         routing = ep.route(self.ids, self.experts, self.slot.index)
         all_counts = self.pool.exchange_counts(routing, self.slot)
         lay = ep.layout(routing, all_counts, 0, self.shape, self.slot.filled)
-        ep.zero_padding(lay, self.slot.views[0], self.shape.recipe)
+        ep.zero_padding(lay, self.slot.views[0])
         return lay
 
     def dispatch(self) -> object:
