@@ -44,7 +44,7 @@ class Capabilities:
     for), ``gemm`` (recipe -> ``"native"`` or ``"emulated"``, what ``gemm="auto"`` runs), ``arch``
     (the kernels' compile target, or ``None``), ``reason`` (why the kernels cannot run, or ``""``)
     and ``cute_gemm`` (recipe -> :data:`CUTE_OPT_IN` or :data:`CUTE_UNAVAILABLE`: the opt-in
-    ``gemm="cute"``, the project's own grouped GEMM, experimental and not yet verified on a GPU,
+    ``gemm="cute"``, the project's own grouped GEMM, experimental (``gemm="auto"`` does not pick it),
     for the recipes it has: fp8_rowwise)."""
 
     device: str

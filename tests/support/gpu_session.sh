@@ -8,7 +8,7 @@
 #   (2+ GPUs) bash tests/support/gpu_session.sh multigpu
 #
 # Stages:
-#   gemm      the grouped GEMM's GPU tests and its gemm="cute" wiring (not yet verified on a GPU),
+#   gemm      the grouped GEMM's GPU tests and its gemm="cute" wiring,
 #             then its bench
 #   suite     every GPU test (pytest -m gpu, XDIST workers, default 6)
 #   fuzz      the fuzz harness on dirty memory with garbage offsets (FUZZ_EXAMPLES per op)

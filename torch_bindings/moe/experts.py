@@ -20,7 +20,7 @@ operand functions (:class:`Fp8Rowwise`, :class:`Mxfp8`), so that
 The groups must start on the recipe's alignment (``GROUP_ALIGNMENT``): ``GroupedExperts`` pads
 unaligned groups once around this function; dispatch output and ``pad_token_groups`` output are
 aligned already. With the project's own FP8 GEMM (``step.cute``, ``gemm="cute"``: experimental,
-opt-in, not yet verified on a GPU) the groups may be ragged: its wgrad takes them as they are, the
+opt-in) the groups may be ragged: its wgrad takes them as they are, the
 column operands are quantized over the caller's groups, and nothing is padded. x may also arrive
 quantized (:class:`QuantizedTokens`, from ``ep.dispatch``): its forward operand is used as it is and
 its column operand is made from the dequantized rows.

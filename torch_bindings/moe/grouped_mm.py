@@ -20,10 +20,11 @@ sm_100); ``"emulated"`` dequantizes the exact quantized operands to bf16 and run
 Hopper). It is slower than the bf16 recipe. ``gemm="auto"`` takes the native path where it exists
 and otherwise the emulation *with a one-time warning*; ``gemm="native"`` raises instead.
 
-``gemm="cute"`` (fp8_rowwise on sm_90 only; experimental, opt-in, not yet verified on a GPU, so
-``"auto"`` never picks it) runs the project's own grouped GEMM (``torch_bindings.grouped_gemm_sm90``)
-for all three GEMMs. Its wgrad takes ragged groups, so nothing is padded: the column (wgrad)
-operands are quantized over the caller's own groups (:func:`_cute_gemm` gives the layouts).
+``gemm="cute"`` (fp8_rowwise on sm_90 only; experimental, opt-in: its wgrad is slower than
+torch's, so ``"auto"`` never picks it) runs the project's own grouped GEMM
+(``torch_bindings.grouped_gemm_sm90``) for all three GEMMs. Its wgrad takes ragged groups, so
+nothing is padded: the column (wgrad) operands are quantized over the caller's own groups
+(:func:`_cute_gemm` gives the layouts).
 """
 
 from __future__ import annotations
@@ -227,8 +228,9 @@ def _reduction_rows_16(t: torch.Tensor) -> torch.Tensor:
     when M % 16 == 0, else copied into (C, Mp) with Mp = M rounded up to 16 and columns [M, Mp)
     zero. The kernel TMA-loads the operand, whose row stride must be a multiple of 16 bytes; the
     extra columns lie past every group's end, so they never enter a sum (the kernel also zeroes
-    each group's tail in shared memory). A pass over the 1-byte operand (not over bf16 activations),
-    only for M % 16 != 0: the column quantizer has no output with a padded row stride. The copy
+    what lies outside each group in shared memory). A pass over the 1-byte operand (not over bf16
+    activations), only for M % 16 != 0: the column quantizer has no output with a padded row
+    stride. The copy
     moves bytes (uint8 views): under ``torch.compile`` Inductor would otherwise emit a Triton
     kernel of e4m3 values, which some Triton builds cannot compile."""
     rows = t.shape[1]
@@ -500,8 +502,8 @@ def scaled_grouped_mm(
     sections 2-4 operands; K, N multiples of 32), ``"bf16"`` (``torch._grouped_mm``; K, N multiples
     of 8). ``gemm``: ``"auto"`` (native GEMM, or the emulation with a one-time warning),
     ``"native"`` (error where missing), ``"emulated"`` or ``"cute"`` (fp8_rowwise on sm_90, at most
-    256 experts, no padding: the project's own grouped GEMM; experimental, opt-in, not yet verified
-    on a GPU; ``RuntimeError`` elsewhere, CPU included); see the module docstring and
+    256 experts, no padding: the project's own grouped GEMM; experimental, opt-in;
+    ``RuntimeError`` elsewhere, CPU included); see the module docstring and
     :func:`gemm_path`. ``backend``: the quantization and padding ops' (``"auto"``: the kernels on a
     supported GPU, the reference on CPU, an error on a CUDA device where the kernels cannot run;
     ``"reference"`` asks for the slow reference explicitly). No host sync in forward or backward

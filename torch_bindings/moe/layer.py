@@ -11,7 +11,7 @@ Unaligned groups are padded once to the recipe's alignment around the block and 
 groups that start on the alignment already (``groups_aligned=True``: the output of
 ``pad_token_groups`` or of a dispatch) skip both passes, and quantized tokens from an FP8 dispatch
 (``DispatchResult.tokens``) skip x's quantization too. With ``gemm="cute"`` (fp8_rowwise on sm_90;
-experimental, opt-in, not yet verified on a GPU) the GEMMs take ragged groups and nothing is padded.
+experimental, opt-in) the GEMMs take ragged groups and nothing is padded.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class GroupedExperts(torch.nn.Module):
     ``recipe``: ``"fp8_rowwise"``, ``"mxfp8"`` or ``"bf16"``; ``gemm``: as in
     :func:`scaled_grouped_mm` (``"auto"`` warns once when it must emulate; ``"cute"``: fp8_rowwise
     on sm_90, the project's own grouped GEMM for all six GEMMs with no padding, experimental,
-    opt-in, not yet verified on a GPU; ``RuntimeError`` at the first call elsewhere); ``backend``: the
+    opt-in; ``RuntimeError`` at the first call elsewhere); ``backend``: the
     quantization and padding ops' (``"auto"`` raises on a CUDA device without the kernels);
     ``weight_cache``: keep the weights' quantized operands between calls while the parameters do not
     change (their version counters and the ``torch.optim`` step generation; after writes through
