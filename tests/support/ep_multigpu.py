@@ -222,10 +222,11 @@ def main() -> None:
     x = torch.randn(256, 512, device=dev).bfloat16()
     ids = torch.randint(0, 8 * ranks, (256, 4), device=dev)
     w = torch.rand(256, 4, device=dev)
-    for _ in range(2):
+    for step in range(4):  # a result alive during the next call: two slots, made in steps 0 and 1
+        if step == 2:
+            torch.cuda.set_sync_debug_mode("error")
         res = ep.dispatch(x, ids, num_experts=8 * ranks)
         ep.combine(torch.zeros(res.q.shape[0], 256, device=dev, dtype=torch.bfloat16), res, w)
-        torch.cuda.set_sync_debug_mode("error")
     torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     dist.barrier()
