@@ -62,11 +62,16 @@ def _configs_of_another_arch():
 
 @pytest.fixture
 def poison_cuda_allocator():
-    """Fill the caching allocator's free blocks with 0xA5 so unwritten output bytes show up."""
+    """Fill the caching allocator's free blocks with 0xA5 so unwritten output bytes show up: one
+    large block (outputs over 1 MiB are split from it) and 16 blocks of the small-allocation pool
+    (outputs up to 1 MiB come from it, which the large block never reaches; an output that gets
+    another free small block can still hold stale bytes: a test of unwritten bytes passes its own
+    poisoned output, as the grouped GEMM's do). No sync: allocations and fills only."""
 
     def poison(nbytes: int = 1 << 28) -> None:
-        block = torch.full((nbytes,), 0xA5, dtype=torch.uint8, device="cuda")
-        del block
+        blocks = [torch.full((nbytes,), 0xA5, dtype=torch.uint8, device="cuda")]
+        blocks += [torch.full(((1 << 20) - 512,), 0xA5, dtype=torch.uint8, device="cuda") for _ in range(16)]
+        del blocks
 
     return poison
 
