@@ -71,7 +71,9 @@ def make_row_tile_load(x: cute.Tensor, box_rows: int, box_cols: int):
 
     ``x``: a row-major (rows, cols) global tensor (rows and cols may be symbolic), 16-byte aligned,
     row stride a multiple of 16 bytes. ``box_cols * element bytes`` must be a multiple of 16 and each
-    box dimension at most 256. ``atom`` is the copy atom and ``tma_x`` the coordinate tensor of x
+    box dimension at most 256. A box's column coordinate (the innermost) must be a multiple of 16
+    bytes too, or the load is an illegal instruction (notes/grouped-gemm-sm90.md); box-aligned
+    coordinates are. ``atom`` is the copy atom and ``tma_x`` the coordinate tensor of x
     (shape (rows, cols)) that the kernel tiles with :func:`partition_ring`; both are kernel
     arguments (the descriptor is a ``__grid_constant__`` parameter)."""
     atom, tma_x = cpasync.make_tiled_tma_atom(
