@@ -12,7 +12,8 @@ read of the split sizes, bf16 ``all_to_all_single``, permute by expert,
 ``pad_and_quantize_mxfp8_2d``); and the MoE layer (``MoELayer``: router, dispatch, experts,
 combine) forward + backward per recipe against the bf16 chain with the same router and weights
 (bench/common/moe_chain.py), with peak memory. Routing: k distinct uniform experts per token
-(transfers), the layer's router (layer rows). Multicast stays off.
+(transfers), the layer's router (layer rows). Multicast stays off. ``--host-profile CALLS``: also
+rank 0's cProfile of CALLS eager dispatch + combine calls (where the host time per call goes).
 """
 
 from __future__ import annotations
@@ -155,6 +156,36 @@ def _host_seconds(fn, calls: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def host_profile(tokens: int, hidden: int, topk: int, experts: int, alignment: int, calls: int) -> str:
+    """Where eager dispatch and combine spend host time: ``calls`` mxfp8 dispatches and combines
+    under cProfile on every rank (the same calls everywhere: the ranks must stay in step), a sync
+    after each; returns rank 0's functions by own time (the first 30), for the issue's 50 us goal."""
+    import cProfile
+    import io
+    import pstats
+
+    gen = torch.Generator(device="cuda").manual_seed(dist.get_rank())
+    x = torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16()
+    ids = torch.rand(tokens, experts, device="cuda", generator=gen).topk(topk, dim=1).indices
+    w = torch.rand(tokens, topk, device="cuda", generator=gen)
+    res = ep.dispatch(x, ids, num_experts=experts, alignment=alignment)
+    y = torch.randn(res.q.shape[0], hidden, device="cuda").bfloat16()
+    ep.combine(y, res, w)
+    torch.cuda.synchronize()
+    profile = cProfile.Profile()
+    for _ in range(calls):
+        profile.enable()
+        res = ep.dispatch(x, ids, num_experts=experts, alignment=alignment)
+        ep.combine(y, res, w)
+        profile.disable()
+        torch.cuda.synchronize()
+    out = io.StringIO()
+    pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(30)
+    return (
+        f"\n### host profile: {calls} x (dispatch mxfp8 + combine), T={tokens} E={experts}\n{out.getvalue()}"
+    )
+
+
 def transfer_rows(tokens: int, hidden: int, topk: int, experts: int, alignment: int, iters: int) -> list[str]:
     """Dispatch (each recipe) and combine against a peer copy and NCCL ``all_to_all_single`` of the
     same bytes, eager and graph-replayed, with the host time per call."""
@@ -270,6 +301,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--expert-hidden", type=int, default=2048, help="H of the MoE layer rows")
     parser.add_argument("--layer-experts", type=int, default=64, help="E of the MoE layer rows (0: none)")
+    parser.add_argument(
+        "--host-profile",
+        type=int,
+        default=0,
+        metavar="CALLS",
+        help="also profile CALLS eager calls (cProfile)",
+    )
     args = parser.parse_args(argv)
     if "WORLD_SIZE" not in os.environ or not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         print(
@@ -284,6 +322,12 @@ def main(argv: list[str] | None = None) -> int:
         lines = transfer_rows(args.tokens, args.hidden, args.topk, experts, args.alignment, args.iters)
         if dist.get_rank() == 0:
             print("\n".join(lines), flush=True)
+    if args.host_profile:
+        text = host_profile(
+            args.tokens, args.hidden, args.topk, args.experts[0], args.alignment, args.host_profile
+        )
+        if dist.get_rank() == 0:
+            print(text, flush=True)
     if args.layer_experts:
         lines = layer_rows(
             args.tokens, args.hidden, args.expert_hidden, args.topk, args.layer_experts, args.iters

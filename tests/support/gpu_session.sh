@@ -68,7 +68,8 @@ for stage in "$@"; do
     multigpu)
         run_stage ep_multigpu "$PYTHON" -m torch.distributed.run --nproc-per-node "$gpus" \
             tests/support/ep_multigpu.py
-        run_stage bench_ep "$PYTHON" -m torch.distributed.run --nproc-per-node "$gpus" -m bench.bench_ep
+        run_stage bench_ep "$PYTHON" -m torch.distributed.run --nproc-per-node "$gpus" -m bench.bench_ep \
+            --host-profile 20
         ;;
     *) echo "unknown stage: $stage" >&2 ;;
     esac
