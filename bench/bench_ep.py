@@ -13,7 +13,7 @@ read of the split sizes, bf16 ``all_to_all_single``, permute by expert,
 combine) forward + backward per recipe against the bf16 chain with the same router and weights
 (bench/common/moe_chain.py), with peak memory. Routing: k distinct uniform experts per token
 (transfers), the layer's router (layer rows). Multicast stays off. ``--host-profile CALLS``: also
-rank 0's cProfile of CALLS eager dispatch + combine calls (where the host time per call goes).
+rank 0's host time per step of CALLS eager dispatch + combine calls (where the host time goes).
 """
 
 from __future__ import annotations
@@ -156,14 +156,42 @@ def _host_seconds(fn, calls: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def host_profile(tokens: int, hidden: int, topk: int, experts: int, alignment: int, calls: int) -> str:
-    """Where eager dispatch and combine spend host time: ``calls`` mxfp8 dispatches and combines
-    under cProfile on every rank (the same calls everywhere: the ranks must stay in step), a sync
-    after each; returns rank 0's functions by own time (the first 30), for the issue's 50 us goal."""
-    import cProfile
-    import io
-    import pstats
+#: The steps of an eager dispatch and combine whose host time ``host_profile`` reports: module
+#: functions of ``torch_bindings.moe.ep`` and methods of its symmetric pool.
+_HOST_STEPS = (
+    "route",
+    "layout",
+    "send_dispatch",
+    "zero_padding",
+    "_mark_filled",
+    "finish_dispatch",
+    "send_combine",
+    "finish_combine",
+)
+_POOL_STEPS = ("acquire", "exchange_counts", "barrier")
 
+
+def _timed(fn, name: str, spent: dict):
+    """``fn`` adding its host seconds to ``spent[name]``."""
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
+
+    return wrapper
+
+
+def host_profile(tokens: int, hidden: int, topk: int, experts: int, alignment: int, calls: int) -> str:
+    """Where eager dispatch and combine spend host time: ``calls`` mxfp8 dispatches and combines on
+    every rank (the same calls everywhere: the ranks must stay in step), a sync after each, with
+    each step of ``_HOST_STEPS`` / ``_POOL_STEPS`` timed on the host; returns rank 0's table of host
+    us per call by step, the rest (autograd, checks, allocation) as ``other``."""
+    import importlib
+
+    ep_module = importlib.import_module(ep.dispatch.__module__)
     gen = torch.Generator(device="cuda").manual_seed(dist.get_rank())
     x = torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16()
     ids = torch.rand(tokens, experts, device="cuda", generator=gen).topk(topk, dim=1).indices
@@ -172,18 +200,39 @@ def host_profile(tokens: int, hidden: int, topk: int, experts: int, alignment: i
     y = torch.randn(res.q.shape[0], hidden, device="cuda").bfloat16()
     ep.combine(y, res, w)
     torch.cuda.synchronize()
-    profile = cProfile.Profile()
-    for _ in range(calls):
-        profile.enable()
-        res = ep.dispatch(x, ids, num_experts=experts, alignment=alignment)
-        ep.combine(y, res, w)
-        profile.disable()
-        torch.cuda.synchronize()
-    out = io.StringIO()
-    pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(30)
-    return (
-        f"\n### host profile: {calls} x (dispatch mxfp8 + combine), T={tokens} E={experts}\n{out.getvalue()}"
-    )
+    pool = res.pool
+    spent: dict[str, float] = {}
+    saved = {name: getattr(ep_module, name) for name in _HOST_STEPS}
+    for name, fn in saved.items():
+        setattr(ep_module, name, _timed(fn, name, spent))
+    for name in _POOL_STEPS:
+        setattr(pool, name, _timed(getattr(pool, name), f"pool.{name}", spent))
+    try:
+        for _ in range(calls):
+            del res
+            start = time.perf_counter()
+            res = ep.dispatch(x, ids, num_experts=experts, alignment=alignment)
+            middle = time.perf_counter()
+            ep.combine(y, res, w)
+            end = time.perf_counter()
+            spent["dispatch total"] = spent.get("dispatch total", 0.0) + middle - start
+            spent["combine total"] = spent.get("combine total", 0.0) + end - middle
+            torch.cuda.synchronize()
+    finally:
+        for name, fn in saved.items():
+            setattr(ep_module, name, fn)
+        for name in _POOL_STEPS:
+            delattr(pool, name)
+    steps = sum(v for k, v in spent.items() if not k.endswith("total"))
+    spent["other (autograd, checks, allocation)"] = spent["dispatch total"] + spent["combine total"] - steps
+    lines = [
+        f"\n### host us per call by step: {calls} x (dispatch mxfp8 + combine), T={tokens} E={experts}",
+        "| step | host us per call |",
+        "|---|---|",
+    ]
+    for name, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {name} | {seconds / calls * 1e6:.1f} |")
+    return "\n".join(lines)
 
 
 def transfer_rows(tokens: int, hidden: int, topk: int, experts: int, alignment: int, iters: int) -> list[str]:
@@ -306,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         metavar="CALLS",
-        help="also profile CALLS eager calls (cProfile)",
+        help="also time the host steps of CALLS eager calls",
     )
     args = parser.parse_args(argv)
     if "WORLD_SIZE" not in os.environ or not torch.cuda.is_available() or torch.cuda.device_count() < 2:

@@ -41,6 +41,7 @@ by a ticket (:func:`slot_ticket`). The autograd contexts keep the routing, never
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -822,9 +823,34 @@ def finish_dispatch(lay: Layout, bufs: dict, shape: EpShape, rank: int) -> Dispa
 
 def send_combine(y: torch.Tensor, result: DispatchResult, rows_buffer: SharedRows) -> None:
     """Combine's send: local row r of y (rows, D') to its source's (T*k, D') buffer at the pair its
-    tag names (padding rows skipped)."""
-    rows = _arange(result.shape.rows, y.device)
-    scatter_rows(y, rows_buffer, rows, result.tags - 1)
+    tag names (padding rows skipped). With several ranks the rows go in :func:`_spread_order`: the
+    received rows are expert-major and, within an expert, source-major, so in row order every rank
+    would write to the same source at the same time (notes/ep-dispatch-combine.md)."""
+    count = result.shape.rows
+    if result.shape.ranks == 1:
+        scatter_rows(y, rows_buffer, _arange(count, y.device), result.tags - 1)
+        return
+    order = _spread_order(count, y.device)
+    scatter_rows(y, rows_buffer, order, result.tags.index_select(0, order) - 1)
+
+
+def _spread_stride(n: int) -> int:
+    """The stride of :func:`_spread_order`: the integer nearest ``n / golden ratio`` that is coprime
+    with ``n`` (so that ``i * stride % n`` is a permutation)."""
+    stride = max(round(n * 0.6180339887498949), 1)
+    while math.gcd(stride, n) != 1:
+        stride += 1
+    return stride % n if n > 1 else 0
+
+
+def _spread_order(n: int, device: torch.device) -> torch.Tensor:
+    """A cached (n,) int32 permutation, ``i * stride % n`` (:func:`_spread_stride`): rows that run
+    at the same time (neighbouring items) lie far apart, spread evenly over the buffer. Read only."""
+    key = ("spread", n, device)
+    if key not in _INDEX_TENSORS:
+        order = torch.arange(n, dtype=torch.int64, device=device) * _spread_stride(n) % max(n, 1)
+        _INDEX_TENSORS[key] = order.to(torch.int32)
+    return _INDEX_TENSORS[key]
 
 
 def _combine_slot(pool, shape: EpShape, width: int) -> Slot:
