@@ -83,8 +83,8 @@ class GroupedGemmConfig:
     """``tile_n`` output columns per CTA tile (a multiple of 16 up to 256), ``stages`` of the shared
     A/B ring, register caps of the producer and consumer warpgroups (``setmaxregister``)."""
 
-    tile_n: int = 128
-    stages: int = 4
+    tile_n: int = 256
+    stages: int = 3
     producer_registers: int = 40
     consumer_registers: int = 232
 
@@ -499,12 +499,9 @@ class GroupedGemmSm90Kernel(Kernel):
         put the values into ``staging`` in the accumulator layout, then store it as 16-byte row
         vectors (``out_vectors``, :func:`_vector_view`). 2d2d: an empty group's tile is zeros
         whatever its scales hold."""
-        values = self._scaled(acc, coords, scale_a, scale_b, work, cols)
         # the previous tile's vectors are read out of staging before anyone writes this tile's
         cute.arch.barrier(barrier_id=_EPILOGUE_BARRIER, number_of_threads=CONSUMER_THREADS)
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            r, c = coords[i]
-            staging[r, c] = values[i]
+        self._stage_scaled(acc, coords, scale_a, scale_b, staging, work, cols)
         cute.arch.barrier(barrier_id=_EPILOGUE_BARRIER, number_of_threads=CONSUMER_THREADS)
         self._store_vectors(_vector_view(staging), out_vectors, work, cols, ctid)
 
@@ -527,24 +524,26 @@ class GroupedGemmSm90Kernel(Kernel):
                     cute.autovec_copy(vector, out_vectors[work.g, row, first // VECTOR, None])
 
     @cute.jit
-    def _scaled(self, acc, coords, scale_a, scale_b, work: _Work, cols: Int32):
-        """``bf16(acc * scale_a * scale_b)`` per accumulator element (a register tensor like ``acc``).
+    def _stage_scaled(self, acc, coords, scale_a, scale_b, staging, work: _Work, cols: Int32):
+        """``staging[r, c] = bf16(acc * scale_a * scale_b)`` per accumulator element, each written as
+        it is computed (no register copy of the tile: the accumulator alone fills the registers).
         Elements outside the output (never stored) read the scales of the last row / column, so every
         scale load is in bounds and unconditional: the loads of one row or column are one load."""
-        values = cute.make_rmem_tensor(acc.layout, BFloat16)
         last_row, last_col = work.row_end - 1, cols - 1
+        group_scale_b = scale_b
+        if cutlass.const_expr(self.form == "2d3d"):
+            group_scale_b = scale_b[work.g, None]
         for i in cutlass.range_constexpr(cute.size(acc)):
             r, c = coords[i]
             row = cutlass.min(work.row0 + r, last_row)
             col = cutlass.min(work.col0 + c, last_col)
             if cutlass.const_expr(self.form == "2d3d"):
-                values[i] = (acc[i] * scale_a[row] * scale_b[work.g, col]).to(BFloat16)
+                staging[r, c] = (acc[i] * scale_a[row] * group_scale_b[col]).to(BFloat16)
             else:
                 value = acc[i] * scale_a[work.g * work.row_end + row] * scale_b[work.g * cols + col]
                 if work.k_tiles == 0:
                     value = Float32(0.0)
-                values[i] = value.to(BFloat16)
-        return values
+                staging[r, c] = value.to(BFloat16)
 
 
 def _tma_boxes(atom, coords: cute.Tensor, slots: cute.Tensor, row: Int32, red0: Int32, rows: int):

@@ -223,8 +223,9 @@ def quantize_tma(variant):
 
 
 # --- grouped GEMM, experimental (notes/grouped-gemm-sm90.md) ---
-# A (128, 128) tile and a 4-deep ring (128 KiB), CUTLASS's Hopper register split (40 producer / 232
-# consumer registers), for both forms until `python -m bench.tune grouped_gemm` has chosen per form.
+# A (128, 256) tile and a 3-deep ring (144 KiB), CUTLASS's Hopper register split (40 producer / 232
+# consumer registers): the fastest of `python -m bench.tune grouped_gemm`'s sweep for every form and
+# both bench shapes (the note's tuning section).
 def grouped_gemm_sm90(variant):
     from cute_kernels.grouped_gemm_sm90 import GroupedGemmConfig
 

@@ -37,10 +37,10 @@ def test_compiles_with_expected_sass(compiled, target):
     assert kernel.opcode("USETMAXREG") >= 2, "producer gives registers to the consumers"
     assert kernel.opcode("SYNCS") >= 2, "mbarrier ring"
     assert kernel.threads == (384, 1, 1)
-    # epilogue: the tile goes through shared memory and out as 16-byte row vectors, 8 per thread
-    # (128 x 128 bf16 over 256 threads); the fragment writes pair adjacent columns
-    assert kernel.global_stores() == kernel.global_stores(128) == 8, kernel.memory
-    assert kernel.shared_loads(128) == 8 and kernel.shared_stores(32) >= 32, kernel.memory
+    # epilogue: the tile goes through shared memory and out as 16-byte row vectors, 16 per thread
+    # (128 x 256 bf16 over 256 threads); the fragment writes pair adjacent columns
+    assert kernel.global_stores() == kernel.global_stores(128) == 16, kernel.memory
+    assert kernel.shared_loads(128) == 16 and kernel.shared_stores(32) >= 32, kernel.memory
     assert kernel.registers <= 168, text  # 384 threads fit one CTA per SM before setmaxregister
     # setmaxregister.inc waits until the CTA's pool holds the registers it asks for: what the
     # producer warpgroup gives back must cover the consumers' increase, or they wait forever.
