@@ -10,6 +10,13 @@ CUDA GPU it exits 2.
 
     python -m bench.bench_grouped_gemm [--quick] [--out DIR]
     python -m bench.bench_grouped_gemm --once wgrad   # two launches of ours per shape, for ncu
+    python -m bench.bench_grouped_gemm --probe        # where our wgrad's time goes (below)
+
+``--probe``: our wgrad with the skewed groups, with their ends rounded down to 16 rows (no head to
+mask when boxes start at 16-row multiples) and to 128 rows (no partial box: nothing masked), each
+with boxes starting at the group's first row rounded down to 16 and to 128 (``reduction_align``:
+16-byte or 128-byte aligned TMA boxes), and a forward (2d3d) problem of the same tiles and reduction
+length (E N rows, K columns, reduction M / E: the same output tiles and k-tiles per tile).
 """
 
 from __future__ import annotations
@@ -135,11 +142,69 @@ def run_once(s: Shape, device: torch.device, gemm: str) -> None:
     torch.cuda.synchronize()
 
 
+def _probe_kernel(form: str, reduction_align: int):
+    """Our kernel of ``form`` compiled with the default config but ``reduction_align``."""
+    from dataclasses import replace
+
+    from cute_kernels import registry
+    from cute_kernels.grouped_gemm_sm90 import GroupedGemmSm90Kernel, GroupedGemmVariant
+
+    variant = GroupedGemmVariant(form)
+    config = replace(GroupedGemmSm90Kernel.default_config(variant, "sm_90a"), reduction_align=reduction_align)
+    return registry.entry("grouped_gemm_sm90").compile(variant, "sm_90a", config=config)
+
+
+def probe_rows(s: Shape, device: torch.device) -> list[dict]:
+    """``--probe`` (module docstring): TFLOP/s of our kernel on problems of equal FLOPs."""
+    from torch_bindings import backend
+    from torch_bindings import reference as ref
+
+    sms = backend.num_sms(device.index or 0)
+    ends = skewed_group_ends(s.tokens, s.experts, seed=1)
+    by_16 = [e // 16 * 16 for e in ends[:-1]] + [ends[-1]]
+    by_128 = [e // 128 * 128 for e in ends[:-1]] + [ends[-1]]
+    x = torch.randn(s.tokens, s.dim, device=device, dtype=torch.bfloat16)
+    grad_y = torch.randn(s.tokens, s.hidden, device=device, dtype=torch.bfloat16)
+    flops = 2 * s.tokens * s.dim * s.hidden
+    kernels = {align: _probe_kernel("2d2d", align) for align in (16, 128)}
+    calls = {}
+    for groups, group_ends, aligns in (("skewed", ends, (16, 128)), ("16-row multiples", by_16, (16, 128)),
+                                       ("128-row multiples", by_128, (16,))):  # fmt: skip
+        offsets = torch.tensor(group_ends, dtype=torch.int32, device=device)
+        q_gy, s_gy = ref.quantize_fp8_2d(grad_y, axis="col", group_end_offsets=offsets)
+        q_x, s_x = ref.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets)
+        out = torch.empty(s.experts, s.hidden, s.dim, device=device, dtype=torch.bfloat16)
+        operands = (q_gy.t().contiguous(), q_x.t().contiguous(), s_gy, s_x, offsets, out, sms)
+        for align in aligns:
+            kernel = kernels[align]
+            calls[f"wgrad, {groups} groups, boxes from {align}-row multiples"] = (
+                lambda k, ops: lambda: k(*ops)
+            )(kernel, operands)
+    reduction = s.tokens // s.experts
+    a = torch.randn(s.experts * s.hidden, reduction, device=device, dtype=torch.bfloat16)
+    b = torch.randn(s.experts, s.dim, reduction, device=device, dtype=torch.bfloat16)
+    q_a, s_a = ref.quantize_fp8_2d(a, axis="row")
+    q_b, s_b = ref.quantize_fp8_3d(b, axis="K")
+    offsets = torch.arange(1, s.experts + 1, device=device, dtype=torch.int32) * s.hidden
+    out = torch.empty(s.experts * s.hidden, s.dim, device=device, dtype=torch.bfloat16)
+    forward_operands = (q_a, q_b, s_a, s_b, offsets, out, sms)
+    forward = _probe_kernel("2d3d", 16)
+    calls["forward of the same tiles (reduction M / E)"] = lambda: forward(*forward_operands)
+    rows = []
+    for name, call in calls.items():
+        us = time_cuda(call)
+        tflops = round(flops / us / 1e6, 1)
+        rows.append({"shape": s.name, "problem": name, "us": round(us, 1), "TFLOPs": tflops})
+        progress(f"  {name}: {tflops} TFLOP/s")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0])
     parser.add_argument(
         "--once", choices=("forward", "dgrad", "wgrad"), help="two launches of ours per shape, untimed (ncu)"
     )
+    parser.add_argument("--probe", action="store_true", help="where our wgrad's time goes")
     args = parser.parse_args(argv)
     device = cuda_or_none("bench_grouped_gemm")
     if device is None:
@@ -156,10 +221,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = []
     for s in SHAPES[:1] if args.quick else SHAPES:
-        progress(f"grouped GEMM: {s.name}")
-        rows += rows_for(s, device)
-    json_path = output_paths(args.out, "grouped_gemm")[0]
-    report(rows, list(rows[0]), "FP8 grouped GEMM, sm_90a", json_path=json_path, panel_key=None)
+        progress(f"grouped GEMM{' probe' if args.probe else ''}: {s.name}")
+        rows += probe_rows(s, device) if args.probe else rows_for(s, device)
+    title = "our wgrad against problems of the same tiles" if args.probe else "FP8 grouped GEMM, sm_90a"
+    json_path = output_paths(args.out, "grouped_gemm_probe" if args.probe else "grouped_gemm")[0]
+    report(rows, list(rows[0]), title, json_path=json_path, panel_key=None)
     return 0
 
 

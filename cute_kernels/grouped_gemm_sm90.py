@@ -81,18 +81,23 @@ VECTOR = 8  # bf16 outputs per 16-byte store; the output's row length must be a 
 @dataclass(frozen=True)
 class GroupedGemmConfig:
     """``tile_n`` output columns per CTA tile (a multiple of 16 up to 256), ``stages`` of the shared
-    A/B ring, register caps of the producer and consumer warpgroups (``setmaxregister``)."""
+    A/B ring, register caps of the producer and consumer warpgroups (``setmaxregister``), and
+    ``reduction_align``: 2d2d boxes of group g start at its first row rounded down to this (16, 32,
+    64 or 128; TMA needs 16 bytes), the rows before the group's start masked in the first box."""
 
     tile_n: int = 256
     stages: int = 3
     producer_registers: int = 40
     consumer_registers: int = 232
+    reduction_align: int = 128
 
     def __post_init__(self) -> None:
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
             raise ValueError(f"tile_n={self.tile_n} must be a multiple of 16 in [16, 256]")
         if not 2 <= self.stages <= 12:
             raise ValueError(f"stages={self.stages} must be in [2, 12]")
+        if self.reduction_align not in (16, 32, 64, 128):
+            raise ValueError(f"reduction_align={self.reduction_align} must be 16, 32, 64 or 128")
         total = WARPGROUP * self.producer_registers + CONSUMER_THREADS * self.consumer_registers
         if total > 65536 or self.producer_registers % 8 or self.consumer_registers % 8:
             raise ValueError("register caps must be multiples of 8 and fit 65536 registers per CTA")
@@ -185,6 +190,7 @@ class GroupedGemmSm90Kernel(Kernel):
         self.form = variant.form
         self.tile_n = config.tile_n
         self.stages = config.stages
+        self.reduction_align = config.reduction_align
 
     @classmethod
     def variants(cls) -> list[GroupedGemmVariant]:
@@ -375,7 +381,7 @@ class GroupedGemmSm90Kernel(Kernel):
             g, rest = tile // (m_tiles * n_tiles), tile % (m_tiles * n_tiles)
             m_block, n_block = rest // n_tiles, rest % n_tiles
             start, end = group_bounds(offsets, g, reduction)
-            red0 = start - start % _CHUNK  # TMA: the innermost box coordinate is 16-byte aligned
+            red0 = start - start % self.reduction_align  # TMA: a box's innermost coordinate: 16 bytes
             k_tiles = Int32(0)
             if end > start:
                 k_tiles = cute.ceil_div(end - red0, TILE_K)
@@ -486,9 +492,9 @@ class GroupedGemmSm90Kernel(Kernel):
         for item in cutlass.range(ctid, (TILE_M + self.tile_n) * chunks, CONSUMER_THREADS, unroll=1):
             row, chunk = item // chunks, item % chunks
             if row < TILE_M:
-                _zero_chunk(raw.bytes_a, raw.words_a, raw.layout_a, row, chunk, stage, lo, hi)
+                _zero_chunk(raw.words_a, raw.layout_a, row, chunk, stage, lo, hi)
             else:
-                _zero_chunk(raw.bytes_b, raw.words_b, raw.layout_b, row - TILE_M, chunk, stage, lo, hi)
+                _zero_chunk(raw.words_b, raw.layout_b, row - TILE_M, chunk, stage, lo, hi)
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=_MASK_BARRIER, number_of_threads=CONSUMER_THREADS)
 
@@ -558,16 +564,14 @@ def _tma_boxes(atom, coords: cute.Tensor, slots: cute.Tensor, row: Int32, red0: 
 
 
 class _RawRings:
-    """Unswizzled byte and 64-bit word views of the A and B rings (a ring's bytes at their physical
-    offsets) with the rings' swizzled layouts: a logical (row, reduction element, slot) of a ring is
-    byte ``cute.crd2idx((row, col, slot), layout)`` of its view (e4m3 elements are bytes)."""
+    """Unswizzled 64-bit word views of the A and B rings (a ring's bytes at their physical offsets)
+    with the rings' swizzled layouts: a logical (row, reduction element, slot) of a ring is byte
+    ``cute.crd2idx((row, col, slot), layout)`` of the ring (e4m3 elements are bytes)."""
 
     def __init__(self, storage, layout_a: cute.ComposedLayout, layout_b: cute.ComposedLayout, config) -> None:
         a_bytes, b_bytes = _stage_bytes(config)
         size_a, size_b = a_bytes * config.stages, b_bytes * config.stages
-        self.bytes_a = storage.ring_a.get_tensor(cute.make_layout(size_a), dtype=cutlass.Uint8)
         self.words_a = storage.ring_a.get_tensor(cute.make_layout(size_a // 8), dtype=cutlass.Uint64)
-        self.bytes_b = storage.ring_b.get_tensor(cute.make_layout(size_b), dtype=cutlass.Uint8)
         self.words_b = storage.ring_b.get_tensor(cute.make_layout(size_b // 8), dtype=cutlass.Uint64)
         self.layout_a, self.layout_b = layout_a, layout_b
 
@@ -579,21 +583,36 @@ def ring_offset(layout: cute.ComposedLayout, row: Int32, col: Int32, stage: Int3
     return cute.crd2idx((row, col, stage), layout)
 
 
+_ALL_BYTES = 0xFFFF_FFFF_FFFF_FFFF
+
+
 @cute.jit
-def _zero_chunk(ring_bytes, ring_words, layout, row: Int32, chunk: Int32, stage: Int32, lo: Int32, hi: Int32):
+def _low_bytes(n: Int32) -> cutlass.Uint64:
+    """A 64-bit word whose ``n`` low bytes (0 <= n <= 8) are all ones, the others zero."""
+    mask = cutlass.Uint64(_ALL_BYTES)
+    if n < 8:
+        mask = (cutlass.Uint64(1) << cutlass.Uint64(8 * n)) - cutlass.Uint64(1)
+    return mask
+
+
+@cute.jit
+def _zero_chunk(ring_words, layout, row: Int32, chunk: Int32, stage: Int32, lo: Int32, hi: Int32):
     """Zero the elements outside ``[lo, hi)`` among reduction elements ``[16 chunk, 16 chunk + 16)``
-    of ``row`` of slot ``stage``: two 64-bit stores when the whole chunk is outside (its 16 bytes
-    are contiguous, see ``GroupedGemmSm90Kernel._layouts``), byte stores for a chunk holding ``lo``
-    or ``hi``."""
+    of ``row`` of slot ``stage``. The chunk's 16 bytes are contiguous, in element order (see
+    ``GroupedGemmSm90Kernel._layouts``): two 64-bit words, each stored as zero when wholly outside,
+    else ANDed with the mask of its bytes inside (little-endian: element ``e`` is byte ``e % 8``)."""
     first = chunk * _CHUNK
-    if first >= hi or first + _CHUNK <= lo:
+    if first < lo or first + _CHUNK > hi:
         word = ring_offset(layout, row, first, stage) // 8
         for w in cutlass.range_constexpr(_CHUNK // 8):
-            ring_words[word + w] = cutlass.Uint64(0)
-    elif first < lo or first + _CHUNK > hi:
-        for col in cutlass.range(first, first + _CHUNK, unroll=1):
-            if col < lo or col >= hi:
-                ring_bytes[ring_offset(layout, row, col, stage)] = cutlass.Uint8(0)
+            start = first + 8 * w
+            keep_from = cutlass.min(cutlass.max(lo - start, 0), 8)
+            keep_to = cutlass.min(cutlass.max(hi - start, 0), 8)
+            if keep_to <= keep_from:
+                ring_words[word + w] = cutlass.Uint64(0)
+            elif keep_to - keep_from < 8:
+                keep = _low_bytes(keep_to) & ~_low_bytes(keep_from)
+                ring_words[word + w] = ring_words[word + w] & keep
 
 
 def _vector_view(t: cute.Tensor) -> cute.Tensor:
