@@ -36,11 +36,13 @@ no per-group tensor maps:
   (stores are predicated on ``row < end_g``). Tiles are numbered from a CTA-wide scan of the
   per-group tile counts (``cute_utils.groups.scan_group_sizes``, unit 128 rows) and mapped to
   (group, first row) by the group-tile scheduler (``cute_utils.group_tiles.group_tile``).
-- 2d2d: a group's reduction boxes start at its first row rounded down to 16 (a TMA box's innermost
-  coordinate must be a multiple of 16 bytes, or the load is an illegal instruction); the first box
-  then holds up to 15 rows of the previous group and the last box rows of the next group. Those are
-  zeroed in shared memory (both operands, at the swizzled offsets of their logical coordinates) by
-  the consumers before the wgmma (then a proxy fence and a consumer barrier).
+- 2d2d: a group's reduction boxes start at its first row rounded down to the config's
+  ``reduction_align`` (128 by default; at least 16: a TMA box's innermost coordinate must be a
+  multiple of 16 bytes, or the load is an illegal instruction); the first box then holds up to
+  ``reduction_align - 1`` rows of the previous group and the last box rows of the next group.
+  Those are zeroed in shared memory (both operands, at the swizzled offsets of their logical
+  coordinates, 64-bit words masked whole) by the consumers before the wgmma (then a proxy fence and
+  a consumer barrier).
 
 The epilogue scales in fp32 (``acc * scale_a * scale_b``, in that order), converts to bf16, stages
 the tile in shared memory and stores it as 16-byte row vectors, each predicated on its row (below
@@ -156,9 +158,9 @@ def _staging_stride(config: GroupedGemmConfig) -> int:
 @dataclass
 class _Work:
     """One output tile: group ``g``; A box rows from ``a_row``, B box rows from ``b_row``, the
-    reduction from ``red0`` (a multiple of 16) over ``k_tiles`` boxes, whose valid elements start at
-    ``head`` in the first box and end at ``tail`` in the last; output rows ``[row0, row_end)`` and
-    columns from ``col0``."""
+    reduction from ``red0`` (2d2d: a multiple of ``reduction_align``) over ``k_tiles`` boxes, whose
+    valid elements start at ``head`` in the first box and end at ``tail`` in the last; output rows
+    ``[row0, row_end)`` and columns from ``col0``."""
 
     g: Int32
     a_row: Int32
