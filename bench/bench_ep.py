@@ -189,9 +189,8 @@ def host_profile(tokens: int, hidden: int, topk: int, experts: int, alignment: i
     every rank (the same calls everywhere: the ranks must stay in step), a sync after each, with
     each step of ``_HOST_STEPS`` / ``_POOL_STEPS`` timed on the host; returns rank 0's table of host
     us per call by step, the rest (autograd, checks, allocation) as ``other``."""
-    import importlib
+    from torch_bindings.moe import ep as ep_module
 
-    ep_module = importlib.import_module(ep.dispatch.__module__)
     gen = torch.Generator(device="cuda").manual_seed(dist.get_rank())
     x = torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16()
     ids = torch.rand(tokens, experts, device="cuda", generator=gen).topk(topk, dim=1).indices
@@ -202,6 +201,8 @@ def host_profile(tokens: int, hidden: int, topk: int, experts: int, alignment: i
     torch.cuda.synchronize()
     pool = res.pool
     spent: dict[str, float] = {}
+    # The steps call each other through the module's globals and the pool's attributes, so the
+    # wrappers set here are what they call; no timed step calls another (``other`` is the rest).
     saved = {name: getattr(ep_module, name) for name in _HOST_STEPS}
     for name, fn in saved.items():
         setattr(ep_module, name, _timed(fn, name, spent))

@@ -25,7 +25,8 @@ empty groups, no padding, no host sync; ends are clamped as in ``cute_utils.grou
 - ``out`` (E, N, K) bf16 row-major; an empty group's slice is zeros.
 
 Design (notes/grouped-gemm-sm90.md): persistent CTAs (``num_sms`` of them, a launch argument), one
-producer warp (of a producer warpgroup) streams (128 x 128)-byte TMA boxes of A and B into a
+producer warp (of a producer warpgroup) streams TMA boxes of A (128 rows) and B (``tile_n`` rows),
+128 bytes of the reduction each, into a
 ``stages``-deep shared ring guarded by mbarriers (``cutlass.pipeline.PipelineTmaAsync``), and two
 consumer warpgroups run wgmma on a (128, ``tile_n``) tile, 64 rows each; ``setmaxregister`` moves
 registers from the producer to the consumers. Ragged groups are handled by predicated tiles, with

@@ -224,8 +224,8 @@ def quantize_tma(variant):
 
 # --- grouped GEMM, experimental (notes/grouped-gemm-sm90.md) ---
 # A (128, 256) tile and a 3-deep ring (144 KiB), CUTLASS's Hopper register split (40 producer / 232
-# consumer registers): the fastest of `python -m bench.tune grouped_gemm`'s sweep for every form and
-# both bench shapes (the note's tuning section).
+# consumer registers), 2d2d boxes from 128-row multiples: chosen with `python -m bench.tune
+# grouped_gemm` and `python -m bench.bench_grouped_gemm --probe` (the note's tuning section).
 def grouped_gemm_sm90(variant):
     from cute_kernels.grouped_gemm_sm90 import GroupedGemmConfig
 

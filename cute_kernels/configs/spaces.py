@@ -135,15 +135,15 @@ def _quantize_fp8_col_cast() -> dict[str, list]:
 
 def _grouped_gemm_sm90() -> dict[str, list]:
     """The sm_90a grouped GEMM's tile widths and ring depths that fit 227 KiB of shared memory
-    (``GroupedGemmSm90Kernel.shared_bytes``), at CUTLASS's register split. Each compiles for sm_90a
-    at the 168 registers the split needs (``GroupedGemmConfig.launch_registers``; tile_n = 64 builds
-    at 77 and would hang in ``setmaxregister``: left out), tile_n >= 192 in 2d3d with 8 bytes of
-    local memory."""
+    (``GroupedGemmSm90Kernel.shared_bytes``), at CUTLASS's register split, and the 2d2d boxes'
+    alignment (``reduction_align``; 2d3d ignores it). Each compiles for sm_90a at the 168 registers
+    the split needs (``GroupedGemmConfig.launch_registers``; tile_n = 64 builds at 77 and would hang
+    in ``setmaxregister``: left out)."""
     from cute_kernels.grouped_gemm_sm90 import GroupedGemmConfig
 
-    grid = [(128, 4), (128, 5), (128, 3), (192, 4), (256, 3)]
-    default = [GroupedGemmConfig(tile_n=n, stages=s) for n, s in grid]
-    return {DEFAULT: default, "quick": [default[0], default[4]]}
+    grid = [(256, 3, 128), (256, 3, 16), (192, 4, 128), (128, 4, 128), (128, 5, 128), (128, 3, 128)]
+    default = [GroupedGemmConfig(tile_n=n, stages=s, reduction_align=a) for n, s, a in grid]
+    return {DEFAULT: default, "quick": [default[0], default[3]]}
 
 
 _SPACES: dict[str, Callable[[], dict[str, list]]] = {

@@ -40,6 +40,8 @@ def test_compiles_with_expected_sass(compiled, target):
     # epilogue: the tile goes through shared memory and out as 16-byte row vectors, 16 per thread
     # (128 x 256 bf16 over 256 threads); the fragment writes pair adjacent columns
     assert kernel.global_stores() == kernel.global_stores(128) == 16, kernel.memory
+    if target.endswith("2d2d"):  # the masking stores 64-bit words, never single bytes
+        assert kernel.shared_stores(8) == 0 and kernel.shared_stores(64) > 0, kernel.memory
     assert kernel.shared_loads(128) == 16 and kernel.shared_stores(32) >= 32, kernel.memory
     assert kernel.registers <= 168, text  # 384 threads fit one CTA per SM before setmaxregister
     # setmaxregister.inc waits until the CTA's pool holds the registers it asks for: what the
@@ -94,3 +96,12 @@ def test_shared_memory_and_limits():
     assert not kernel.can_implement("2d3d", 128, 64, 64, MAX_GROUPS + 1)
     with pytest.raises(ValueError):
         GroupedGemmConfig(tile_n=24)
+
+
+@pytest.mark.parametrize("align", [0, 8, 48, 256])
+def test_reduction_align_must_be_a_multiple_of_16_within_a_box(align):
+    from cute_kernels.grouped_gemm_sm90 import GroupedGemmConfig
+
+    with pytest.raises(ValueError, match="reduction_align"):
+        GroupedGemmConfig(reduction_align=align)
+    assert GroupedGemmConfig().reduction_align == 128

@@ -5,9 +5,9 @@
 - Pure-Python mirrors of the kernel's device math, against brute force, for group patterns that
   include empty groups, groups past M and garbage offsets: the tile scheduler (``_work``: every
   stored output element belongs to exactly one tile, in bounds) and the masking of a group's
-  reduction boxes (``_zero_outside``: the boxes start at the group's start rounded down to 16, the
-  16-byte TMA coordinate rule, and exactly the elements before its start and past its end are
-  zeroed).
+  reduction boxes (``_zero_outside``: the boxes start at the group's start rounded down to the
+  config's ``reduction_align``, a multiple of 16 by the 16-byte TMA coordinate rule, and exactly the
+  elements before its start and past its end are zeroed, 64-bit words masked whole).
 
 The mirrors copy the kernel's formulas; a change there must change them too."""
 
@@ -65,34 +65,41 @@ def test_ring_offsets_follow_the_tma_swizzle():
         assert offset == (config.stages - 1) * box + _tma_swizzle_128b(r * TILE_K + c), (name, r, c)
 
 
-def _zeroed_bytes(lo: int, hi: int, rows: int) -> list[int]:
-    """Mirror of ``_zero_outside`` / ``_zero_chunk`` on one ring slot of ``rows`` rows: the physical
-    bytes written, in order, by all consumer threads."""
-    chunks, out = TILE_K // 16, []
+def _masked_words(lo: int, hi: int, rows: int) -> tuple[list[int], set[int]]:
+    """Mirror of ``_zero_outside`` / ``_zero_chunk`` (and ``_low_bytes``) on one ring slot of
+    ``rows`` rows: the physical 8-byte words written, in order, by all consumer threads, and the
+    physical bytes those writes leave zero (a word stored as zero, or ANDed with the mask of the
+    bytes that stay)."""
+    chunks, words, zeroed = TILE_K // 16, [], set()
     for ctid in range(THREADS):
         for item in range(ctid, rows * chunks, THREADS):
             row, chunk = item // chunks, item % chunks
             first = chunk * 16
-            if first >= hi or first + 16 <= lo:
-                base = _tma_swizzle_128b(row * TILE_K + first)
-                out += range(base, base + 16)
-            elif first < lo or first + 16 > hi:
-                cols = [c for c in range(first, first + 16) if c < lo or c >= hi]
-                out += [_tma_swizzle_128b(row * TILE_K + c) for c in cols]
-    return out
+            if not (first < lo or first + 16 > hi):
+                continue
+            base = _tma_swizzle_128b(row * TILE_K + first)
+            for w in range(2):
+                start = first + 8 * w
+                keep_from, keep_to = min(max(lo - start, 0), 8), min(max(hi - start, 0), 8)
+                if keep_to - keep_from >= 8:
+                    continue
+                words.append(base + 8 * w)
+                kept = range(keep_from, keep_to) if keep_to > keep_from else range(0)
+                zeroed |= {base + 8 * w + b for b in range(8) if b not in kept}
+    return words, zeroed
 
 
-@pytest.mark.parametrize("rows", [TILE_M + 128, TILE_M + 64])
-@pytest.mark.parametrize("lo", [0, 1, 7, 15])
+@pytest.mark.parametrize("rows", [TILE_M + 256, TILE_M + 64])
+@pytest.mark.parametrize("lo", [0, 1, 7, 15, 16, 17, 63, 100, 127])
 def test_masking_zeroes_exactly_the_elements_outside_the_group(rows, lo):
     for hi in range(lo + 1, TILE_K + 1):
         if lo == 0 and hi == TILE_K:
             continue  # a full box: the kernel masks nothing
-        written = _zeroed_bytes(lo, hi, rows)
+        words, zeroed = _masked_words(lo, hi, rows)
         outside = [c for c in range(TILE_K) if c < lo or c >= hi]
         expected = {_tma_swizzle_128b(r * TILE_K + c) for r in range(rows) for c in outside}
-        assert len(written) == len(set(written)), f"[{lo}, {hi}): a byte written twice"
-        assert set(written) == expected, f"[{lo}, {hi})"
+        assert len(words) == len(set(words)), f"[{lo}, {hi}): a word written twice"
+        assert zeroed == expected, f"[{lo}, {hi})"
 
 
 def _bounds(ends: list[int], total: int) -> list[tuple[int, int]]:
@@ -148,14 +155,16 @@ def test_2d3d_tiles_cover_each_group_once(name, tile_n):
 
 
 @pytest.mark.parametrize("name", sorted(PATTERNS))
-def test_2d2d_reduction_boxes_cover_each_group_once(name):
-    """Mirror of ``_work`` (2d2d): the boxes of group g start at its start rounded down to 16 (a TMA
-    box's innermost coordinate is a multiple of 16 bytes), and the elements the masking keeps
+@pytest.mark.parametrize("align", [16, 32, 64, 128])
+def test_2d2d_reduction_boxes_cover_each_group_once(name, align):
+    """Mirror of ``_work`` (2d2d): the boxes of group g start at its start rounded down to the
+    config's ``reduction_align`` (a TMA box's innermost coordinate is a multiple of 16 bytes), and
+    the elements the masking keeps
     (``[head, TILE_K)`` of the first box, ``[0, tail)`` of the last) are exactly the group's rows;
     empty groups run no stage (both sides)."""
     ends = PATTERNS[name]
     for start, end in _bounds(ends, M):
-        red0 = start - start % 16
+        red0 = start - start % align
         k_tiles = -(-(end - red0) // TILE_K) if end > start else 0
         head, tail = start - red0, end - red0 - (k_tiles - 1) * TILE_K
         kept = []
@@ -165,6 +174,6 @@ def test_2d2d_reduction_boxes_cover_each_group_once(name):
                 lo = head if kt == 0 else 0
                 hi = tail if kt == k_tiles - 1 else TILE_K
             kept += [red0 + kt * TILE_K + c for c in range(lo, hi)]
-        assert red0 % 16 == 0 and 0 <= head < 16
+        assert red0 % 16 == 0 and 0 <= head < align <= TILE_K
         assert kept == list(range(start, end))
         assert k_tiles == 0 or (1 <= tail <= TILE_K and (k_tiles > 1 or head < tail))

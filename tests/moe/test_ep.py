@@ -156,6 +156,19 @@ def test_combine_with_more_tokens_than_a_grid_row():
     _same(out, want, "combine")
 
 
+def test_combine_spread_order_is_a_permutation_far_from_row_order():
+    """Combine's send order with several ranks (``_spread_order``): every row once, and neighbouring
+    items at least a fifth of the rows apart (rows of one source are contiguous runs)."""
+    from torch_bindings.moe.ep import _spread_order
+
+    for n in [*range(0, 70), 1000, 4096, 65536, 69632]:
+        order = _spread_order(n, torch.device("cpu")).tolist()
+        assert sorted(order) == list(range(n)), n
+        if n >= 16:
+            gaps = [min(abs(a - b), n - abs(a - b)) for a, b in zip(order[:-1], order[1:], strict=True)]
+            assert min(gaps) >= n // 5, (n, min(gaps))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_public_r1_matches_reference(device):
     tokens, hidden, topk, experts = 300, 256, 4, 16

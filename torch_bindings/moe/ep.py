@@ -746,37 +746,39 @@ def _fill_key(buf: torch.Tensor) -> tuple:
 _INDEX_TENSORS: dict[tuple, torch.Tensor] = {}
 
 
+def _cached_index(key: tuple, build) -> torch.Tensor:
+    """``build()``'s tensor, cached under ``key`` (a launch less per later use). Read only: none of
+    the cached tensors is ever returned or written. Never cached while a CUDA graph is captured:
+    there ``build`` only records its kernels, so the tensor would hold its bytes only once the
+    graph replays, and an eager call reading it from the cache would get garbage."""
+    tensor = _INDEX_TENSORS.get(key)
+    if tensor is None:
+        tensor = build()
+        if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            _INDEX_TENSORS[key] = tensor
+    return tensor
+
+
 def _minus_ones(n: int, device: torch.device) -> torch.Tensor:
-    """A cached (n,) int32 tensor of -1 (source rows that read as zero rows). Read only."""
-    key = ("-1", n, device)
-    if key not in _INDEX_TENSORS:
-        _INDEX_TENSORS[key] = torch.full((n,), -1, dtype=torch.int32, device=device)
-    return _INDEX_TENSORS[key]
+    """A cached (n,) int32 tensor of -1 (source rows that read as zero rows)."""
+    return _cached_index(("-1", n, device), lambda: torch.full((n,), -1, dtype=torch.int32, device=device))
 
 
 def _ones_bits(n: int, device: torch.device) -> torch.Tensor:
-    """A cached (n, 1) int32 tensor of the bits of fp32 1.0 (padding rows' scales). Read only."""
-    key = ("1.0", n, device)
-    if key not in _INDEX_TENSORS:
-        _INDEX_TENSORS[key] = torch.ones((n, 1), dtype=torch.float32, device=device).view(torch.int32)
-    return _INDEX_TENSORS[key]
+    """A cached (n, 1) int32 tensor of the bits of fp32 1.0 (padding rows' scales)."""
+    return _cached_index(
+        ("1.0", n, device), lambda: torch.ones((n, 1), dtype=torch.float32, device=device).view(torch.int32)
+    )
 
 
 def _zeros_int(n: int, device: torch.device) -> torch.Tensor:
-    """A cached (n,) int32 tensor of 0. Read only."""
-    key = ("0", n, device)
-    if key not in _INDEX_TENSORS:
-        _INDEX_TENSORS[key] = torch.zeros((n,), dtype=torch.int32, device=device)
-    return _INDEX_TENSORS[key]
+    """A cached (n,) int32 tensor of 0."""
+    return _cached_index(("0", n, device), lambda: torch.zeros((n,), dtype=torch.int32, device=device))
 
 
 def _arange(n: int, device: torch.device) -> torch.Tensor:
-    """A cached ``arange(n)`` int32 (the static row and pair numbers: one launch less per use). Read
-    only: none of these cached tensors is ever returned or written."""
-    key = ("arange", n, device)
-    if key not in _INDEX_TENSORS:
-        _INDEX_TENSORS[key] = torch.arange(n, dtype=torch.int32, device=device)
-    return _INDEX_TENSORS[key]
+    """A cached ``arange(n)`` int32 (the static row and pair numbers)."""
+    return _cached_index(("arange", n, device), lambda: torch.arange(n, dtype=torch.int32, device=device))
 
 
 def _send_and_land(x: torch.Tensor, lay: Layout, slot: Slot, shape: EpShape, pool, scaling_mode: str) -> None:
@@ -835,22 +837,26 @@ def send_combine(y: torch.Tensor, result: DispatchResult, rows_buffer: SharedRow
 
 
 def _spread_stride(n: int) -> int:
-    """The stride of :func:`_spread_order`: the integer nearest ``n / golden ratio`` that is coprime
-    with ``n`` (so that ``i * stride % n`` is a permutation)."""
+    """The stride of :func:`_spread_order`: the first integer from ``round(n / golden ratio)`` up
+    that is coprime with ``n`` (so that ``i * stride % n`` is a permutation; at most n - 1 for
+    n >= 2); 0 for n <= 1."""
+    if n <= 1:
+        return 0
     stride = max(round(n * 0.6180339887498949), 1)
     while math.gcd(stride, n) != 1:
         stride += 1
-    return stride % n if n > 1 else 0
+    return stride
 
 
 def _spread_order(n: int, device: torch.device) -> torch.Tensor:
     """A cached (n,) int32 permutation, ``i * stride % n`` (:func:`_spread_stride`): rows that run
-    at the same time (neighbouring items) lie far apart, spread evenly over the buffer. Read only."""
-    key = ("spread", n, device)
-    if key not in _INDEX_TENSORS:
+    at the same time (neighbouring items) lie far apart, spread evenly over the buffer."""
+
+    def build() -> torch.Tensor:
         order = torch.arange(n, dtype=torch.int64, device=device) * _spread_stride(n) % max(n, 1)
-        _INDEX_TENSORS[key] = order.to(torch.int32)
-    return _INDEX_TENSORS[key]
+        return order.to(torch.int32)
+
+    return _cached_index(("spread", n, device), build)
 
 
 def _combine_slot(pool, shape: EpShape, width: int) -> Slot:
