@@ -7,13 +7,22 @@
 #   source .gpu/env.sh && bash tests/support/gpu_session.sh bench
 #   (2+ GPUs) bash tests/support/gpu_session.sh multigpu
 #
+# On a machine of several GPUs, single-GPU stages can run side by side, one GPU and one OUT each
+# (separate the setup with ';': `source ... && A & B &` would put the source in the first job only):
+#   source .gpu/env.sh; S=/tmp/s; bash tests/support/gpu_session.sh multigpu;
+#   (CUDA_VISIBLE_DEVICES=0 OUT=$S/g bash tests/support/gpu_session.sh gemm > $S/g.out 2>&1) &
+#   (CUDA_VISIBLE_DEVICES=1 OUT=$S bash tests/support/gpu_session.sh suite > $S/u.out 2>&1) & wait
+# Benchmarks run that way share the host with the other jobs: host-bound rows (bench_overhead, the
+# op rows of bench_moe) are not comparable with a run alone.
+#
 # Stages:
 #   gemm      the grouped GEMM's GPU tests and its gemm="cute" wiring,
 #             then its bench
 #   suite     every GPU test (pytest -m gpu, XDIST workers, default 6)
 #   fuzz      the fuzz harness on dirty memory with garbage offsets (FUZZ_EXAMPLES per op)
-#   gemm_tune the grouped GEMM's config sweep (bench.tune grouped_gemm), then an ncu profile of the
-#             wgrad launches at the bench shapes (speed of light, warp stalls; $OUT/gemm_ncu.log)
+#   gemm_tune the grouped GEMM's config sweep (bench.tune grouped_gemm), its wgrad probe
+#             (bench_grouped_gemm --probe), then an ncu profile of the wgrad launches at the bench
+#             shapes (speed of light, warp stalls; $OUT/gemm_ncu.log)
 #   sanitize  compute-sanitizer memcheck + racecheck over the small fuzz, caching allocator off
 #   bench     bench_moe --quick, bench_overhead --runs 3, bench_model --quick
 #   multigpu  the EP tests under torchrun on every GPU, then bench_ep (NVLink multicast off)
@@ -50,6 +59,7 @@ for stage in "$@"; do
         ;;
     gemm_tune)
         run_stage gemm_tune "$PYTHON" -m bench.tune grouped_gemm --out "$OUT"
+        run_stage gemm_probe "$PYTHON" -m bench.bench_grouped_gemm --probe --out "$OUT"
         run_stage gemm_ncu ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
             --section LaunchStats --section Occupancy -k regex:GroupedGemm -c 4 \
             "$PYTHON" -m bench.bench_grouped_gemm --once wgrad
