@@ -152,10 +152,13 @@ def test_mask_warps_gives_the_default_bytes(name, poison_cuda_allocator):
         for operand in args[:2]:
             operand.view(torch.uint8)[:, ends[-1] :] = 0x7F
     want = _run("2d2d", args, poison_cuda_allocator)
-    got = torch.full_like(want.view(torch.uint8), POISON).view(torch.bfloat16)
-    with no_sync():
-        kernel(*args, got, backend.num_sms(torch.cuda.current_device()))
-    assert_same_bytes(got, want, f"mask_warps, {name}")
+    # all SMs (a tile per CTA here), then 1 and 3 CTAs: the maskers' pipeline state carried across
+    # tiles, empty groups' tiles between others; each launch twice (a race shows now and then)
+    for ctas in (backend.num_sms(torch.cuda.current_device()), 1, 3, 3):
+        got = torch.full_like(want.view(torch.uint8), POISON).view(torch.bfloat16)
+        with no_sync():
+            kernel(*args, got, ctas)
+        assert_same_bytes(got, want, f"mask_warps, {name}, {ctas} CTAs")
 
 
 GARBAGE = {
