@@ -484,13 +484,7 @@ class GroupedGemmSm90Kernel(Kernel):
                 # one phase per use of the slot, like the full barrier: the same parity
                 cute.arch.mbarrier_wait(ready + read.index, read.phase)
             elif cutlass.const_expr(self.form == "2d2d"):
-                if (kt == 0 and work.head > 0) or (kt == work.k_tiles - 1 and work.tail < TILE_K):
-                    lo, hi = Int32(0), Int32(TILE_K)
-                    if kt == 0:
-                        lo = work.head
-                    if kt == work.k_tiles - 1:
-                        hi = work.tail
-                    self._zero_outside(raw, read.index, lo, hi, ctid)
+                self._mask_bounds(raw, read.index, work, kt, ctid, CONSUMER_THREADS)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(k_blocks):
                 slot = (None, None, kb, read.index)
@@ -523,25 +517,27 @@ class GroupedGemmSm90Kernel(Kernel):
             work = self._work(tile, offsets, prefix, ends, reduction, rows, cols)
             for kt in cutlass.range(work.k_tiles, unroll=1):
                 ring.consumer_wait(state)
-                if (kt == 0 and work.head > 0) or (kt == work.k_tiles - 1 and work.tail < TILE_K):
-                    lo, hi = Int32(0), Int32(TILE_K)
-                    if kt == 0:
-                        lo = work.head
-                    if kt == work.k_tiles - 1:
-                        hi = work.tail
-                    self._zero_slot(raw, state.index, lo, hi, mtid, MASK_THREADS)
-                    cute.arch.fence_view_async_shared()
+                self._mask_bounds(raw, state.index, work, kt, mtid, MASK_THREADS)
                 cute.arch.mbarrier_arrive(ready + state.index)
                 state.advance()
             tile += step
 
     @cute.jit
-    def _zero_outside(self, raw, stage: Int32, lo: Int32, hi: Int32, ctid: Int32):
-        """2d2d, by the consumers: :meth:`_zero_slot` over the 256 consumer threads, then the writes
-        are made visible to wgmma (async proxy) and every consumer thread waits for the others."""
-        self._zero_slot(raw, stage, lo, hi, ctid, CONSUMER_THREADS)
-        cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=_MASK_BARRIER, number_of_threads=CONSUMER_THREADS)
+    def _mask_bounds(self, raw, stage: Int32, work: _Work, kt: Int32, thread: Int32, threads: int):
+        """2d2d: when slot ``stage`` holds the ``kt``-th box of ``work`` and that box holds a bound of
+        the group (the first box's head, the last box's tail), :meth:`_zero_slot` outside the group
+        as ``thread`` of ``threads``, then make the writes visible to wgmma (async proxy); the
+        consumers (``threads`` = all of them) also wait for each other at a named barrier."""
+        if (kt == 0 and work.head > 0) or (kt == work.k_tiles - 1 and work.tail < TILE_K):
+            lo, hi = Int32(0), Int32(TILE_K)
+            if kt == 0:
+                lo = work.head
+            if kt == work.k_tiles - 1:
+                hi = work.tail
+            self._zero_slot(raw, stage, lo, hi, thread, threads)
+            cute.arch.fence_view_async_shared()
+            if cutlass.const_expr(threads == CONSUMER_THREADS):
+                cute.arch.barrier(barrier_id=_MASK_BARRIER, number_of_threads=CONSUMER_THREADS)
 
     @cute.jit
     def _zero_slot(self, raw, stage: Int32, lo: Int32, hi: Int32, thread: Int32, threads: int):
