@@ -15,9 +15,8 @@ CUDA GPU it exits 2.
 ``--probe``: our wgrad with the skewed groups, with their ends rounded down to 16 rows (no head to
 mask when boxes start at 16-row multiples) and to 128 rows (no partial box: nothing masked), each
 with boxes starting at the group's first row rounded down to 16 and to 128 (``reduction_align``:
-16-byte or 128-byte aligned TMA boxes); the skewed groups once more with ``mask_warps`` (the
-producer warpgroup's idle warps mask the slots); and a forward (2d3d) problem of the same tiles and
-reduction length (E N rows, K columns, reduction M / E: the same output tiles and k-tiles per tile).
+16-byte or 128-byte aligned TMA boxes), and a forward (2d3d) problem of the same tiles and reduction
+length (E N rows, K columns, reduction M / E: the same output tiles and k-tiles per tile).
 """
 
 from __future__ import annotations
@@ -143,18 +142,16 @@ def run_once(s: Shape, device: torch.device, gemm: str) -> None:
     torch.cuda.synchronize()
 
 
-def _probe_kernel(form: str, reduction_align: int, mask_warps: bool = False):
-    """Our kernel of ``form`` compiled with the default config but ``reduction_align`` and
-    ``mask_warps``, called directly: the probe's sizes are ones the launcher accepts, whose checks
-    it skips."""
+def _probe_kernel(form: str, reduction_align: int):
+    """Our kernel of ``form`` compiled with the default config but ``reduction_align``, called
+    directly: the probe's sizes are ones the launcher accepts, whose checks it skips."""
     from dataclasses import replace
 
     from cute_kernels import registry
     from cute_kernels.grouped_gemm_sm90 import GroupedGemmSm90Kernel, GroupedGemmVariant
 
     variant = GroupedGemmVariant(form)
-    default = GroupedGemmSm90Kernel.default_config(variant, "sm_90a")
-    config = replace(default, reduction_align=reduction_align, mask_warps=mask_warps)
+    config = replace(GroupedGemmSm90Kernel.default_config(variant, "sm_90a"), reduction_align=reduction_align)
     return registry.entry("grouped_gemm_sm90").compile(variant, "sm_90a", config=config)
 
 
@@ -170,22 +167,20 @@ def probe_rows(s: Shape, device: torch.device) -> list[dict]:
     x = torch.randn(s.tokens, s.dim, device=device, dtype=torch.bfloat16)
     grad_y = torch.randn(s.tokens, s.hidden, device=device, dtype=torch.bfloat16)
     flops = 2 * s.tokens * s.dim * s.hidden
-    kernels = {(align, False): _probe_kernel("2d2d", align) for align in (16, 128)}
-    kernels[128, True] = _probe_kernel("2d2d", 128, mask_warps=True)
+    kernels = {align: _probe_kernel("2d2d", align) for align in (16, 128)}
     calls = {}
-    for groups, group_ends, keys in (("skewed", ends, ((16, False), (128, False), (128, True))),
-                                     ("16-row multiples", by_16, ((16, False), (128, False))),
-                                     ("128-row multiples", by_128, ((128, False),))):  # fmt: skip
+    for groups, group_ends, aligns in (("skewed", ends, (16, 128)), ("16-row multiples", by_16, (16, 128)),
+                                       ("128-row multiples", by_128, (16,))):  # fmt: skip
         offsets = torch.tensor(group_ends, dtype=torch.int32, device=device)
         q_gy, s_gy = ref.quantize_fp8_2d(grad_y, axis="col", group_end_offsets=offsets)
         q_x, s_x = ref.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets)
         out = torch.empty(s.experts, s.hidden, s.dim, device=device, dtype=torch.bfloat16)
         operands = (q_gy.t().contiguous(), q_x.t().contiguous(), s_gy, s_x, offsets, out, sms)
-        for align, mask_warps in keys:
-            by = ", masked by the producer warps" if mask_warps else ""
-            calls[f"wgrad, {groups} groups, boxes from {align}-row multiples{by}"] = (
+        for align in aligns:
+            kernel = kernels[align]
+            calls[f"wgrad, {groups} groups, boxes from {align}-row multiples"] = (
                 lambda k, ops: lambda: k(*ops)
-            )(kernels[align, mask_warps], operands)
+            )(kernel, operands)
     reduction = s.tokens // s.experts
     a = torch.randn(s.experts * s.hidden, reduction, device=device, dtype=torch.bfloat16)
     b = torch.randn(s.experts, s.dim, reduction, device=device, dtype=torch.bfloat16)

@@ -78,7 +78,6 @@ CONSUMER_THREADS = WARPGROUP * CONSUMER_WARPGROUPS
 _MASK_BARRIER = 1  # named barrier of the consumer threads (0 is the CTA barrier)
 _CHUNK = 16  # bytes the 128-byte swizzle moves as one unit: a row's 16-byte chunks stay contiguous
 _EPILOGUE_BARRIER = 2  # named barrier of the consumer threads around the epilogue's staging tile
-MASK_THREADS = WARPGROUP - 32  # the producer warpgroup's warps 1-3 (``mask_warps``)
 VECTOR = 8  # bf16 outputs per 16-byte store; the output's row length must be a multiple of it
 
 
@@ -87,17 +86,13 @@ class GroupedGemmConfig:
     """``tile_n`` output columns per CTA tile (a multiple of 16 up to 256), ``stages`` of the shared
     A/B ring, register caps of the producer and consumer warpgroups (``setmaxregister``), and
     ``reduction_align``: 2d2d boxes of group g start at its first row rounded down to this (16, 32,
-    64 or 128; TMA needs 16 bytes), the rows before the group's start masked in the first box.
-    ``mask_warps`` (2d2d, experimental): the producer warpgroup's three idle warps mask the slots
-    that hold a group's bound, ahead of the consumers, and pass every slot on through a ready
-    barrier per slot; False: the consumers mask them (notes/grouped-gemm-sm90.md)."""
+    64 or 128; TMA needs 16 bytes), the rows before the group's start masked in the first box."""
 
     tile_n: int = 256
     stages: int = 3
     producer_registers: int = 40
     consumer_registers: int = 232
     reduction_align: int = 128
-    mask_warps: bool = False
 
     def __post_init__(self) -> None:
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
@@ -145,8 +140,6 @@ def _shared_storage(config: GroupedGemmConfig):
     @cute.struct
     class SharedStorage:
         ring_barriers: cute.struct.MemRange[Int64, 2 * stages]
-        if config.mask_warps:
-            ready_barriers: cute.struct.MemRange[Int64, stages]
         prefix: cute.struct.MemRange[Int32, MAX_GROUPS + 1]
         ends: cute.struct.MemRange[Int32, MAX_GROUPS + 1]
         warp_totals: cute.struct.MemRange[Int32, THREADS // 32]
@@ -201,7 +194,6 @@ class GroupedGemmSm90Kernel(Kernel):
         self.tile_n = config.tile_n
         self.stages = config.stages
         self.reduction_align = config.reduction_align
-        self.mask_warps = config.mask_warps and variant.form == "2d2d"
 
     @classmethod
     def variants(cls) -> list[GroupedGemmVariant]:
@@ -327,14 +319,7 @@ class GroupedGemmSm90Kernel(Kernel):
             cpasync.prefetch_descriptor(atom_a)
             cpasync.prefetch_descriptor(atom_b)
         storage = SmemAllocator().allocate(_shared_storage(self.config))
-        ready = None
-        if cutlass.const_expr(self.mask_warps):
-            ready = storage.ready_barriers.data_ptr()
-            if warp == 0:
-                with cute.arch.elect_one():
-                    for s in cutlass.range_constexpr(self.stages):
-                        cute.arch.mbarrier_init(ready + s, MASK_THREADS)
-        ring = self._make_pipeline(storage.ring_barriers.data_ptr())  # its CTA sync covers `ready`
+        ring = self._make_pipeline(storage.ring_barriers.data_ptr())
         ring_a = storage.ring_a.get_tensor(ring_a_layout.outer, swizzle=ring_a_layout.inner)
         ring_b = storage.ring_b.get_tensor(ring_b_layout.outer, swizzle=ring_b_layout.inner)
         prefix = storage.prefix.get_tensor(cute.make_layout(MAX_GROUPS + 1))
@@ -347,17 +332,14 @@ class GroupedGemmSm90Kernel(Kernel):
             if warp == 0:
                 self._produce(atom_a, tma_a, atom_b, tma_b, ring, ring_a, ring_b, offsets, prefix, ends,
                               total_tiles, extents)  # fmt: skip
-            elif cutlass.const_expr(self.mask_warps):
-                raw = _RawRings(storage, ring_a_layout, ring_b_layout, self.config)
-                self._mask(ring, ready, raw, offsets, prefix, ends, total_tiles, extents, tidx - 32)
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_registers)
             raw = _RawRings(storage, ring_a_layout, ring_b_layout, self.config)
             staging = storage.staging.get_tensor(
                 cute.make_layout((TILE_M, self.tile_n), stride=(_staging_stride(self.config), 1))
             )
-            self._consume(tiled_mma, ring, ready, ring_a, ring_b, raw, staging, scale_a, scale_b, offsets,
-                          out, prefix, ends, total_tiles, extents, tidx - WARPGROUP)  # fmt: skip
+            self._consume(tiled_mma, ring, ring_a, ring_b, raw, staging, scale_a, scale_b, offsets, out,
+                          prefix, ends, total_tiles, extents, tidx - WARPGROUP)  # fmt: skip
 
     def _make_pipeline(self, barriers):
         """The A/B ring's full/empty barriers: one TMA producer thread, one arrive per consumer warp."""
@@ -445,8 +427,8 @@ class GroupedGemmSm90Kernel(Kernel):
 
     @cute.jit
     def _consume(
-        self, tiled_mma, ring, ready, ring_a, ring_b, raw, staging, scale_a, scale_b, offsets, out, prefix,
-        ends, total_tiles, extents, ctid: Int32,
+        self, tiled_mma, ring, ring_a, ring_b, raw, staging, scale_a, scale_b, offsets, out, prefix, ends,
+        total_tiles, extents, ctid: Int32,
     ):  # fmt: skip
         """The consumer warpgroups (``ctid``: thread index among them): per tile, the wgmma mainloop
         over the ring, then the scaled bf16 epilogue through the shared ``staging`` tile."""
@@ -463,28 +445,30 @@ class GroupedGemmSm90Kernel(Kernel):
         step = Int32(cute.arch.grid_dim()[0])
         while tile < total_tiles:
             work = self._work(tile, offsets, prefix, ends, reduction, rows, cols)
-            read, release = self._mainloop(tiled_mma, ring, ready, acc, frag_a, frag_b, raw, work, read,
-                                           release, ctid)  # fmt: skip
+            read, release = self._mainloop(tiled_mma, ring, acc, frag_a, frag_b, raw, work, read, release,
+                                           ctid)  # fmt: skip
             self._epilogue(acc, coords, scale_a, scale_b, staging, out_vectors, work, cols, ctid)
             tile += step
 
     @cute.jit
-    def _mainloop(self, tiled_mma, ring, ready, acc, frag_a, frag_b, raw, work: _Work, read, release, ctid):
+    def _mainloop(self, tiled_mma, ring, acc, frag_a, frag_b, raw, work: _Work, read, release, ctid):
         """acc = the tile's reduction: per ring slot, wait for its bytes (2d2d: zero the rows before
-        the group's start in its first slot and past its end in its last, or with ``mask_warps``
-        wait for the maskers' ready barrier of the slot), issue its wgmmas and release the slot
-        before (one wgmma group stays in flight). Returns the advanced (read, release) pipeline
-        states."""
+        the group's start in its first slot and past its end in its last), issue its wgmmas and
+        release the slot before (one wgmma group stays in flight). Returns the advanced (read,
+        release) pipeline states."""
         acc.fill(0.0)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         k_blocks = cute.size(frag_a, mode=[2])
         for kt in cutlass.range(work.k_tiles, unroll=1):
             ring.consumer_wait(read)
-            if cutlass.const_expr(self.mask_warps):
-                # one phase per use of the slot, like the full barrier: the same parity
-                cute.arch.mbarrier_wait(ready + read.index, read.phase)
-            elif cutlass.const_expr(self.form == "2d2d"):
-                self._mask_bounds(raw, read.index, work, kt, ctid, CONSUMER_THREADS)
+            if cutlass.const_expr(self.form == "2d2d"):
+                if (kt == 0 and work.head > 0) or (kt == work.k_tiles - 1 and work.tail < TILE_K):
+                    lo, hi = Int32(0), Int32(TILE_K)
+                    if kt == 0:
+                        lo = work.head
+                    if kt == work.k_tiles - 1:
+                        hi = work.tail
+                    self._zero_outside(raw, read.index, lo, hi, ctid)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(k_blocks):
                 slot = (None, None, kb, read.index)
@@ -502,56 +486,20 @@ class GroupedGemmSm90Kernel(Kernel):
         return read, release
 
     @cute.jit
-    def _mask(self, ring, ready, raw, offsets, prefix, ends, total_tiles, extents, mtid: Int32):
-        """``mask_warps``: the producer warpgroup's warps 1-3 (``mtid``: thread index among them) walk
-        the consumers' slots in their order. Each slot: wait for its bytes, zero what lies outside
-        the group where the slot holds a bound (:meth:`_zero_slot`), make that visible to wgmma,
-        then every masker thread arrives on the slot's ready barrier, which the consumers wait on
-        for every slot. The consumers cannot release a slot before the maskers passed it, so the
-        maskers' waits on the full barrier never fall a phase behind."""
-        reduction, rows, cols = extents
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        tile = Int32(cute.arch.block_idx()[0])
-        step = Int32(cute.arch.grid_dim()[0])
-        while tile < total_tiles:
-            work = self._work(tile, offsets, prefix, ends, reduction, rows, cols)
-            for kt in cutlass.range(work.k_tiles, unroll=1):
-                ring.consumer_wait(state)
-                self._mask_bounds(raw, state.index, work, kt, mtid, MASK_THREADS)
-                cute.arch.mbarrier_arrive(ready + state.index)
-                state.advance()
-            tile += step
-
-    @cute.jit
-    def _mask_bounds(self, raw, stage: Int32, work: _Work, kt: Int32, thread: Int32, threads: int):
-        """2d2d: when slot ``stage`` holds the ``kt``-th box of ``work`` and that box holds a bound of
-        the group (the first box's head, the last box's tail), :meth:`_zero_slot` outside the group
-        as ``thread`` of ``threads``, then make the writes visible to wgmma (async proxy); the
-        consumers (``threads`` = all of them) also wait for each other at a named barrier."""
-        if (kt == 0 and work.head > 0) or (kt == work.k_tiles - 1 and work.tail < TILE_K):
-            lo, hi = Int32(0), Int32(TILE_K)
-            if kt == 0:
-                lo = work.head
-            if kt == work.k_tiles - 1:
-                hi = work.tail
-            self._zero_slot(raw, stage, lo, hi, thread, threads)
-            cute.arch.fence_view_async_shared()
-            if cutlass.const_expr(threads == CONSUMER_THREADS):
-                cute.arch.barrier(barrier_id=_MASK_BARRIER, number_of_threads=CONSUMER_THREADS)
-
-    @cute.jit
-    def _zero_slot(self, raw, stage: Int32, lo: Int32, hi: Int32, thread: Int32, threads: int):
-        """Zero the reduction elements outside ``[lo, hi)`` of every row of slot ``stage`` of both
-        rings (rows of the previous or the next group, or TMA zeros past M), as ``thread`` of
-        ``threads``. The work is (row, 16-byte chunk) items, a warp covering four whole rows per
-        step."""
+    def _zero_outside(self, raw, stage: Int32, lo: Int32, hi: Int32, ctid: Int32):
+        """2d2d: zero the reduction elements outside ``[lo, hi)`` of every row of slot ``stage`` of
+        both rings (rows of the previous or the next group, or TMA zeros past M). The work is (row,
+        16-byte chunk) items, a warp covering four whole rows per step; then the writes are made
+        visible to wgmma (async proxy) and every consumer thread waits for the others."""
         chunks = TILE_K // _CHUNK
-        for item in cutlass.range(thread, (TILE_M + self.tile_n) * chunks, threads, unroll=1):
+        for item in cutlass.range(ctid, (TILE_M + self.tile_n) * chunks, CONSUMER_THREADS, unroll=1):
             row, chunk = item // chunks, item % chunks
             if row < TILE_M:
                 _zero_chunk(raw.words_a, raw.layout_a, row, chunk, stage, lo, hi)
             else:
                 _zero_chunk(raw.words_b, raw.layout_b, row - TILE_M, chunk, stage, lo, hi)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=_MASK_BARRIER, number_of_threads=CONSUMER_THREADS)
 
     @cute.jit
     def _epilogue(self, acc, coords, scale_a, scale_b, staging, out_vectors, work: _Work, cols: Int32, ctid):

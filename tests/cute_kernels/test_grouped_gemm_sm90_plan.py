@@ -5,7 +5,7 @@
 - Pure-Python mirrors of the kernel's device math, against brute force, for group patterns that
   include empty groups, groups past M and garbage offsets: the tile scheduler (``_work``: every
   stored output element belongs to exactly one tile, in bounds) and the masking of a group's
-  reduction boxes (``_mask_bounds`` / ``_zero_slot``: the boxes start at the group's start rounded down to the
+  reduction boxes (``_zero_outside``: the boxes start at the group's start rounded down to the
   config's ``reduction_align``, a multiple of 16 by the 16-byte TMA coordinate rule, and exactly the
   elements before its start and past its end are zeroed, 64-bit words masked whole).
 
@@ -66,7 +66,7 @@ def test_ring_offsets_follow_the_tma_swizzle():
 
 
 def _masked_words(lo: int, hi: int, rows: int) -> tuple[list[int], set[int]]:
-    """Mirror of ``_zero_slot`` / ``_zero_chunk`` (and ``_low_bytes``) on one ring slot of
+    """Mirror of ``_zero_outside`` / ``_zero_chunk`` (and ``_low_bytes``) on one ring slot of
     ``rows`` rows: the physical 8-byte words written, in order, by all consumer threads, and the
     physical bytes those writes leave zero (a word stored as zero, or ANDed with the mask of the
     bytes that stay)."""

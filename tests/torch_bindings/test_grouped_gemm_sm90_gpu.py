@@ -131,36 +131,6 @@ def test_nan_rows_past_the_last_end_stay_out(form, poison_cuda_allocator):
     assert _sqnr_db(got, want) >= 40
 
 
-@pytest.mark.parametrize("name", [*sorted(PATTERNS), "nan rows past the last end"])
-def test_mask_warps_gives_the_default_bytes(name, poison_cuda_allocator):
-    """2d2d with ``mask_warps`` (the producer warpgroup's idle warps mask the slots, experimental):
-    the same bytes as the default config, where the consumers mask (the same products in the same
-    order; only who zeroes the outside elements differs), NaN rows past the last end included."""
-    _sm90()
-    from cute_kernels import registry
-    from cute_kernels.grouped_gemm_sm90 import GroupedGemmConfig, GroupedGemmSm90Kernel, GroupedGemmVariant
-    from torch_bindings import backend
-
-    variant = GroupedGemmVariant("2d2d")
-    config = GroupedGemmConfig(mask_warps=True)
-    assert config != GroupedGemmSm90Kernel.default_config(variant, "sm_90a")
-    kernel = registry.entry("grouped_gemm_sm90").compile(variant, "sm_90a", config=config)
-    ends = PATTERNS.get(name, (100, 100, 357, 1000))
-    m = max(1008, ends[-1] + 8)
-    args, _ = _operands("2d2d", m, 320, 384, ends, seed=11)
-    if name.startswith("nan"):
-        for operand in args[:2]:
-            operand.view(torch.uint8)[:, ends[-1] :] = 0x7F
-    want = _run("2d2d", args, poison_cuda_allocator)
-    # all SMs (a tile per CTA here), then 1 and 3 CTAs: the maskers' pipeline state carried across
-    # tiles, empty groups' tiles between others; each launch twice (a race shows now and then)
-    for ctas in (backend.num_sms(torch.cuda.current_device()), 1, 3, 3):
-        got = torch.full_like(want.view(torch.uint8), POISON).view(torch.bfloat16)
-        with no_sync():
-            kernel(*args, got, ctas)
-        assert_same_bytes(got, want, f"mask_warps, {name}, {ctas} CTAs")
-
-
 GARBAGE = {
     "negative": (-5, 300, -1000, 1000),
     "decreasing": (900, 400, 700, 100),
