@@ -78,7 +78,7 @@ from bench.common.report import report
 from bench.common.rowlog import diff_bytes, finish, progress_row, short_error
 from bench.common.rows import BASELINE_COLUMNS, RATE_COLUMNS, RATE_SERIES, is_fail, make_row
 from bench.common.timing import make_rotating_inputs, time_cuda_detailed
-from torch_bindings.quantize import scales_shape_1x32
+from cute_kernels.op_specs import scales_shape_1x32
 
 ACT_M: tuple[int, ...] = (8192, 32768, 131072)
 ACT_K: tuple[int, ...] = (2048, 5120, 7168)

@@ -54,7 +54,7 @@ from bench.common.report import report
 from bench.common.rowlog import RowLog, diff_bytes, finish, progress_row, short_error
 from bench.common.rows import BASELINE_COLUMNS, RATE_COLUMNS, RATE_SERIES, is_fail, make_row
 from bench.common.timing import make_rotating_inputs
-from torch_bindings.quantize_3d import scales_shape_3d
+from cute_kernels.op_specs import scales_shape_3d
 
 OP = "quantize_mxfp8_3d"
 EXPERTS: tuple[int, ...] = (1, 8, 32)

@@ -21,9 +21,9 @@ def _nbytes(tensors) -> int:
 def swizzle(args: argparse.Namespace, device: torch.device) -> list[Case]:
     """E8M0 scales of 16-120 MB, aligned (word loads) and unaligned rows, uneven groups with a few
     empty ones; the variant as ``torch_bindings.swizzle`` picks it."""
+    from cute_kernels.op_specs import blocked_shape
     from cute_kernels.swizzle import SwizzleLayout, SwizzleVariant
     from torch_bindings.backend import num_sms
-    from torch_bindings.swizzle import blocked_output_shape
 
     shapes = {
         "plain": [((65536, 160), 0), ((131072, 224), 0), ((524288, 224), 0), ((131001, 226), 0)],
@@ -42,7 +42,7 @@ def swizzle(args: argparse.Namespace, device: torch.device) -> list[Case]:
             ragged = not word_loads and (layout is not SwizzleLayout.K_GROUPS or shape[0] % 4 != 0)
             along_k = layout is SwizzleLayout.K_GROUPS
             ends = _uneven_ends(shape[1] if along_k else shape[0], groups, device) if groups else None
-            out_shape = blocked_output_shape(shape, groups or None, "K" if along_k else "M")
+            out_shape = blocked_shape(shape, groups or None, "K" if along_k else "M")
 
             def make(shape=shape, out_shape=out_shape):
                 scales = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
@@ -77,7 +77,7 @@ def _uneven_ends(total: int, groups: int, device: torch.device) -> torch.Tensor:
 def _quantize_sets(shape, dtype, groups: int, device: torch.device):
     """``make`` of the 1x32 kernel's (x, q, blocked scales, ends or None): ``groups`` unaligned
     row groups (M-groups scales) or none."""
-    from torch_bindings.quantize import scales_shape_1x32
+    from cute_kernels.op_specs import scales_shape_1x32
 
     rows = shape[0]
     ends = None
@@ -155,8 +155,8 @@ def _padded_1x32(device: torch.device) -> list[Case]:
 
 def quantize_32x1(args: argparse.Namespace, device: torch.device) -> list[Case]:
     """bf16, blocked rceil scales; ``--groups G``: G row groups (K-groups scales)."""
+    from cute_kernels.op_specs import scales_shape_32x1
     from cute_kernels.quantize_32x1 import Quantize32x1Variant, ScaleLayout
-    from torch_bindings.quantize_32x1 import scales_shape_32x1
 
     layout = ScaleLayout.K_GROUPS if args.groups else ScaleLayout.BLOCKED
     variant = Quantize32x1Variant("bfloat16", "rceil", layout, rank=2)  # the 2-D op's entry
@@ -230,9 +230,9 @@ def quantize_dual(args: argparse.Namespace, device: torch.device) -> list[Case]:
 def pad(args: argparse.Namespace, device: torch.device) -> list[Case]:
     """pad and unpad of bf16 rows (their 16-byte int16 carrier), A = 32, skewed unaligned groups on
     seed 000's shapes; checked against the reference."""
+    from cute_kernels.op_specs import padded_rows
     from cute_kernels.pad import RowGatherVariant
     from torch_bindings import reference
-    from torch_bindings.pad import padded_shape
 
     shapes = [(16384, 1536, 8), (16384, 7168, 8), (16384, 2048, 16), (131072, 7168, 8)]
     cases = []
@@ -240,7 +240,7 @@ def pad(args: argparse.Namespace, device: torch.device) -> list[Case]:
         ("pad", "unpad"), shapes[:2] if args.quick else shapes
     ):
         ends = torch.tensor(skewed_group_ends(tokens, groups), dtype=torch.int32, device=device)
-        padded = padded_shape((tokens, dim), groups, 32)
+        padded = (padded_rows(tokens, groups, 32), dim)
         sizes = torch.diff(ends, prepend=ends.new_zeros(1))
         padded_end = ((sizes + 31) // 32 * 32).cumsum(0).to(torch.int32)
         padded_start = (padded_end - (sizes + 31) // 32 * 32).to(torch.int32)

@@ -23,6 +23,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float8E4M3FN, Float32, Int32
 
+from cute_kernels.op_specs import DEQUANTIZE_FP8_ROWS
 from cute_utils.blocked import ceil_div
 from cute_utils.fp8 import mul_rn
 from cute_utils.groups import clamped_end
@@ -95,7 +96,7 @@ class DequantFp8RowsKernel(Kernel):
     @staticmethod
     def can_implement(cols: int, vector: bool, *data_ptrs: int) -> bool:
         """Any K for the element variant; the vector one needs K % 16 == 0 and 16-byte pointers."""
-        return not vector or (cols % VECTOR == 0 and all(p % 16 == 0 for p in data_ptrs))
+        return not vector or (cols % VECTOR == 0 and DEQUANTIZE_FP8_ROWS.limits.accepts(ptrs=data_ptrs))
 
     @classmethod
     def fake_arguments(cls, variant: DequantFp8RowsVariant) -> tuple:

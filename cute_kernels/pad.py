@@ -53,10 +53,10 @@ from cutlass import (
 )
 from cutlass.memory import SmemAllocator
 
+from cute_kernels.op_specs import PAD_TOKEN_GROUPS
 from cute_utils.blocked import ceil_div
 from cute_utils.constants import PAD_KERNEL_DTYPES
 from cute_utils.groups import (
-    MAX_GROUPS,
     find_group,
     prefix_smem_words,
     scan_group_sizes,
@@ -216,7 +216,7 @@ class RowGatherKernel(Kernel):
     @staticmethod
     def can_implement(num_groups: int, row_bytes: int, vector_bytes: int) -> bool:
         """At most ``MAX_GROUPS`` groups, and rows a whole number of vectors."""
-        return num_groups <= MAX_GROUPS and row_bytes % vector_bytes == 0
+        return PAD_TOKEN_GROUPS.limits.accepts(num_groups) and row_bytes % vector_bytes == 0
 
     @staticmethod
     def _fake_data_and_offsets(variant: RowGatherVariant):

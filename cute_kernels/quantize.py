@@ -48,6 +48,7 @@ from cutlass import BFloat16, Float8E4M3FN, Float8E8M0FNU, Float32, Int32, Uint8
 from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
+from cute_kernels.op_specs import QUANTIZE_MXFP8_2D
 from cute_utils.blocked import (
     TILE_ROWS,
     TILE_WORDS,
@@ -458,11 +459,8 @@ class Quantize1x32Kernel(Kernel):
     def can_implement(cols: int, num_groups: int | None, *data_ptrs: int) -> bool:
         """K a multiple of 32, at most ``MAX_GROUPS`` groups (grouped layouts), and x and q (their
         ``data_ptrs``) 16-byte aligned: the kernel's vector accesses."""
-        return (
-            cols % BLOCK_SIZE == 0
-            and (num_groups is None or num_groups <= MAX_GROUPS)
-            and all(ptr % 16 == 0 for ptr in data_ptrs)
-        )
+        spec = QUANTIZE_MXFP8_2D
+        return cols % spec.divisor("x", "K") == 0 and spec.limits.accepts(num_groups, ptrs=data_ptrs)
 
     def _grid(self, row_units, chunks):
         """Launch grid of ``row_units`` x ``chunks`` CTAs: ``[row_units, chunks]``, or chunk-major

@@ -50,6 +50,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float8E4M3FN, Float8E8M0FNU, Float32, Int32, Uint8, Uint32
 from cutlass.memory import SmemAllocator
 
+from cute_kernels.op_specs import QUANTIZE_MXFP8_2D
 from cute_utils.blocked import (
     TILE_COLS,
     TILE_ROWS,
@@ -291,8 +292,9 @@ class Quantize32x1Kernel(Kernel):
     def can_implement(rows: int, cols: int, num_groups: int | None = None) -> bool:
         """M (``rows``) and K (``cols``) multiples of 32 and at most ``MAX_GROUPS`` groups (x and q
         must also be 16-byte aligned)."""
-        groups_ok = num_groups is None or num_groups <= MAX_GROUPS
-        return rows % BLOCK_SIZE == 0 and cols % BLOCK_SIZE == 0 and groups_ok
+        spec = QUANTIZE_MXFP8_2D
+        m_ok = rows % spec.divisor("x", "M") == 0
+        return m_ok and cols % BLOCK_SIZE == 0 and spec.limits.accepts(num_groups)
 
     @cute.jit
     def __call__(

@@ -28,6 +28,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float8E4M3FN, Float32, Int32
 from cutlass.memory import SmemAllocator
 
+from cute_kernels.op_specs import QUANTIZE_FP8_2D
 from cute_utils.blocked import ceil_div
 from cute_utils.fp8 import fp8_quant_scale, reciprocal_rn
 from cute_utils.groups import clamped_end
@@ -150,7 +151,7 @@ class Fp8RowKernel(Kernel):
     @staticmethod
     def can_implement(cols: int, vector: bool, *data_ptrs: int) -> bool:
         """Any K for the element variant; the vector one needs K % 8 == 0 and 16-byte pointers."""
-        return not vector or (cols % VECTOR == 0 and all(p % 16 == 0 for p in data_ptrs))
+        return not vector or (cols % VECTOR == 0 and QUANTIZE_FP8_2D.limits.accepts(ptrs=data_ptrs))
 
     def launcher(self):
         """The bounded variants' launcher is :meth:`launch_bounded` (one more argument)."""

@@ -37,6 +37,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, Uint16, Uint32
 from cutlass.memory import SmemAllocator
 
+from cute_kernels.op_specs import SWIGLU_QUANTIZE_FP8
 from cute_utils.blocked import ceil_div
 from cute_utils.fp8 import fp8_quant_scale, mul_rn, reciprocal_rn
 from cute_utils.groups import clamped_end
@@ -185,7 +186,7 @@ class SwigluFp8Kernel(Kernel):
     @staticmethod
     def can_implement(half: int, vector: bool, *data_ptrs: int) -> bool:
         """Any H for the element variant; the vector one needs H % 8 == 0 and 16-byte pointers."""
-        return not vector or (half % VECTOR == 0 and all(p % 16 == 0 for p in data_ptrs))
+        return not vector or (half % VECTOR == 0 and SWIGLU_QUANTIZE_FP8.limits.accepts(ptrs=data_ptrs))
 
     @classmethod
     def compile(cls, variant: SwigluVariant, arch: str, *, config=None, options: str = ""):

@@ -52,6 +52,7 @@ import cutlass.cute as cute
 from cutlass import Float8E8M0FNU, Int32, Uint8, Uint32
 from cutlass.memory import SmemAllocator
 
+from cute_kernels.op_specs import SWIZZLE_SCALES
 from cute_utils.blocked import (
     CHUNKS_PER_TILE,
     TILE_COLS,
@@ -476,7 +477,7 @@ class SwizzleKernel(Kernel):
         for dim in shape:
             nbytes *= dim
         grouped = variant.layout is not SwizzleLayout.PLAIN
-        if len(shape) != variant.rank or (0 < num_groups <= MAX_GROUPS) != grouped:
+        if len(shape) != variant.rank or (0 < num_groups <= SWIZZLE_SCALES.limits.max_groups) != grouped:
             return False
         if variant.word_loads:
             return cols % TILE_COLS == 0 and address % TILE_COLS == 0

@@ -1,4 +1,5 @@
-"""Host-side input validation shared by the reference and the kernel path.
+"""Host-side input validation shared by the op contracts (``torch_bindings.contract``, which makes
+each public op's checks from its declared spec), the training layer and the kernel path.
 
 Every function here looks only at Python arguments and at tensor *metadata* (dtype, rank, shape,
 strides, device). None of them reads tensor values, so none of them synchronizes the host with
@@ -18,73 +19,10 @@ from typing import Any
 
 import torch
 
+from cute_kernels.op_specs import ALIGNMENTS, BYTE_COPY_SIZES, MAX_EXPERTS, QUANT_DTYPES, SCALING_MODES
 from cute_utils.constants import BLOCK_SIZE, MAX_GROUPS
 
-__all__ = [
-    "ALIGNMENTS",
-    "BACKENDS",
-    "BLOCKS",
-    "BLOCK_SIZE",
-    "GROUPS",
-    "OFFSETS_DTYPE",
-    "PAD_ELEMENT_SIZES",
-    "QUANT_DTYPES",
-    "SCALE_DTYPES",
-    "SCALING_MODES",
-    "check_alignment",
-    "check_backend",
-    "check_bool",
-    "byte_copyable",
-    "check_byte_copy_tensor",
-    "check_choice",
-    "check_divisible",
-    "check_offsets",
-    "check_pad",
-    "check_pad_and_quantize",
-    "check_quantize_2d",
-    "check_quantize_2d_dual",
-    "check_quantize_3d",
-    "check_same_length",
-    "check_swizzle",
-    "check_tensor",
-    "check_num_tokens",
-    "check_unpad",
-    "check_quantize_fp8_2d",
-    "check_quantize_fp8_2d_dual",
-    "check_quantize_fp8_3d",
-    "check_swiglu_backward_quantize_fp8",
-    "check_swiglu_quantize_fp8",
-    "SWIGLU_DTYPES",
-    "check_quantize_fp8_3d_dual",
-    "check_dequantize_fp8_rows",
-    "FP8_AXES_2D",
-    "FP8_AXES_3D",
-    "MAX_KERNEL_GROUPS",
-    "unpad_row_count",
-    "describe",
-    "fast_alignment_ok",
-    "fast_group_count",
-    "fast_launch_groups",
-    "fast_optional_groups",
-    "fast_quant_shape",
-    "plain_tensor",
-]
-
-QUANT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
-"""Input dtypes of the quantization ops."""
-
-SCALE_DTYPES: tuple[torch.dtype, ...] = (torch.float8_e8m0fnu, torch.uint8)
-"""Accepted dtypes of a scale matrix given to ``swizzle_scales`` (uint8 is read as raw E8M0 bytes)."""
-
-PAD_ELEMENT_SIZES: tuple[int, ...] = (1, 2, 4, 8)
-"""Element sizes (bytes) the token-group padding ops move: any dtype of these sizes (a byte copy)."""
-
-
 OFFSETS_DTYPE = torch.int32
-BLOCKS: tuple[str, ...] = ("1x32", "32x1")
-SCALING_MODES: tuple[str, ...] = ("floor", "rceil")
-ALIGNMENTS: tuple[int, ...] = (16, 32, 64, 128)
-GROUPS: tuple[str, ...] = ("M", "K")
 BACKENDS: tuple[str, ...] = ("auto", "cute", "reference")
 
 
@@ -206,114 +144,15 @@ def check_same_length(
         )
 
 
-def _check_mode(scaling_mode: Any, op: str) -> None:
-    check_choice("scaling_mode", scaling_mode, SCALING_MODES, op=op)
-
-
-def _check_offsets_need_blocked(group_end_offsets: Any, blocked_scales: bool, op: str) -> None:
-    if group_end_offsets is not None and not blocked_scales:
-        raise ValueError(
-            f"{op}: group_end_offsets is only supported with blocked_scales=True "
-            "(groups only change the blocked scale layout); pass blocked_scales=True or drop the offsets"
-        )
-
-
 # ----------------------------------------------------------------------------------------------
-# One check per public op
+# Checks the contracts (``torch_bindings.contract``) and the training layer share
 # ----------------------------------------------------------------------------------------------
-
-
-def check_quantize_2d(
-    x: Any,
-    block: Any,
-    group_end_offsets: Any,
-    scaling_mode: Any,
-    blocked_scales: Any,
-    *,
-    op: str = "quantize_mxfp8_2d",
-) -> None:
-    """``quantize_mxfp8_2d``: x (M, K) bf16/fp32 contiguous; 1x32 needs K % 32 == 0, 32x1 needs
-    M % 32 == 0; offsets (int32, 1-D, on x's device) only with blocked_scales=True."""
-    check_tensor("x", x, ndim=2, dtypes=QUANT_DTYPES, op=op)
-    check_choice("block", block, BLOCKS, op=op)
-    _check_mode(scaling_mode, op)
-    check_bool("blocked_scales", blocked_scales, op=op)
-    m, k = x.shape
-    if block == "1x32":
-        check_divisible("x.shape[1] (K)", k, BLOCK_SIZE, why="for block='1x32'", op=op)
-    else:
-        check_divisible("x.shape[0] (M)", m, BLOCK_SIZE, why="for block='32x1'", op=op)
-    if group_end_offsets is not None:
-        check_offsets("group_end_offsets", group_end_offsets, x.device, op=op)
-    _check_offsets_need_blocked(group_end_offsets, blocked_scales, op)
-
-
-def check_quantize_2d_dual(
-    x: Any,
-    group_end_offsets: Any,
-    scaling_mode: Any,
-    blocked_scales: Any,
-    *,
-    op: str = "quantize_mxfp8_2d_dual",
-) -> None:
-    """``quantize_mxfp8_2d_dual``: the union of the 1x32 and 32x1 rules (M and K multiples of 32)."""
-    check_tensor("x", x, ndim=2, dtypes=QUANT_DTYPES, op=op)
-    _check_mode(scaling_mode, op)
-    check_bool("blocked_scales", blocked_scales, op=op)
-    m, k = x.shape
-    check_divisible("x.shape[0] (M)", m, BLOCK_SIZE, why="(32x1 blocks)", op=op)
-    check_divisible("x.shape[1] (K)", k, BLOCK_SIZE, why="(1x32 blocks)", op=op)
-    if group_end_offsets is not None:
-        check_offsets("group_end_offsets", group_end_offsets, x.device, op=op)
-    _check_offsets_need_blocked(group_end_offsets, blocked_scales, op)
-
-
-def check_quantize_3d(
-    w: Any,
-    block: Any,
-    scaling_mode: Any,
-    blocked_scales: Any,
-    *,
-    op: str = "quantize_mxfp8_3d",
-) -> None:
-    """``quantize_mxfp8_3d``: w (E, N, K) bf16/fp32 contiguous, K % 32 == 0, and N % 32 == 0 for
-    ``block="32x1"`` (blocks along N; 1x32 takes any N)."""
-    check_tensor("w", w, ndim=3, dtypes=QUANT_DTYPES, op=op)
-    check_choice("block", block, BLOCKS, op=op)
-    _check_mode(scaling_mode, op)
-    check_bool("blocked_scales", blocked_scales, op=op)
-    _, n, k = w.shape
-    if block == "32x1":
-        check_divisible("w.shape[1] (N)", n, BLOCK_SIZE, why="for block='32x1'", op=op)
-    check_divisible("w.shape[2] (K)", k, BLOCK_SIZE, op=op)
-
-
-_SWIZZLE_DTYPES = frozenset(SCALE_DTYPES)
-
-
-def check_swizzle(scales: Any, group_end_offsets: Any, groups: Any, *, op: str = "swizzle_scales") -> None:
-    """``swizzle_scales``: scales 2-D (R, C) or 3-D (E, R, C), E8M0 or uint8, contiguous; offsets only
-    with 2-D scales; groups in ("M", "K"). (The eager fast path's cheaper test is
-    ``torch_bindings.swizzle._fast``.)"""
-    _check_swizzle_full(scales, group_end_offsets, groups, op)
-
-
-def _check_swizzle_full(scales: Any, group_end_offsets: Any, groups: Any, op: str) -> None:
-    check_tensor("scales", scales, ndim=(2, 3), dtypes=SCALE_DTYPES, op=op)
-    check_choice("groups", groups, GROUPS, op=op)
-    if group_end_offsets is not None:
-        if scales.dim() == 3:
-            raise ValueError(
-                f"{op}: group_end_offsets is not supported with 3-D scales (each expert is blocked "
-                "independently); pass 2-D scales or drop the offsets"
-            )
-        check_offsets("group_end_offsets", group_end_offsets, scales.device, op=op)
 
 
 def byte_copyable(t: torch.Tensor) -> bool:
     """Whether the padding ops copy tensors of t's dtype bit for bit: any dtype of
-    ``PAD_ELEMENT_SIZES`` bytes that is not quantized."""
-    return not t.is_quantized and t.element_size() in PAD_ELEMENT_SIZES
+    ``op_specs.BYTE_COPY_SIZES`` bytes that is not quantized."""
+    return not t.is_quantized and t.element_size() in BYTE_COPY_SIZES
 
 
 def check_byte_copy_tensor(name: str, t: Any, *, op: str) -> None:
@@ -323,32 +162,6 @@ def check_byte_copy_tensor(name: str, t: Any, *, op: str) -> None:
             f"{_prefix(op)}{name} must be a 2-D tensor of a dtype of 1, 2, 4 or 8 bytes, got {describe(t)}"
         )
     check_tensor(name, t, ndim=2, dtypes=(t.dtype,), op=op)
-
-
-def check_pad(x: Any, group_end_offsets: Any, alignment: Any, *, op: str = "pad_token_groups") -> None:
-    """``pad_token_groups``: x (M, D) contiguous, any dtype of 1, 2, 4 or 8 bytes; offsets int32 1-D on x's
-    device; alignment in ``ALIGNMENTS``."""
-    check_byte_copy_tensor("x", x, op=op)
-    check_offsets("group_end_offsets", group_end_offsets, x.device, op=op)
-    check_alignment(alignment, op=op)
-
-
-def check_unpad(
-    padded: Any,
-    group_end_offsets: Any,
-    padded_start: Any,
-    *,
-    num_tokens: Any = None,
-    op: str = "unpad_token_groups",
-) -> None:
-    """``unpad_token_groups``: padded (P, D) contiguous; offsets and padded_start int32 1-D of the same
-    length on padded's device; ``num_tokens`` None or an int >= 0 (TypeError for a non-int)."""
-    check_byte_copy_tensor("padded", padded, op=op)
-    check_offsets("group_end_offsets", group_end_offsets, padded.device, op=op)
-    check_offsets("padded_start", padded_start, padded.device, op=op)
-    check_same_length("padded_start", padded_start, "group_end_offsets", group_end_offsets, op=op)
-    if num_tokens is not None:
-        check_num_tokens(num_tokens, op=op)
 
 
 def check_num_tokens(num_tokens: Any, *, op: str = "unpad_token_groups") -> None:
@@ -372,27 +185,10 @@ def unpad_row_count(last_end: int, padded_rows: int, *, op: str = "unpad_token_g
     return last_end
 
 
-def check_pad_and_quantize(
-    x: Any,
-    group_end_offsets: Any,
-    alignment: Any,
-    scaling_mode: Any,
-    *,
-    op: str = "pad_and_quantize_mxfp8_2d",
-) -> None:
-    """``pad_and_quantize_mxfp8_2d``: x (M, K) bf16/fp32 contiguous with K % 32 == 0; offsets int32 1-D
-    on x's device; alignment in ``ALIGNMENTS``; scaling_mode in ``SCALING_MODES``."""
-    check_tensor("x", x, ndim=2, dtypes=QUANT_DTYPES, op=op)
-    check_divisible("x.shape[1] (K)", x.shape[1], BLOCK_SIZE, why="for block='1x32'", op=op)
-    check_offsets("group_end_offsets", group_end_offsets, x.device, op=op)
-    check_alignment(alignment, op=op)
-    _check_mode(scaling_mode, op)
-
-
 MAX_KERNEL_GROUPS = MAX_GROUPS
 """Most groups a kernel takes (its group scan lives in shared memory; ``cute_utils.constants``)."""
 
-MAX_KERNEL_EXPERTS = 65535
+MAX_KERNEL_EXPERTS = MAX_EXPERTS
 """Most experts the kernels with one grid z index per expert take (CUDA's grid z limit): the 32x1
 MXFP8 and FP8 column-scale kernels on w (E, N, K)."""
 
@@ -440,9 +236,11 @@ def check_kernel_inputs(op: str, group_end_offsets: torch.Tensor | None, *tensor
 # checks, which raise the error.
 # ----------------------------------------------------------------------------------------------
 
-_BF16, _F32 = torch.bfloat16, torch.float32
 _Tensor = torch.Tensor
 _ALIGNMENT_SET = frozenset(ALIGNMENTS)
+_QUANT_DTYPES = frozenset(getattr(torch, name) for name in QUANT_DTYPES)
+_MODES = frozenset(SCALING_MODES)
+_BLOCK_MASK = BLOCK_SIZE - 1
 
 
 def fast_quant_shape(x: torch.Tensor, scaling_mode: Any, blocked_scales: Any) -> torch.Size | None:
@@ -451,15 +249,15 @@ def fast_quant_shape(x: torch.Tensor, scaling_mode: Any, blocked_scales: Any) ->
     ``blocked_scales`` flag are valid; else None. The caller checks the rank."""
     dtype = x.dtype
     if (
-        (dtype is _BF16 or dtype is _F32)
+        dtype in _QUANT_DTYPES
         and type(scaling_mode) is str
-        and (scaling_mode == "rceil" or scaling_mode == "floor")
+        and scaling_mode in _MODES
         and (blocked_scales is True or blocked_scales is False)
         and x.is_contiguous()
         and not x.data_ptr() & 15
     ):
         shape = x.shape
-        if shape and not shape[-1] & 31:
+        if shape and not shape[-1] & _BLOCK_MASK:
             return shape
     return None
 
@@ -512,119 +310,8 @@ def fast_alignment_ok(alignment: Any) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------
-# FP8 rowwise (SPEC section 7)
+# The training layer (``torch_bindings.moe``)
 # ----------------------------------------------------------------------------------------------
-
-FP8_AXES_2D: tuple[str, ...] = ("row", "col")
-FP8_AXES_3D: tuple[str, ...] = ("K", "N")
-
-
-def check_quantize_fp8_2d(
-    x: Any, axis: Any, group_end_offsets: Any, round_scales: Any, *, op: str = "quantize_fp8_2d"
-) -> None:
-    """``quantize_fp8_2d``: x (M, K) bf16/fp32 contiguous; ``axis`` "row" or "col"; optional row
-    group end offsets (per-group column scales with ``axis="col"``; with ``axis="row"`` they bound
-    the rows quantized); ``round_scales_to_power_of_2`` a bool."""
-    check_tensor("x", x, ndim=2, dtypes=QUANT_DTYPES, op=op)
-    check_choice("axis", axis, FP8_AXES_2D, op=op)
-    check_bool("round_scales_to_power_of_2", round_scales, op=op)
-    if group_end_offsets is not None:
-        check_offsets("group_end_offsets", group_end_offsets, x.device, op=op)
-
-
-def check_quantize_fp8_2d_dual(
-    x: Any, group_end_offsets: Any, round_scales: Any, *, op: str = "quantize_fp8_2d_dual"
-) -> None:
-    """``quantize_fp8_2d_dual``: as :func:`check_quantize_fp8_2d` with the column side's offsets."""
-    check_tensor("x", x, ndim=2, dtypes=QUANT_DTYPES, op=op)
-    check_bool("round_scales_to_power_of_2", round_scales, op=op)
-    if group_end_offsets is not None:
-        check_offsets("group_end_offsets", group_end_offsets, x.device, op=op)
-
-
-def check_quantize_fp8_3d(w: Any, axis: Any, round_scales: Any, *, op: str = "quantize_fp8_3d") -> None:
-    """``quantize_fp8_3d``: w (E, N, K) bf16/fp32 contiguous; ``axis`` "K" or "N"."""
-    check_tensor("w", w, ndim=3, dtypes=QUANT_DTYPES, op=op)
-    check_choice("axis", axis, FP8_AXES_3D, op=op)
-    check_bool("round_scales_to_power_of_2", round_scales, op=op)
-
-
-# ----------------------------------------------------------------------------------------------
-# SwiGLU fused with FP8 rowwise quantization
-# ----------------------------------------------------------------------------------------------
-
-SWIGLU_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16,)
-
-
-def _check_h13(h13: Any, op: str) -> None:
-    check_tensor("h13", h13, ndim=2, dtypes=SWIGLU_DTYPES, op=op)
-    if h13.shape[1] % 2:
-        raise ValueError(
-            f"{op}: h13's last dim must be even (gate columns [0, H), up columns [H, 2H)), got "
-            f"{describe(h13)}"
-        )
-
-
-def check_swiglu_quantize_fp8(
-    h13: Any, group_end_offsets: Any, round_scales: Any, *, op: str = "swiglu_quantize_fp8"
-) -> None:
-    """``swiglu_quantize_fp8``: h13 (M, 2H) bf16 contiguous; ``round_scales_to_power_of_2`` a bool;
-    optional row group end offsets (int32 (G,), G >= 1, contiguous, on h13's device: they bound the
-    rows computed)."""
-    _check_h13(h13, op)
-    check_bool("round_scales_to_power_of_2", round_scales, op=op)
-    if group_end_offsets is not None:
-        check_offsets("group_end_offsets", group_end_offsets, h13.device, op=op)
-
-
-def check_swiglu_backward_quantize_fp8(
-    grad_h: Any,
-    h13: Any,
-    group_end_offsets: Any,
-    round_scales: Any,
-    *,
-    op: str = "swiglu_backward_quantize_fp8",
-) -> None:
-    """``swiglu_backward_quantize_fp8``: grad_h (M, H) and h13 (M, 2H), bf16 contiguous, on one
-    device; ``round_scales_to_power_of_2`` a bool; optional row group end offsets as
-    :func:`check_swiglu_quantize_fp8`'s."""
-    check_tensor("grad_h", grad_h, ndim=2, dtypes=SWIGLU_DTYPES, op=op)
-    _check_h13(h13, op)
-    if grad_h.device != h13.device:
-        raise ValueError(f"{op}: grad_h and h13 must be on one device, got {grad_h.device} and {h13.device}")
-    expected = (h13.shape[0], h13.shape[1] // 2)
-    if tuple(grad_h.shape) != expected:
-        raise ValueError(
-            f"{op}: grad_h must have the shape (M, H) = {expected} of h13 (M, 2H) = "
-            f"{tuple(h13.shape)}, got {tuple(grad_h.shape)}"
-        )
-    check_bool("round_scales_to_power_of_2", round_scales, op=op)
-    if group_end_offsets is not None:
-        check_offsets("group_end_offsets", group_end_offsets, h13.device, op=op)
-
-
-def check_quantize_fp8_3d_dual(w: Any, round_scales: Any, *, op: str = "quantize_fp8_3d_dual") -> None:
-    """``quantize_fp8_3d_dual``: w (E, N, K) bf16/fp32 contiguous; ``round_scales_to_power_of_2`` a
-    bool."""
-    check_tensor("w", w, ndim=3, dtypes=QUANT_DTYPES, op=op)
-    check_bool("round_scales_to_power_of_2", round_scales, op=op)
-
-
-def check_dequantize_fp8_rows(
-    q: Any, scales: Any, group_end_offsets: Any, *, op: str = "dequantize_fp8_rows"
-) -> None:
-    """``dequantize_fp8_rows``: q (M, K) float8_e4m3fn contiguous; scales (M,) fp32 contiguous on
-    q's device; row group end offsets int32 (G,), G >= 1, on q's device."""
-    check_tensor("q", q, ndim=2, dtypes=(torch.float8_e4m3fn,), op=op)
-    check_tensor("scales", scales, ndim=1, dtypes=(torch.float32,), op=op)
-    if scales.device != q.device:
-        raise ValueError(f"{op}: scales must be on q's device ({q.device}), got {scales.device}")
-    if scales.shape[0] != q.shape[0]:
-        raise ValueError(
-            f"{op}: scales must hold one scale per row of q ({q.shape[0]}), got {scales.shape[0]}"
-        )
-    check_offsets("group_end_offsets", group_end_offsets, q.device, op=op)
-
 
 GROUPED_MM_RECIPES = ("fp8_rowwise", "mxfp8", "bf16")
 GROUPED_MM_GEMMS = ("auto", "native", "emulated", "cute")

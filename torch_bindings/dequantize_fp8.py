@@ -8,11 +8,13 @@ from typing import NamedTuple
 
 import torch
 
-from . import checks, reference, targets
+from . import checks, contract, reference, targets
 from .op import KernelOp
 
 _OP = _KERNEL = "dequantize_fp8_rows"  # the public name and the cute_kernels.registry name
-_E4M3, _F32, _BF16 = torch.float8_e4m3fn, torch.float32, torch.bfloat16
+_CONTRACT = contract.DEQUANTIZE_FP8_ROWS
+(_E4M3,), (_F32,) = _CONTRACT.dtypes("q"), _CONTRACT.dtypes("scales")  # one each: identities
+_BF16 = torch.bfloat16
 _Tensor = torch.Tensor
 _ANY_GROUPS = 1 << 62  # the kernel reads only the last end: any number of groups
 #: An empty bf16 tensor per device target: ``new_empty(rows, cols)`` on it allocates x without a
@@ -51,7 +53,7 @@ def _run(target: targets.DeviceTarget, q: _Tensor, scales: _Tensor, ends: _Tenso
 
 
 def _fast(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``: :func:`checks.check_dequantize_fp8_rows` from metadata reads. When the
+    """``KernelOp.fast``: the contract's checks from metadata reads. When the
     kernel surely launches (M, K > 0) its wrapper checks what is left: the offsets' rank, stride and
     device, scales' device and stride (tests/torch_bindings/test_wrapper_checks_gpu.py)."""
     q, scales, ends = args
@@ -79,12 +81,10 @@ def _dequantize_op(q: _Tensor, scales: _Tensor, group_end_offsets: _Tensor) -> _
 
 @_dequantize_op.register_fake
 def _dequantize_fake(q: _Tensor, scales: _Tensor, group_end_offsets: _Tensor) -> _Tensor:
-    return q.new_empty(q.shape, dtype=_BF16)
+    return _CONTRACT.fake(q, scales, group_end_offsets)[0]
 
 
-_DEQUANTIZE = KernelOp(
-    _OP, checks.check_dequantize_fp8_rows, _run, reference.dequantize_fp8_rows, _dequantize_op, fast=_fast
-)
+_DEQUANTIZE = KernelOp(_OP, _CONTRACT.check, _run, reference.dequantize_fp8_rows, _dequantize_op, fast=_fast)
 
 
 def dequantize_fp8_rows(

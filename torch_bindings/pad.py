@@ -15,9 +15,10 @@ from typing import NamedTuple
 
 import torch
 
+from cute_kernels.op_specs import padded_rows
 from cute_utils.constants import PAD_KERNEL_DTYPES
 
-from . import checks, reference, targets
+from . import checks, contract, reference, targets
 from .op import KernelOp
 
 _PAD = "pad_token_groups"
@@ -103,11 +104,6 @@ def _gather(
     return (t.view(kernel_dtype) if view else t), (name, kernel_dtype, vector)
 
 
-def padded_shape(x_shape, num_groups, alignment: int) -> tuple:
-    """(rows, D) of the padded output; works on SymInts."""
-    return (reference.padded_rows(x_shape[0], num_groups, alignment), x_shape[1])
-
-
 # ----------------------------------------------------------------------------------------------
 # pad
 # ----------------------------------------------------------------------------------------------
@@ -126,7 +122,7 @@ def _launch_pad(
     ``MAX_KERNEL_GROUPS``) and launch."""
     rows, cols = shape
     data, key = _gather("pad", x, rows, cols, operand)
-    out = data.new_empty(reference.padded_rows(rows, num_groups, alignment), cols)
+    out = data.new_empty(padded_rows(rows, num_groups, alignment), cols)
     padded_start = group_end_offsets.new_empty(num_groups)
     padded_end = group_end_offsets.new_empty(num_groups)
     # out: fresh from the caching allocator, 512-byte aligned
@@ -144,7 +140,7 @@ def _run_pad(
 
 
 def _fast_pad(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``: :func:`checks.check_pad` and the group limit from metadata reads; the
+    """``KernelOp.fast``: the contract's checks and the group limit from metadata reads; the
     offsets' rank, device and stride are left to the kernel's wrapper (pad always launches)."""
     x, group_end_offsets, alignment = args
     operand, shape = _OPERANDS.get(x.dtype), x.shape  # a dtype copied before, in _OPERANDS
@@ -173,19 +169,14 @@ def _pad_op(
 def _pad_fake(
     x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    out = x.new_empty(padded_shape(x.shape, group_end_offsets.shape[0], alignment))
-    return (
-        out,
-        group_end_offsets.new_empty(group_end_offsets.shape),
-        group_end_offsets.new_empty(group_end_offsets.shape),
-    )
+    return contract.PAD_TOKEN_GROUPS.fake(x, group_end_offsets, alignment)
 
 
 def _pad_reference(x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int):
     return reference.pad_token_groups(x, group_end_offsets, alignment=alignment)
 
 
-_PAD_OP = KernelOp(_PAD, checks.check_pad, _run_pad, _pad_reference, _pad_op, fast=_fast_pad)
+_PAD_OP = KernelOp(_PAD, contract.PAD_TOKEN_GROUPS.check, _run_pad, _pad_reference, _pad_op, fast=_fast_pad)
 
 
 def pad_token_groups(
@@ -214,7 +205,7 @@ def _run_unpad(
     padded_start: torch.Tensor,
     num_tokens: int | None,
 ) -> torch.Tensor:
-    """The kernel path after :func:`checks.check_unpad`: the group limit, the row count, then the
+    """The kernel path after the contract's checks: the group limit, the row count, then the
     launch through :func:`_fast_unpad` (the one launcher), with every argument in the form it accepts;
     outputs with no rows or no columns launch nothing."""
     checks.check_kernel_group_count(_UNPAD, group_end_offsets)
@@ -233,7 +224,7 @@ def _run_unpad(
 
 
 def _fast_unpad(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``, and the launcher of the full path: :func:`checks.check_unpad` with an int
+    """``KernelOp.fast``, and the launcher of the full path: the contract's checks with an int
     ``num_tokens`` (the no-sync form) and the group limit, from metadata reads, for calls that launch
     (rows and columns to copy); then the (num_tokens, D) output and the launch. The kernel's wrapper
     checks both offsets' device, rank and stride, and that padded_start has the offsets' length (one
@@ -280,20 +271,16 @@ def _unpad_op(
 def _unpad_fake(
     padded: torch.Tensor, group_end_offsets: torch.Tensor, padded_start: torch.Tensor, num_tokens: int | None
 ) -> torch.Tensor:
-    if num_tokens is None:
-        num_tokens = torch.library.get_ctx().new_dynamic_size()
-    return padded.new_empty((num_tokens, padded.shape[1]))
-
-
-def _check_unpad(padded, group_end_offsets, padded_start, num_tokens) -> None:
-    checks.check_unpad(padded, group_end_offsets, padded_start, num_tokens=num_tokens)
+    return contract.UNPAD_TOKEN_GROUPS.fake(padded, group_end_offsets, padded_start, num_tokens)[0]
 
 
 def _unpad_reference(padded, group_end_offsets, padded_start, num_tokens):
     return reference.unpad_token_groups(padded, group_end_offsets, padded_start, num_tokens=num_tokens)
 
 
-_UNPAD_OP = KernelOp(_UNPAD, _check_unpad, _run_unpad, _unpad_reference, _unpad_op, fast=_fast_unpad)
+_UNPAD_OP = KernelOp(
+    _UNPAD, contract.UNPAD_TOKEN_GROUPS.check, _run_unpad, _unpad_reference, _unpad_op, fast=_fast_unpad
+)
 
 
 def unpad_token_groups(

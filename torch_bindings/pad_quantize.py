@@ -10,24 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from . import checks, reference, targets
+from cute_kernels.op_specs import GROUP_CAPACITY, padded_rows
+
+from . import checks, contract, reference, targets
 from .op import KernelOp
-from .quantize import GROUP_CAPACITY, KERNEL, Quantize1x32Key, scales_shape_1x32
+from .quantize import KERNEL, Quantize1x32Key
 
 _OP = "pad_and_quantize_mxfp8_2d"
-
-
-def _outputs(
-    x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Empty (q, scales, padded_start, padded_end) for x (M, K) on x's device; works on fake tensors
-    (the fake implementation; :func:`_launch` allocates the same shapes from integers)."""
-    num_groups = group_end_offsets.shape[0]
-    rows = reference.padded_rows(x.shape[0], num_groups, alignment)
-    cols = x.shape[1]
-    q = x.new_empty((rows, cols), dtype=torch.float8_e4m3fn)
-    scales = x.new_empty(scales_shape_1x32((rows, cols), num_groups, True), dtype=torch.float8_e8m0fnu)
-    return q, scales, group_end_offsets.new_empty(num_groups), group_end_offsets.new_empty(num_groups)
+_CONTRACT = contract.PAD_AND_QUANTIZE_MXFP8_2D
 
 
 def _launch(
@@ -40,12 +30,12 @@ def _launch(
     mode: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Allocate the outputs for x of ``shape`` (M, K) with ``num_groups`` (1 .. ``MAX_GROUPS``)
-    groups and launch (all checks done): :func:`_outputs`' shapes from integers (hot path; the
-    tests compare both with the reference)."""
+    groups and launch (all checks done): the contract's output shapes from integers (hot path;
+    the tests compare both with the reference)."""
     rows, cols = shape
-    padded_rows = reference.padded_rows(rows, num_groups, alignment)
-    q = target.e4m3.new_empty(padded_rows, cols)
-    scales = target.e8m0.new_empty(padded_rows + 128 * num_groups, ((cols >> 5) + 3) & -4)
+    prows = padded_rows(rows, num_groups, alignment)
+    q = target.e4m3.new_empty(prows, cols)
+    scales = target.e8m0.new_empty(prows + 128 * num_groups, ((cols >> 5) + 3) & -4)
     if not cols:  # K == 0: no data to quantize, only the padded offsets
         padded_start, padded_end = reference.padded_group_offsets(group_end_offsets, alignment)
         return q, scales, padded_start, padded_end
@@ -75,14 +65,14 @@ def _pad_quantize_op(
 def _pad_quantize_fake(
     x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, scaling_mode: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _outputs(x, group_end_offsets, alignment)
+    return _CONTRACT.fake(x, group_end_offsets, alignment, scaling_mode)
 
 
 # The op's parts for ``KernelOp``, all on ``(x, group_end_offsets, alignment, scaling_mode)``.
 
 
 def _fast(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``: :func:`checks.check_pad_and_quantize` and the kernel-path checks from
+    """``KernelOp.fast``: the contract's checks and the kernel-path checks from
     metadata reads; the offsets' rank, device and stride are left to the kernel's wrapper (launched
     unless K == 0, which this path declines)."""
     x, group_end_offsets, alignment, scaling_mode = args
@@ -105,7 +95,7 @@ def _reference(x, group_end_offsets, alignment, scaling_mode):
     )
 
 
-_PAD_QUANTIZE = KernelOp(_OP, checks.check_pad_and_quantize, _run, _reference, _pad_quantize_op, fast=_fast)
+_PAD_QUANTIZE = KernelOp(_OP, _CONTRACT.check, _run, _reference, _pad_quantize_op, fast=_fast)
 
 
 def pad_and_quantize_mxfp8_2d(

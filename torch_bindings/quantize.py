@@ -13,22 +13,17 @@ from typing import NamedTuple
 
 import torch
 
-from cute_utils.constants import BLOCK_SIZE, SMALL_GROUPS
+from cute_kernels.op_specs import GROUP_CAPACITY
 
-from . import checks, reference, targets
+from . import checks, contract, reference, targets
 from .op import KernelOp
 from .quantize_32x1 import launch_32x1_2d, quantize_2d_32x1_op, run_32x1_2d
-from .swizzle import blocked_output_shape
 
 _OP = "quantize_mxfp8_2d"
+_CONTRACT = contract.QUANTIZE_MXFP8_2D
+_M_MASK = _CONTRACT.divisor("x", "M") - 1  # 32x1 blocks along M
 KERNEL = "quantize_1x32"  # cute_kernels.registry name
 MAX_GROUPS = checks.MAX_KERNEL_GROUPS
-_SMALL_GROUPS = SMALL_GROUPS  # the M-groups variant with small scan arrays
-#: G (0 .. MAX_GROUPS) -> the group capacity in the key of the M-groups and padded kernels: the
-#: variant with small scan arrays up to SMALL_GROUPS groups, else MAX_GROUPS (a table: one index
-#: per call on the hot path, the rule written once).
-GROUP_CAPACITY = tuple(_SMALL_GROUPS if g <= _SMALL_GROUPS else MAX_GROUPS for g in range(MAX_GROUPS + 1))
-_BLOCK = BLOCK_SIZE
 _E4M3 = torch.float8_e4m3fn
 _E8M0 = torch.float8_e8m0fnu
 
@@ -52,14 +47,6 @@ class Quantize1x32Key(NamedTuple):
         dtype = str(self.dtype).removeprefix("torch.")
         layout = ScaleLayout(self.layout)
         return Quantize1x32Variant(dtype, self.mode, layout, self.max_groups, target.num_sms, self.rank)
-
-
-def scales_shape_1x32(x_shape: tuple, num_groups: int | None, blocked: bool) -> tuple:
-    """Shape of the 1x32 scales of x (M, K): (M, K/32), blocked (Rp, Cp), M-groups (M + 128 G, Cp)."""
-    rows, cols = x_shape
-    if not blocked:
-        return (rows, cols // _BLOCK)
-    return blocked_output_shape((rows, cols // _BLOCK), num_groups, "M")
 
 
 def launch_1x32_2d(
@@ -103,9 +90,7 @@ def _quantize_op(
 def _quantize_fake(
     x: torch.Tensor, group_end_offsets: torch.Tensor | None, scaling_mode: str, blocked_scales: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    num_groups = None if group_end_offsets is None else group_end_offsets.shape[0]
-    q = x.new_empty(x.shape, dtype=torch.float8_e4m3fn)
-    return q, x.new_empty(scales_shape_1x32(x.shape, num_groups, blocked_scales), dtype=torch.float8_e8m0fnu)
+    return _CONTRACT.fake(x, "1x32", group_end_offsets, scaling_mode, blocked_scales)
 
 
 # The op's parts for ``KernelOp``, all on ``(x, block, group_end_offsets, scaling_mode, blocked_scales)``:
@@ -113,7 +98,7 @@ def _quantize_fake(
 
 
 def _fast(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``: :func:`checks.check_quantize_2d` and the kernel-path checks from metadata
+    """``KernelOp.fast``: the contract's checks and the kernel-path checks from metadata
     reads; the offsets' rank, device and stride are left to the kernel's wrapper
     (:func:`checks.fast_optional_groups`)."""
     x, block, group_end_offsets, scaling_mode, blocked_scales = args
@@ -125,7 +110,7 @@ def _fast(target: targets.DeviceTarget, args: tuple):
         return None
     if block == "1x32":
         return launch_1x32_2d(target, x, shape, group_end_offsets, num_groups, scaling_mode, blocked_scales)
-    if block == "32x1" and not shape[0] & 31:
+    if block == "32x1" and not shape[0] & _M_MASK:
         return launch_32x1_2d(target, x, shape, group_end_offsets, num_groups, scaling_mode, blocked_scales)
     return None
 
@@ -154,7 +139,7 @@ def _custom_op(x, block, group_end_offsets, scaling_mode, blocked_scales):
     return op(x, group_end_offsets, scaling_mode, blocked_scales)
 
 
-_QUANTIZE_2D = KernelOp(_OP, checks.check_quantize_2d, _run, _reference, _custom_op, fast=_fast)
+_QUANTIZE_2D = KernelOp(_OP, _CONTRACT.check, _run, _reference, _custom_op, fast=_fast)
 
 
 def quantize_mxfp8_2d(

@@ -16,8 +16,7 @@ import torch
 
 from cute_utils.constants import BLOCK_SIZE
 
-from . import checks, targets
-from .swizzle import blocked_output_shape
+from . import checks, contract, targets
 
 _OP_2D = "quantize_mxfp8_2d"
 _OP_3D = "quantize_mxfp8_3d"
@@ -44,14 +43,6 @@ class Quantize32x1Key(NamedTuple):
 
         dtype = str(self.dtype).removeprefix("torch.")
         return Quantize32x1Variant(dtype, self.mode, ScaleLayout(self.layout), self.rank)
-
-
-def scales_shape_32x1(rows: int, cols: int, num_groups: int | None, blocked: bool) -> tuple:
-    """Shape of the 32x1 scales of an (M, K) matrix, S = (K, M/32): (K, M/32), blocked (Rp, Cp), or
-    K-groups (Rp, M/32 + 4 G). Works on SymInts."""
-    if not blocked:
-        return (cols, rows // _BLOCK)
-    return blocked_output_shape((cols, rows // _BLOCK), num_groups, "K")
 
 
 def launch_32x1_2d(
@@ -136,7 +127,4 @@ def quantize_2d_32x1_op(
 def quantize_2d_32x1_fake(
     x: torch.Tensor, group_end_offsets: torch.Tensor | None, scaling_mode: str, blocked_scales: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, cols = x.shape
-    num_groups = None if group_end_offsets is None else group_end_offsets.shape[0]
-    q = x.new_empty_strided((rows, cols), (1, rows), dtype=_E4M3)
-    return q, x.new_empty(scales_shape_32x1(rows, cols, num_groups, blocked_scales), dtype=_E8M0)
+    return contract.QUANTIZE_MXFP8_2D.fake(x, "32x1", group_end_offsets, scaling_mode, blocked_scales)

@@ -12,24 +12,15 @@ import torch
 
 from cute_utils.constants import BLOCK_SIZE
 
-from . import checks, reference, targets
+from . import checks, contract, reference, targets
 from .op import KernelOp
 from .quantize import KERNEL, MAX_GROUPS, Quantize1x32Key
 from .quantize_32x1 import launch_32x1_3d
-from .swizzle import blocked_output_shape
 
 _OP = "quantize_mxfp8_3d"
+_CONTRACT = contract.QUANTIZE_MXFP8_3D
+_N_MASK = _CONTRACT.divisor("w", "N") - 1  # 32x1 blocks along N
 _BLOCK = BLOCK_SIZE
-
-
-def scales_shape_3d(w_shape: tuple, block: str, blocked: bool) -> tuple:
-    """Scale shape of w (E, N, K): per expert S = (N, K/32) for 1x32, (K, N/32) for 32x1; plain
-    (E, *S), blocked (E, Rp, Cp). Works on SymInts."""
-    experts, n, k = w_shape
-    per_expert = (n, k // _BLOCK) if block == "1x32" else (k, n // _BLOCK)
-    if not blocked:
-        return (experts, *per_expert)
-    return blocked_output_shape((experts, *per_expert), None, "M")
 
 
 def expert_rows(w: torch.Tensor) -> torch.Tensor:
@@ -82,26 +73,21 @@ def _quantize_3d_op(
 def _quantize_3d_fake(
     w: torch.Tensor, block: str, scaling_mode: str, blocked_scales: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    experts, n, k = w.shape
-    if block == "1x32":
-        q = w.new_empty(w.shape, dtype=torch.float8_e4m3fn)
-    else:
-        q = w.new_empty_strided(w.shape, (n * k, 1, n), dtype=torch.float8_e4m3fn)
-    return q, w.new_empty(scales_shape_3d(w.shape, block, blocked_scales), dtype=torch.float8_e8m0fnu)
+    return _CONTRACT.fake(w, block, scaling_mode, blocked_scales)
 
 
 # The op's parts for ``KernelOp``, all on ``(w, block, scaling_mode, blocked_scales)``.
 
 
 def _fast(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``: :func:`checks.check_quantize_3d` and the alignment from metadata reads."""
+    """``KernelOp.fast``: the contract's checks and the alignment from metadata reads."""
     w, block, scaling_mode, blocked_scales = args
     shape = checks.fast_quant_shape(w, scaling_mode, blocked_scales)
     if shape is None or len(shape) != 3 or type(block) is not str:
         return None
     if block == "1x32":
         return _launch_1x32(target, w, shape, scaling_mode, blocked_scales)
-    if block == "32x1" and not shape[1] & 31:
+    if block == "32x1" and not shape[1] & _N_MASK:
         return launch_32x1_3d(target, w, shape, scaling_mode, blocked_scales)
     return None
 
@@ -116,7 +102,7 @@ def _reference(w, block, scaling_mode, blocked_scales):
     )
 
 
-_QUANTIZE_3D = KernelOp(_OP, checks.check_quantize_3d, _run, _reference, _quantize_3d_op, fast=_fast)
+_QUANTIZE_3D = KernelOp(_OP, _CONTRACT.check, _run, _reference, _quantize_3d_op, fast=_fast)
 
 
 def quantize_mxfp8_3d(

@@ -11,12 +11,12 @@ from typing import NamedTuple
 
 import torch
 
-from . import checks, reference, targets
+from . import checks, contract, reference, targets
 from .op import KernelOp
-from .quantize import scales_shape_1x32
-from .quantize_32x1 import quantize_2d_32x1_fake
 
 _OP = "quantize_mxfp8_2d_dual"
+_CONTRACT = contract.QUANTIZE_MXFP8_2D_DUAL
+_M_MASK = _CONTRACT.divisor("x", "M") - 1
 _BLOCK = checks.BLOCK_SIZE
 _E4M3 = torch.float8_e4m3fn
 _E8M0 = torch.float8_e8m0fnu
@@ -87,12 +87,12 @@ def _run_dual(
 
 
 def _fast_dual(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``: :func:`checks.check_quantize_2d_dual` and the kernel-path checks from
+    """``KernelOp.fast``: the contract's checks and the kernel-path checks from
     metadata reads; the offsets' rank, device and stride are left to the kernel's wrapper
     (:func:`checks.fast_optional_groups`)."""
     x, group_end_offsets, scaling_mode, blocked_scales = args
     shape = checks.fast_quant_shape(x, scaling_mode, blocked_scales)
-    if shape is None or len(shape) != 2 or shape[0] & 31:
+    if shape is None or len(shape) != 2 or shape[0] & _M_MASK:
         return None
     num_groups = checks.fast_optional_groups(group_end_offsets, blocked_scales, shape)
     if num_groups < 0:
@@ -111,10 +111,7 @@ def _dual_op(
 def _dual_fake(
     x: torch.Tensor, group_end_offsets: torch.Tensor | None, scaling_mode: str, blocked_scales: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    num_groups = None if group_end_offsets is None else group_end_offsets.shape[0]
-    s_r = x.new_empty(scales_shape_1x32(x.shape, num_groups, blocked_scales), dtype=_E8M0)
-    q_c, s_c = quantize_2d_32x1_fake(x, group_end_offsets, scaling_mode, blocked_scales)
-    return x.new_empty(x.shape, dtype=_E4M3), s_r, q_c, s_c
+    return _CONTRACT.fake(x, group_end_offsets, scaling_mode, blocked_scales)
 
 
 def _dual_reference(x, group_end_offsets, scaling_mode, blocked_scales):
@@ -123,7 +120,7 @@ def _dual_reference(x, group_end_offsets, scaling_mode, blocked_scales):
     )
 
 
-_DUAL_OP = KernelOp(_OP, checks.check_quantize_2d_dual, _run_dual, _dual_reference, _dual_op, fast=_fast_dual)
+_DUAL_OP = KernelOp(_OP, _CONTRACT.check, _run_dual, _dual_reference, _dual_op, fast=_fast_dual)
 
 
 def quantize_mxfp8_2d_dual(

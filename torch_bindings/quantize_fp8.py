@@ -18,7 +18,7 @@ import torch
 
 from cute_utils.constants import FP8_POW2_MASK
 
-from . import checks, reference, targets
+from . import checks, contract, reference, targets
 from .op import KernelOp
 from .quantize_3d import expert_rows
 
@@ -27,7 +27,7 @@ _OP_DUAL_3D = "quantize_fp8_3d_dual"
 _KERNEL = "quantize_fp8_row"  # cute_kernels.registry names
 _COL_AMAX, _COL_CAST = "quantize_fp8_col_amax", "quantize_fp8_col_cast"
 _E4M3 = torch.float8_e4m3fn
-_BF16, _F32 = torch.bfloat16, torch.float32
+_QUANT_DTYPES = contract.QUANTIZE_FP8_2D.dtypes("x")  # every FP8 quantization op's (test_contract)
 _ANY_GROUPS = 1 << 62  # the column kernels take any number of row groups
 
 
@@ -247,9 +247,9 @@ def _run_rows(
 
 def _fast_shape(x: torch.Tensor, round_pow2) -> torch.Size | None:
     """x's shape when x is a contiguous bf16/fp32 tensor and ``round_pow2`` a bool (the tests of
-    ``checks.check_quantize_fp8_*`` other than rank and axis); else None."""
+    the FP8 contracts' checks other than rank and axis); else None."""
     dtype = x.dtype
-    if (dtype is _BF16 or dtype is _F32) and (round_pow2 is True or round_pow2 is False):
+    if dtype in _QUANT_DTYPES and (round_pow2 is True or round_pow2 is False):
         if x.is_contiguous():
             return x.shape
     return None
@@ -267,7 +267,7 @@ def _rows_2d_op(x: torch.Tensor, round_pow2: bool) -> tuple[torch.Tensor, torch.
 
 @_rows_2d_op.register_fake
 def _rows_2d_fake(x: torch.Tensor, round_pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return x.new_empty(x.shape, dtype=_E4M3), x.new_empty(x.shape[:-1], dtype=torch.float32)
+    return contract.QUANTIZE_FP8_2D.fake(x, "row", None, round_pow2)
 
 
 @torch.library.custom_op("cute_kernels::quantize_fp8_2d_row_bounded", mutates_args=())
@@ -282,7 +282,7 @@ def _rows_bounded_op(
 def _rows_bounded_fake(
     x: torch.Tensor, group_end_offsets: torch.Tensor, round_pow2: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _rows_2d_fake(x, round_pow2)
+    return contract.QUANTIZE_FP8_2D.fake(x, "row", group_end_offsets, round_pow2)
 
 
 @torch.library.custom_op("cute_kernels::quantize_fp8_2d_col", mutates_args=())
@@ -296,14 +296,11 @@ def _cols_2d_op(
 def _cols_2d_fake(
     x: torch.Tensor, group_end_offsets: torch.Tensor | None, round_pow2: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, cols = x.shape
-    groups = 1 if group_end_offsets is None else group_end_offsets.shape[0]
-    q = x.new_empty_strided(x.shape, (1, max(rows, 1)), dtype=_E4M3)
-    return q, x.new_empty(groups * cols, dtype=torch.float32)
+    return contract.QUANTIZE_FP8_2D.fake(x, "col", group_end_offsets, round_pow2)
 
 
 def _fast_2d(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``: :func:`checks.check_quantize_fp8_2d` from metadata reads."""
+    """``KernelOp.fast``: the contract's checks from metadata reads."""
     x, axis, group_end_offsets, round_pow2 = args
     shape = _fast_shape(x, round_pow2)
     if shape is None or len(shape) != 2 or type(axis) is not str:
@@ -348,7 +345,7 @@ def _custom_2d(x, axis, group_end_offsets, round_pow2):
 
 
 _QUANTIZE_2D = KernelOp(
-    _OP_2D, checks.check_quantize_fp8_2d, _run_2d, _reference_2d, _custom_2d, fast=_fast_2d
+    _OP_2D, contract.QUANTIZE_FP8_2D.check, _run_2d, _reference_2d, _custom_2d, fast=_fast_2d
 )
 
 
@@ -394,11 +391,11 @@ def _dual_op(
 def _dual_fake(
     x: torch.Tensor, group_end_offsets: torch.Tensor | None, round_pow2: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (*_rows_2d_fake(x, round_pow2), *_cols_2d_fake(x, group_end_offsets, round_pow2))
+    return contract.QUANTIZE_FP8_2D_DUAL.fake(x, group_end_offsets, round_pow2)
 
 
 def _fast_dual(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``: :func:`checks.check_quantize_fp8_2d_dual` from metadata reads."""
+    """``KernelOp.fast``: the contract's checks from metadata reads."""
     x, group_end_offsets, round_pow2 = args
     shape = _fast_shape(x, round_pow2)
     if shape is None or len(shape) != 2:
@@ -428,7 +425,7 @@ def _reference_dual(x, group_end_offsets, round_pow2):
 
 
 _QUANTIZE_DUAL = KernelOp(
-    _OP_DUAL, checks.check_quantize_fp8_2d_dual, _run_dual, _reference_dual, _dual_op, fast=_fast_dual
+    _OP_DUAL, contract.QUANTIZE_FP8_2D_DUAL.check, _run_dual, _reference_dual, _dual_op, fast=_fast_dual
 )
 
 
@@ -459,7 +456,7 @@ def _rows_3d_op(w: torch.Tensor, round_pow2: bool) -> tuple[torch.Tensor, torch.
 
 @_rows_3d_op.register_fake
 def _rows_3d_fake(w: torch.Tensor, round_pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return w.new_empty(w.shape, dtype=_E4M3), w.new_empty(w.shape[:-1], dtype=torch.float32)
+    return contract.QUANTIZE_FP8_3D.fake(w, "K", round_pow2)
 
 
 @torch.library.custom_op("cute_kernels::quantize_fp8_3d_n", mutates_args=())
@@ -469,13 +466,11 @@ def _cols_3d_op(w: torch.Tensor, round_pow2: bool) -> tuple[torch.Tensor, torch.
 
 @_cols_3d_op.register_fake
 def _cols_3d_fake(w: torch.Tensor, round_pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    experts, n, k = w.shape
-    q = w.new_empty_strided(w.shape, (n * k, 1, n), dtype=_E4M3)
-    return q, w.new_empty((experts, k), dtype=torch.float32)
+    return contract.QUANTIZE_FP8_3D.fake(w, "N", round_pow2)
 
 
 def _fast_3d(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``: :func:`checks.check_quantize_fp8_3d` from metadata reads."""
+    """``KernelOp.fast``: the contract's checks from metadata reads."""
     w, axis, round_pow2 = args
     shape = _fast_shape(w, round_pow2)
     if shape is None or len(shape) != 3 or type(axis) is not str:
@@ -504,7 +499,7 @@ def _custom_3d(w, axis, round_pow2):
 
 
 _QUANTIZE_3D = KernelOp(
-    _OP_3D, checks.check_quantize_fp8_3d, _run_3d, _reference_3d, _custom_3d, fast=_fast_3d
+    _OP_3D, contract.QUANTIZE_FP8_3D.check, _run_3d, _reference_3d, _custom_3d, fast=_fast_3d
 )
 
 
@@ -538,11 +533,11 @@ def _dual_3d_op(
 def _dual_3d_fake(
     w: torch.Tensor, round_pow2: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (*_rows_3d_fake(w, round_pow2), *_cols_3d_fake(w, round_pow2))
+    return contract.QUANTIZE_FP8_3D_DUAL.fake(w, round_pow2)
 
 
 def _fast_dual_3d(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``: :func:`checks.check_quantize_fp8_3d_dual` from metadata reads."""
+    """``KernelOp.fast``: the contract's checks from metadata reads."""
     w, round_pow2 = args
     shape = _fast_shape(w, round_pow2)
     if shape is None or len(shape) != 3:
@@ -571,7 +566,7 @@ def _reference_dual_3d(w, round_pow2):
 
 _QUANTIZE_DUAL_3D = KernelOp(
     _OP_DUAL_3D,
-    checks.check_quantize_fp8_3d_dual,
+    contract.QUANTIZE_FP8_3D_DUAL.check,
     _run_dual_3d,
     _reference_dual_3d,
     _dual_3d_op,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from cute_kernels.op_specs import padded_rows  # SPEC section 4's padded row count, stated once
 from cute_utils.constants import (
     BLOCK_SIZE,
     FP8_POW2_MASK,
@@ -38,7 +39,7 @@ from cute_utils.constants import (
     f32_of_bits,
 )
 
-from . import checks
+from . import checks, contract
 
 __all__ = [
     "BLOCK_SIZE",
@@ -433,7 +434,7 @@ def swizzle_scales(scales: Tensor, *, group_end_offsets: Tensor | None = None, g
 
     Returns a contiguous ``torch.float8_e8m0fnu`` tensor; all bytes not covered by a group are 0.
     """
-    checks.check_swizzle(scales, group_end_offsets, groups)
+    contract.SWIZZLE_SCALES.check(scales, group_end_offsets, groups)
     if group_end_offsets is None:
         return to_blocked(scales)
     total = scales.shape[0] if groups == "M" else scales.shape[1]
@@ -466,7 +467,7 @@ def quantize_mxfp8_2d(
 
     Offsets (int32, on x's device) require ``blocked_scales=True``.
     """
-    checks.check_quantize_2d(x, block, group_end_offsets, scaling_mode, blocked_scales)
+    contract.QUANTIZE_MXFP8_2D.check(x, block, group_end_offsets, scaling_mode, blocked_scales)
     m, k = x.shape
     if group_end_offsets is not None:
         check_group_end_offsets(group_end_offsets, m, op="quantize_mxfp8_2d")
@@ -493,7 +494,7 @@ def quantize_mxfp8_2d_dual(
     ``(q_1x32, scales_1x32, q_32x1, scales_32x1)``, by definition identical to the two single
     ``quantize_mxfp8_2d`` calls with ``block="1x32"`` and ``block="32x1"`` (same offsets: M-groups for
     1x32, K-groups with ``kend = end / 32`` for 32x1)."""
-    checks.check_quantize_2d_dual(x, group_end_offsets, scaling_mode, blocked_scales)
+    contract.QUANTIZE_MXFP8_2D_DUAL.check(x, group_end_offsets, scaling_mode, blocked_scales)
     if group_end_offsets is not None:  # the values, before the single calls (errors name the dual)
         check_group_end_offsets(group_end_offsets, x.shape[0], op="quantize_mxfp8_2d_dual")
         _scale_ends_from_row_ends(group_end_offsets, "quantize_mxfp8_2d_dual")
@@ -518,7 +519,7 @@ def quantize_mxfp8_3d(
     ``"32x1"`` (blocks along N): q (E, N, K) with strides (N*K, 1, N); per-expert S (K, N/32):
     unblocked (E, K, N/32), blocked (E, Rp, Cp) with (Rp, Cp) = blocked_shape(K, N/32).
     """
-    checks.check_quantize_3d(w, block, scaling_mode, blocked_scales)
+    contract.QUANTIZE_MXFP8_3D.check(w, block, scaling_mode, blocked_scales)
     e, n, k = w.shape
     flat = w.view(e * n, k)
     if block == "1x32":
@@ -546,11 +547,6 @@ def padded_group_offsets(group_end_offsets: Tensor, alignment: int) -> tuple[Ten
     return padded_start.to(torch.int32), (padded_start + sizes).to(torch.int32)
 
 
-def padded_rows(m: int, num_groups: int, alignment: int) -> int:
-    """Static row count of the padded output: ``A * ceil((M + G*A) / A)``."""
-    return _round_up(m + num_groups * alignment, alignment)
-
-
 def pad_token_groups(
     x: Tensor, group_end_offsets: Tensor, *, alignment: int = 32
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -562,7 +558,7 @@ def pad_token_groups(
     Returns (padded (padded_rows, D) in x's dtype, padded_start, padded_end), the offsets int32 on
     x's device (see ``padded_group_offsets``). Bit-exact copy (NaN payloads, -0 kept).
     """
-    checks.check_pad(x, group_end_offsets, alignment)
+    contract.PAD_TOKEN_GROUPS.check(x, group_end_offsets, alignment)
     m, d = x.shape
     check_group_end_offsets(group_end_offsets, m, op="pad_token_groups")
     padded_start, padded_end = padded_group_offsets(group_end_offsets, alignment)
@@ -587,7 +583,7 @@ def unpad_token_groups(
     the device: the reference syncs; it must lie in ``[0, padded rows]``). Raises ``ValueError`` if a
     group's padded range is outside ``padded``, or that last end is.
     """
-    checks.check_unpad(padded, group_end_offsets, padded_start, num_tokens=num_tokens)
+    contract.UNPAD_TOKEN_GROUPS.check(padded, group_end_offsets, padded_start, num_tokens)
     check_group_end_offsets(group_end_offsets, num_tokens, op="unpad_token_groups")
     ends = group_end_offsets.to(torch.int64)
     starts = _starts(ends)
@@ -620,7 +616,7 @@ def pad_and_quantize_mxfp8_2d(
     M-groups blocked layout of the padded groups, (padded_rows + 128*G, Cp) (padding scales 0).
     Returns (q, scales, padded_start, padded_end).
     """
-    checks.check_pad_and_quantize(x, group_end_offsets, alignment, scaling_mode)
+    contract.PAD_AND_QUANTIZE_MXFP8_2D.check(x, group_end_offsets, alignment, scaling_mode)
     check_group_end_offsets(group_end_offsets, x.shape[0], op="pad_and_quantize_mxfp8_2d")
     padded, padded_start, padded_end = pad_token_groups(x, group_end_offsets, alignment=alignment)
     q, scales = quantize_mxfp8_2d(
@@ -750,7 +746,7 @@ def quantize_fp8_2d(
     group-major (``scales[g*K + k]``), an empty group's scales 1.0, and rows past the last group's end
     quantize to 0. Scales are the dequantization multipliers ``1 / q_scale``.
     """
-    checks.check_quantize_fp8_2d(x, axis, group_end_offsets, round_scales_to_power_of_2)
+    contract.QUANTIZE_FP8_2D.check(x, axis, group_end_offsets, round_scales_to_power_of_2)
     if axis == "row" and group_end_offsets is not None:
         return _fp8_rows_bounded(x, group_end_offsets, round_scales_to_power_of_2)
     if axis == "row":
@@ -769,7 +765,7 @@ def quantize_fp8_2d_dual(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(q_row, s_row, q_col, s_col)``: :func:`quantize_fp8_2d` with ``axis="row"`` and with
     ``axis="col"`` (and the row groups, if given), bit for bit (SPEC section 7)."""
-    checks.check_quantize_fp8_2d_dual(x, group_end_offsets, round_scales_to_power_of_2)
+    contract.QUANTIZE_FP8_2D_DUAL.check(x, group_end_offsets, round_scales_to_power_of_2)
     if group_end_offsets is not None:  # the values, before the single calls (errors name the dual)
         check_group_end_offsets(group_end_offsets, x.shape[0], op="quantize_fp8_2d_dual")
     q_row, s_row = quantize_fp8_2d(x, axis="row", round_scales_to_power_of_2=round_scales_to_power_of_2)
@@ -789,7 +785,7 @@ def quantize_fp8_3d(
     ``q.transpose(-2, -1)``). ``axis="N"``: amax over N: q (E, N, K) with strides (N*K, 1, N),
     scales (E, K) (dgrad). Scales are the dequantization multipliers ``1 / q_scale``.
     """
-    checks.check_quantize_fp8_3d(w, axis, round_scales_to_power_of_2)
+    contract.QUANTIZE_FP8_3D.check(w, axis, round_scales_to_power_of_2)
     e, n, k = w.shape
     if axis == "K":
         q, scales = _fp8_rows(w.reshape(e * n, k), round_scales_to_power_of_2)
@@ -808,7 +804,7 @@ def quantize_fp8_3d_dual(
     """``(q_k, s_k, q_n, s_n)``: :func:`quantize_fp8_3d` with ``axis="K"`` (q_k (E, N, K) row-major,
     s_k (E, N)) and with ``axis="N"`` (q_n (E, N, K) with strides (N*K, 1, N), s_n (E, K)), bit for
     bit (SPEC section 7)."""
-    checks.check_quantize_fp8_3d_dual(w, round_scales_to_power_of_2)
+    contract.QUANTIZE_FP8_3D_DUAL.check(w, round_scales_to_power_of_2)
     q_k, s_k = quantize_fp8_3d(w, axis="K", round_scales_to_power_of_2=round_scales_to_power_of_2)
     q_n, s_n = quantize_fp8_3d(w, axis="N", round_scales_to_power_of_2=round_scales_to_power_of_2)
     return q_k, s_k, q_n, s_n
@@ -1015,7 +1011,7 @@ def swiglu_quantize_fp8(
     With row group end offsets (int32 (G,), validated, syncing: last <= M) only the rows below the
     last end are computed; the rows past it are unspecified by contract (the kernel leaves them
     unwritten), here h 0, q 0 and scale 1.0 (the bounded FP8 row reference's padding rows)."""
-    checks.check_swiglu_quantize_fp8(h13, group_end_offsets, round_scales_to_power_of_2)
+    contract.SWIGLU_QUANTIZE_FP8.check(h13, group_end_offsets, round_scales_to_power_of_2)
     bound = _swiglu_bound(group_end_offsets, h13.shape[0], "swiglu_quantize_fp8")
     h = swiglu(h13[:bound])
     q, scales = quantize_fp8_2d(h, axis="row", round_scales_to_power_of_2=round_scales_to_power_of_2)
@@ -1034,7 +1030,7 @@ def swiglu_backward_quantize_fp8(
     2H) e4m3, scales (M,) fp32 (the amax runs over both halves of a row). With row group end
     offsets, the rows past the last end as in :func:`swiglu_quantize_fp8` (grad_h13 0, q 0, scale
     1.0)."""
-    checks.check_swiglu_backward_quantize_fp8(grad_h, h13, group_end_offsets, round_scales_to_power_of_2)
+    contract.SWIGLU_BACKWARD_QUANTIZE_FP8.check(grad_h, h13, group_end_offsets, round_scales_to_power_of_2)
     bound = _swiglu_bound(group_end_offsets, h13.shape[0], "swiglu_backward_quantize_fp8")
     grad_h13 = swiglu_backward(grad_h[:bound], h13[:bound])
     q, scales = quantize_fp8_2d(grad_h13, axis="row", round_scales_to_power_of_2=round_scales_to_power_of_2)
@@ -1056,7 +1052,7 @@ def dequantize_fp8_rows(q: Tensor, scales: Tensor, group_end_offsets: Tensor) ->
     (one fp32 product, rounded once to bf16; exact for power-of-2 scales unless it leaves bf16's
     range) for r below the last end. The rows past it are unspecified by contract (the kernel leaves
     them unwritten), here 0."""
-    checks.check_dequantize_fp8_rows(q, scales, group_end_offsets)
+    contract.DEQUANTIZE_FP8_ROWS.check(q, scales, group_end_offsets)
     bound = _last_end(group_end_offsets, q.shape[0], "dequantize_fp8_rows")
     x = torch.zeros(q.shape, dtype=torch.bfloat16, device=q.device)
     step = max(1, _CHUNK_ELEMS // max(q.shape[1], 1))

@@ -13,12 +13,13 @@ from typing import NamedTuple
 
 import torch
 
-from . import checks, reference, targets
+from . import checks, contract, reference, targets
 from .op import KernelOp
 
 _OP_FWD, _OP_BWD = "swiglu_quantize_fp8", "swiglu_backward_quantize_fp8"
 _KERNEL = "swiglu_fp8"  # cute_kernels.registry name
-_BF16 = torch.bfloat16
+_FWD, _BWD = contract.SWIGLU_QUANTIZE_FP8, contract.SWIGLU_BACKWARD_QUANTIZE_FP8
+(_BF16,) = _FWD.dtypes("h13")  # one dtype: the fast paths compare identities
 _Tensor = torch.Tensor
 _ANY_GROUPS = 1 << 62  # the bounded kernels read only the last end: any number of groups
 
@@ -101,7 +102,7 @@ def _fast_ends(ends: object, target: targets.DeviceTarget, launches: int) -> boo
 
 
 def _fast_fwd(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``: :func:`checks.check_swiglu_quantize_fp8` from metadata reads (a contiguous
+    """``KernelOp.fast``: the contract's checks from metadata reads (a contiguous
     2-D bf16 h13 with an even last dim, a bool rounding flag; offsets as :func:`_fast_ends`)."""
     h13, ends, round_pow2 = args
     if h13.dtype is _BF16 and (round_pow2 is True or round_pow2 is False) and h13.is_contiguous():
@@ -116,7 +117,7 @@ def _fast_fwd(target: targets.DeviceTarget, args: tuple):
 
 
 def _fast_bwd(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``: :func:`checks.check_swiglu_backward_quantize_fp8` from metadata reads
+    """``KernelOp.fast``: the contract's checks from metadata reads
     (h13's device compared here: a call with no rows or columns launches no kernel whose wrapper
     would; offsets as :func:`_fast_ends`)."""
     grad_h, h13, ends, round_pow2 = args
@@ -151,10 +152,7 @@ def _fwd_op(h13: torch.Tensor, round_pow2: bool) -> tuple[torch.Tensor, torch.Te
 
 @_fwd_op.register_fake
 def _fwd_fake(h13: torch.Tensor, round_pow2: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    rows, cols = h13.shape
-    shape = (rows, cols // 2)
-    q = h13.new_empty(shape, dtype=torch.float8_e4m3fn)
-    return h13.new_empty(shape), q, h13.new_empty(rows, dtype=torch.float32)
+    return _FWD.fake(h13, None, round_pow2)
 
 
 @torch.library.custom_op("cute_kernels::swiglu_quantize_fp8_bounded", mutates_args=())
@@ -168,7 +166,7 @@ def _fwd_bounded_op(
 def _fwd_bounded_fake(
     h13: torch.Tensor, group_end_offsets: torch.Tensor, round_pow2: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _fwd_fake(h13, round_pow2)
+    return _FWD.fake(h13, group_end_offsets, round_pow2)
 
 
 @torch.library.custom_op("cute_kernels::swiglu_backward_quantize_fp8", mutates_args=())
@@ -182,9 +180,7 @@ def _bwd_op(
 def _bwd_fake(
     grad_h: torch.Tensor, h13: torch.Tensor, round_pow2: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    rows = h13.shape[0]
-    q = h13.new_empty(h13.shape, dtype=torch.float8_e4m3fn)
-    return h13.new_empty(h13.shape), q, h13.new_empty(rows, dtype=torch.float32)
+    return _BWD.fake(grad_h, h13, None, round_pow2)
 
 
 @torch.library.custom_op("cute_kernels::swiglu_backward_quantize_fp8_bounded", mutates_args=())
@@ -198,7 +194,7 @@ def _bwd_bounded_op(
 def _bwd_bounded_fake(
     grad_h: torch.Tensor, h13: torch.Tensor, group_end_offsets: torch.Tensor, round_pow2: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bwd_fake(grad_h, h13, round_pow2)
+    return _BWD.fake(grad_h, h13, group_end_offsets, round_pow2)
 
 
 def _custom_fwd(h13, ends, round_pow2):
@@ -221,12 +217,8 @@ def _reference_bwd(grad_h, h13, ends, round_pow2):
     )
 
 
-_SWIGLU_FWD = KernelOp(
-    _OP_FWD, checks.check_swiglu_quantize_fp8, _run_fwd, _reference_fwd, _custom_fwd, fast=_fast_fwd
-)
-_SWIGLU_BWD = KernelOp(
-    _OP_BWD, checks.check_swiglu_backward_quantize_fp8, _run_bwd, _reference_bwd, _custom_bwd, fast=_fast_bwd
-)
+_SWIGLU_FWD = KernelOp(_OP_FWD, _FWD.check, _run_fwd, _reference_fwd, _custom_fwd, fast=_fast_fwd)
+_SWIGLU_BWD = KernelOp(_OP_BWD, _BWD.check, _run_bwd, _reference_bwd, _custom_bwd, fast=_fast_bwd)
 
 
 def swiglu_quantize_fp8(

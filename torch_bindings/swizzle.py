@@ -12,30 +12,18 @@ from typing import NamedTuple
 
 import torch
 
-from cute_utils.constants import SWIZZLE_WIDE_MAX_BYTES, TILE_COLS, TILE_ROWS
+from cute_kernels.op_specs import blocked_shape
+from cute_utils.constants import SWIZZLE_WIDE_MAX_BYTES
 
-from . import checks, reference, targets
+from . import checks, contract, reference, targets
 from .op import KernelOp
 
 _OP = "swizzle_scales"
-
-
-def _round_up(value, multiple: int):
-    return (value + multiple - 1) // multiple * multiple
-
-
-def blocked_output_shape(scales_shape: tuple, num_groups: int | None, groups: str) -> tuple:
-    """Shape of the blocked result (SPEC section 3); works on SymInts too."""
-    *lead, rows, cols = scales_shape
-    padded_cols = _round_up(cols, TILE_COLS)
-    if num_groups is None:
-        return (*lead, _round_up(rows, TILE_ROWS), padded_cols)
-    if groups == "M":
-        return (rows + TILE_ROWS * num_groups, padded_cols)
-    return (_round_up(rows, TILE_ROWS), cols + TILE_COLS * num_groups)
+_CONTRACT = contract.SWIZZLE_SCALES
 
 
 _E8M0, _U8 = torch.float8_e8m0fnu, torch.uint8
+_SCALE_DTYPES, _GROUPS = _CONTRACT.dtypes("scales"), _CONTRACT.choices("groups")
 
 
 class SwizzleKey(NamedTuple):
@@ -92,12 +80,12 @@ def wide_window(rows: int, cols: int) -> bool:
 def _run_kernel(
     target: targets.DeviceTarget, scales: torch.Tensor, group_end_offsets: torch.Tensor | None, groups: str
 ) -> torch.Tensor:
-    """The kernel path after :func:`checks.check_swizzle`: the group limit, then the launch through
+    """The kernel path after the contract's checks: the group limit, then the launch through
     :func:`_fast` (the one launcher) with the offsets as a plain tensor; grouped outputs with no
     columns (M groups) or no rows (K groups) launch nothing."""
     num_groups = checks.check_kernel_group_count(_OP, group_end_offsets)
     if num_groups and not scales.shape[1 if groups == "M" else 0]:
-        return scales.new_empty(blocked_output_shape(scales.shape, num_groups, groups), dtype=_E8M0)
+        return scales.new_empty(blocked_shape(scales.shape, num_groups, groups), dtype=_E8M0)
     offsets = None if group_end_offsets is None else checks.plain_tensor(group_end_offsets)
     out = _fast(target, (scales, offsets, groups))
     if out is None:
@@ -106,20 +94,15 @@ def _run_kernel(
 
 
 def _fast(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``, and the launcher of the full path: :func:`checks.check_swizzle` and the
-    group limit from metadata reads, then the blocked E8M0 output (``blocked_output_shape``) and the
+    """``KernelOp.fast``, and the launcher of the full path: the contract's checks and the
+    group limit from metadata reads, then the blocked E8M0 output (``op_specs.blocked_shape``) and the
     launch of the variant for it. With offsets it takes only calls that launch (M groups with
     columns, K groups with rows): the kernel's wrapper checks the offsets' rank, device and stride.
     Written as one function (no launcher frame: each frame is a visible part of the overhead,
     notes/host-overhead.md); the CPU tests hold its variant to ``SwizzleKernel.can_implement``."""
     scales, group_end_offsets, groups = args
     dtype = scales.dtype
-    if not (
-        (dtype is _E8M0 or dtype is _U8)
-        and type(groups) is str
-        and (groups == "M" or groups == "K")
-        and scales.is_contiguous()
-    ):
+    if not (dtype in _SCALE_DTYPES and type(groups) is str and groups in _GROUPS and scales.is_contiguous()):
         return None
     shape = scales.shape
     if dtype is _U8:
@@ -173,16 +156,14 @@ def _swizzle_op(scales: torch.Tensor, group_end_offsets: torch.Tensor | None, gr
 
 @_swizzle_op.register_fake
 def _swizzle_fake(scales: torch.Tensor, group_end_offsets: torch.Tensor | None, groups: str) -> torch.Tensor:
-    num_groups = None if group_end_offsets is None else group_end_offsets.shape[0]
-    shape = blocked_output_shape(scales.shape, num_groups, groups)
-    return scales.new_empty(shape, dtype=torch.float8_e8m0fnu)
+    return _CONTRACT.fake(scales, group_end_offsets, groups)[0]
 
 
 def _reference(scales: torch.Tensor, group_end_offsets: torch.Tensor | None, groups: str) -> torch.Tensor:
     return reference.swizzle_scales(scales, group_end_offsets=group_end_offsets, groups=groups)
 
 
-_SWIZZLE_OP = KernelOp(_OP, checks.check_swizzle, _run_kernel, _reference, _swizzle_op, fast=_fast)
+_SWIZZLE_OP = KernelOp(_OP, _CONTRACT.check, _run_kernel, _reference, _swizzle_op, fast=_fast)
 
 
 def swizzle_scales(

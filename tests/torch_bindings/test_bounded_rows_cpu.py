@@ -141,7 +141,7 @@ def test_checks():
         ((q, s[:, None], ends), ValueError, "scales must be a 1-D tensor"),
         ((q, s[::2], ends), ValueError, "scales must be contiguous"),
         ((q, s[:10], ends), ValueError, "scales must hold one scale per row of q \\(64\\), got 10"),
-        ((q, s.to("meta"), ends), ValueError, "scales must be on q's device"),
+        ((q, s.to("meta"), ends), ValueError, "q and scales must be on one device"),
         ((q, s, ends.long()), TypeError, "group_end_offsets must be a 1-D torch.int32"),
         ((q, s, ends[None]), ValueError, "group_end_offsets must be a 1-D"),
         ((q, s, _ends()), ValueError, "group_end_offsets must hold at least one group"),

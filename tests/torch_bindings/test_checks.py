@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torch_bindings import checks
+from torch_bindings import checks, contract
 from torch_bindings import reference as ref
 
 I32 = torch.int32
@@ -111,7 +111,7 @@ def q2d_cases():
         args = {**good, **kw}
         out.append(
             pytest.param(
-                lambda a=args: checks.check_quantize_2d(
+                lambda a=args: contract.QUANTIZE_MXFP8_2D.check(
                     a["x"], a["block"], a["group_end_offsets"], a["scaling_mode"], a["blocked_scales"]
                 ),
                 lambda a=args: ref.quantize_mxfp8_2d(
@@ -155,7 +155,7 @@ def dual_cases():
     ]
     return [
         pytest.param(
-            lambda a={**good, **kw}: checks.check_quantize_2d_dual(
+            lambda a={**good, **kw}: contract.QUANTIZE_MXFP8_2D_DUAL.check(
                 a["x"], a["group_end_offsets"], a["scaling_mode"], a["blocked_scales"]
             ),
             lambda a={**good, **kw}: ref.quantize_mxfp8_2d_dual(
@@ -199,7 +199,7 @@ def q3d_cases():
     ]
     return [
         pytest.param(
-            lambda a={**good, **kw}: checks.check_quantize_3d(
+            lambda a={**good, **kw}: contract.QUANTIZE_MXFP8_3D.check(
                 a["w"], a["block"], a["scaling_mode"], a["blocked_scales"]
             ),
             lambda a={**good, **kw}: ref.quantize_mxfp8_3d(
@@ -254,7 +254,9 @@ def swizzle_cases():
     ]
     return [
         pytest.param(
-            lambda a={**good, **kw}: checks.check_swizzle(a["scales"], a["group_end_offsets"], a["groups"]),
+            lambda a={**good, **kw}: contract.SWIZZLE_SCALES.check(
+                a["scales"], a["group_end_offsets"], a["groups"]
+            ),
             lambda a={**good, **kw}: ref.swizzle_scales(
                 a["scales"], group_end_offsets=a["group_end_offsets"], groups=a["groups"]
             ),
@@ -302,7 +304,9 @@ def pad_cases():
     ]
     return [
         pytest.param(
-            lambda a={**good, **kw}: checks.check_pad(a["x"], a["group_end_offsets"], a["alignment"]),
+            lambda a={**good, **kw}: contract.PAD_TOKEN_GROUPS.check(
+                a["x"], a["group_end_offsets"], a["alignment"]
+            ),
             lambda a={**good, **kw}: ref.pad_token_groups(
                 a["x"], a["group_end_offsets"], alignment=a["alignment"]
             ),
@@ -352,8 +356,8 @@ def unpad_cases():
     ]
     return [
         pytest.param(
-            lambda a={**good, **kw}: checks.check_unpad(
-                a["padded"], a["group_end_offsets"], a["padded_start"]
+            lambda a={**good, **kw}: contract.UNPAD_TOKEN_GROUPS.check(
+                a["padded"], a["group_end_offsets"], a["padded_start"], None
             ),
             lambda a={**good, **kw}: ref.unpad_token_groups(
                 a["padded"], a["group_end_offsets"], a["padded_start"]
@@ -384,7 +388,7 @@ def pad_quant_cases():
     ]
     return [
         pytest.param(
-            lambda a={**good, **kw}: checks.check_pad_and_quantize(
+            lambda a={**good, **kw}: contract.PAD_AND_QUANTIZE_MXFP8_2D.check(
                 a["x"], a["group_end_offsets"], a["alignment"], a["scaling_mode"]
             ),
             lambda a={**good, **kw}: ref.pad_and_quantize_mxfp8_2d(
@@ -421,21 +425,21 @@ def test_bad_input_raises(check_call, ref_call, exc, msg):
 def test_type_errors_are_not_value_errors():
     # SPEC: wrong types/dtypes are TypeError, everything else ValueError; keep the two apart
     with pytest.raises(TypeError) as info:
-        checks.check_quantize_2d(x2d(dtype=torch.float16), "1x32", None, "rceil", True)
+        contract.QUANTIZE_MXFP8_2D.check(x2d(dtype=torch.float16), "1x32", None, "rceil", True)
     assert not isinstance(info.value, ValueError)
 
 
 def test_valid_inputs_pass():
     x = x2d(128, 64)
-    checks.check_quantize_2d(x, "1x32", offs(64, 128), "floor", True)
-    checks.check_quantize_2d(x, "32x1", None, "rceil", False)
-    checks.check_quantize_2d_dual(x, offs(128), "rceil", True)
-    checks.check_quantize_3d(torch.zeros(2, 64, 32), "32x1", "floor", False)
-    checks.check_swizzle(torch.zeros(3, 5, dtype=torch.float8_e8m0fnu), offs(1, 3), "K")
-    checks.check_swizzle(torch.zeros(2, 3, 5, dtype=torch.uint8), None, "M")
-    checks.check_pad(torch.zeros(5, 3, dtype=torch.float8_e4m3fn), offs(5), 16)
-    checks.check_unpad(x, offs(5), offs(0))
-    checks.check_pad_and_quantize(x, offs(5), 128, "floor")
+    contract.QUANTIZE_MXFP8_2D.check(x, "1x32", offs(64, 128), "floor", True)
+    contract.QUANTIZE_MXFP8_2D.check(x, "32x1", None, "rceil", False)
+    contract.QUANTIZE_MXFP8_2D_DUAL.check(x, offs(128), "rceil", True)
+    contract.QUANTIZE_MXFP8_3D.check(torch.zeros(2, 64, 32), "32x1", "floor", False)
+    contract.SWIZZLE_SCALES.check(torch.zeros(3, 5, dtype=torch.float8_e8m0fnu), offs(1, 3), "K")
+    contract.SWIZZLE_SCALES.check(torch.zeros(2, 3, 5, dtype=torch.uint8), None, "M")
+    contract.PAD_TOKEN_GROUPS.check(torch.zeros(5, 3, dtype=torch.float8_e4m3fn), offs(5), 16)
+    contract.UNPAD_TOKEN_GROUPS.check(x, offs(5), offs(0), None)
+    contract.PAD_AND_QUANTIZE_MXFP8_2D.check(x, offs(5), 128, "floor")
     checks.check_backend("cute")
     with pytest.raises(ValueError, match="backend must be one of 'auto', 'cute', 'reference'"):
         checks.check_backend("triton", op="quantize_mxfp8_2d")
@@ -445,21 +449,24 @@ def test_checks_work_on_meta_tensors_without_reading_values():
     """Meta tensors carry no data: a check that read a value (a sync on CUDA) would fail here."""
     big = torch.empty(131072, 7168, dtype=torch.bfloat16, device="meta")
     o = torch.empty(64, dtype=I32, device="meta")
-    checks.check_quantize_2d(big, "1x32", o, "rceil", True)
-    checks.check_quantize_2d(big, "32x1", o, "floor", True)
-    checks.check_quantize_2d_dual(big, o, "rceil", True)
-    checks.check_quantize_3d(torch.empty(8, 4096, 7168, device="meta"), "32x1", "rceil", True)
-    checks.check_swizzle(torch.empty(131072, 224, dtype=torch.float8_e8m0fnu, device="meta"), o, "M")
-    checks.check_swizzle(torch.empty(7168, 4096, dtype=torch.uint8, device="meta"), o, "K")
-    checks.check_pad(big, o, 128)
-    checks.check_unpad(big, o, torch.empty(64, dtype=I32, device="meta"))
-    checks.check_pad_and_quantize(big, o, 32, "floor")
+    contract.QUANTIZE_MXFP8_2D.check(big, "1x32", o, "rceil", True)
+    contract.QUANTIZE_MXFP8_2D.check(big, "32x1", o, "floor", True)
+    contract.QUANTIZE_MXFP8_2D_DUAL.check(big, o, "rceil", True)
+    contract.QUANTIZE_MXFP8_3D.check(torch.empty(8, 4096, 7168, device="meta"), "32x1", "rceil", True)
+    contract.SWIZZLE_SCALES.check(torch.empty(131072, 224, dtype=torch.float8_e8m0fnu, device="meta"), o, "M")
+    contract.SWIZZLE_SCALES.check(torch.empty(7168, 4096, dtype=torch.uint8, device="meta"), o, "K")
+    contract.PAD_TOKEN_GROUPS.check(big, o, 128)
+    contract.UNPAD_TOKEN_GROUPS.check(big, o, torch.empty(64, dtype=I32, device="meta"), None)
+    contract.PAD_AND_QUANTIZE_MXFP8_2D.check(big, o, 32, "floor")
     with pytest.raises(ValueError, match="same device as the data \\(meta\\), got cpu"):
-        checks.check_pad(big, offs(1), 32)
+        contract.PAD_TOKEN_GROUPS.check(big, offs(1), 32)
 
 
-def test_checks_source_has_no_syncing_calls():
-    src = Path(checks.__file__).read_text()
+@pytest.mark.parametrize("module", ["checks", "contract", "op_specs"])
+def test_checks_source_has_no_syncing_calls(module):
+    from cute_kernels import op_specs
+
+    src = Path({"checks": checks, "contract": contract, "op_specs": op_specs}[module].__file__).read_text()
     code = "\n".join(line.split("#", 1)[0] for line in src.splitlines())
     forbidden = [
         r"\.item\(",
@@ -476,7 +483,7 @@ def test_checks_source_has_no_syncing_calls():
         r"\.all\(",
     ]
     for pat in forbidden:
-        assert not re.search(pat, code), f"checks.py must not read tensor values: found {pat}"
+        assert not re.search(pat, code), f"{module}.py must not read tensor values: found {pat}"
 
 
 def test_kernel_expert_limit():
