@@ -9,9 +9,9 @@ A memory-bound kernel reaches a device copy's bandwidth ``BW`` only if each SM k
 - CTAs resident per SM from the compiled kernel's registers per thread (``cute_utils.sass``,
   allocated per warp in units of 256), its threads (2048 per SM), its shared memory (static, plus
   ``Kernel.shared_bytes``, the size of the ``@cute.struct`` the kernel allocates: the 1x32
-  kernel's rings and scans, the 32x1 kernel's K-groups scan, the TMA kernel's rings; the other
-  kernels report 0: their dynamic arrays are small, or, the MX dual's ring and staging tiles, not yet
-  a struct, which leaves its fp32 variants' residency too high) and the 32-CTA limit;
+  kernel's rings and scans, the 32x1 kernel's K-groups scan, the MX dual's rings and staging tiles,
+  the TMA kernel's rings; the other kernels report 0: their dynamic arrays are small) and the
+  32-CTA limit;
 - predicted ratio to copy ``min(plateau, bytes per SM / need per SM)``.
 
 Two parameters per device, the latency and the plateau (what a kernel that covers the need reaches:

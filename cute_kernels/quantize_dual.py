@@ -68,6 +68,7 @@ from cutlass import BFloat16, Float8E4M3FN, Float8E8M0FNU, Float32, Int32, Uint8
 from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
+from cute_kernels.op_specs import QUANTIZE_MXFP8_2D_DUAL
 from cute_utils.blocked import (
     CHUNK_BYTES,
     CHUNKS_PER_TILE,
@@ -258,6 +259,29 @@ def _stage_scales(stage_s: cute.Tensor, row_scales, col_scales, lane, tile_row, 
         stage_s[first_t + 16 * h] = Uint8(col_scales[h])
 
 
+def _stage_words(layout: ScaleLayout, warps: int) -> int:
+    """Words of the staging area: the q and q^T tiles and, for blocked or grouped scales, their two
+    scale tiles; the group scan's arrays (two prefix arrays and a word per warp) share its bytes."""
+    tiles = 2 * (TILE_M * TILE_K // 4)
+    scale_tiles = 2 * TILE_BYTES // 4 if layout is not ScaleLayout.PLAIN else 0
+    scan = 2 * prefix_smem_words(MAX_GROUPS) + warps if layout is ScaleLayout.GROUPS else 0
+    return max(tiles + scale_tiles, scan)
+
+
+def shared_storage(variant: DualVariant, config: DualConfig):
+    """The ``@cute.struct`` of one CTA's shared memory: ``ring``, the warps' ``cp.async`` rings
+    (``config.stages`` tiles of 8 x 8 fragments per lane, as words), then ``stage``
+    (:func:`_stage_words`), each 128-byte aligned. Its size is the launch's dynamic shared memory."""
+    warps = WARPS_M * WARPS_K
+    chunks = LANE_COLS // (128 // DTYPES[variant.dtype].width)  # 16-byte copies per fragment row
+    ring = warps * config.stages * LANE_ROWS * chunks * 32 * 4
+    fields = {
+        "ring": cute.struct.Align[cute.struct.MemRange[Uint32, ring], 128],
+        "stage": cute.struct.Align[cute.struct.MemRange[Uint32, _stage_words(variant.layout, warps)], 128],
+    }
+    return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+
 class QuantizeDualKernel(Kernel):
     """The dual kernel of one :class:`DualVariant` and :class:`DualConfig` (module docstring).
 
@@ -283,6 +307,11 @@ class QuantizeDualKernel(Kernel):
             f"{LANE_ROWS} rows x {LANE_COLS} cols x {elem} B",
         )
 
+    @classmethod
+    def shared_bytes(cls, variant: DualVariant, config: DualConfig) -> int:
+        """The size of :func:`shared_storage`, the struct the kernel allocates."""
+        return shared_storage(variant, config).size_in_bytes()
+
     def __init__(self, variant: DualVariant, config: DualConfig) -> None:
         super().__init__(variant, config)
         if variant.mode not in MODES:
@@ -297,6 +326,7 @@ class QuantizeDualKernel(Kernel):
         self.warps = WARPS_M * WARPS_K
         self.blocked = variant.layout is ScaleLayout.BLOCKED
         self.grouped = variant.layout is ScaleLayout.GROUPS
+        self.storage = shared_storage(variant, config)
 
     @classmethod
     def variants(cls) -> list[DualVariant]:
@@ -337,12 +367,9 @@ class QuantizeDualKernel(Kernel):
     def can_implement(rows: int, cols: int, num_groups: int | None = None, data_ptrs: tuple = ()) -> bool:
         """M and K multiples of 32, at most ``MAX_GROUPS`` groups (the group scan's shared-memory
         arrays), and 16-byte aligned data pointers (16-byte ``cp.async`` loads and stores)."""
-        return (
-            rows % BLOCK_SIZE == 0
-            and cols % BLOCK_SIZE == 0
-            and (num_groups is None or num_groups <= MAX_GROUPS)
-            and all(ptr % 16 == 0 for ptr in data_ptrs)
-        )
+        spec = QUANTIZE_MXFP8_2D_DUAL
+        sizes_ok = rows % spec.divisor("x", "M") == 0 and cols % spec.divisor("x", "K") == 0
+        return sizes_ok and spec.limits.accepts(num_groups, ptrs=data_ptrs)
 
     # ------------------------------------------------------------------------------------------
     # Host launcher and kernel
@@ -428,22 +455,18 @@ class QuantizeDualKernel(Kernel):
 
     @cute.jit
     def _shared_memory(self, warp) -> _Smem:
-        """This warp's ``cp.async`` ring and the CTA's staging tiles (q, q^T, the blocked scales);
-        the group scan's arrays use the staging bytes before the first tile."""
+        """This warp's ``cp.async`` ring and the CTA's staging tiles (q, q^T, the blocked scales),
+        views of :func:`shared_storage`; the group scan's arrays use the staging bytes before the
+        first tile."""
         warps, stages, chunks = self.warps, self.stages, self.chunks
-        smem = SmemAllocator()
+        storage = SmemAllocator().allocate(self.storage)
         ring_layout = cute.make_ordered_layout(
             (warps, stages, LANE_ROWS, chunks, 32, 4), order=(5, 4, 3, 2, 1, 0)
         )
-        ring_all = smem.allocate_tensor(Uint32, ring_layout, byte_alignment=128)
+        ring_all = storage.ring.get_tensor(ring_layout)
         ring_words = ring_all[warp, None, None, None, None, None]
-        # The q and q^T staging tiles; the group scan's arrays use the same bytes before the first tile.
         stage_words = TILE_M * TILE_K // 4
-        scan_words = 2 * prefix_smem_words(MAX_GROUPS) + warps if self.grouped else 0
-        scale_stage_words = 2 * TILE_BYTES // 4 if self.blocked or self.grouped else 0
-        stage_all = smem.allocate_tensor(
-            Uint32, cute.make_layout(max(2 * stage_words + scale_stage_words, scan_words)), byte_alignment=128
-        )
+        stage_all = storage.stage.get_tensor(cute.make_layout(_stage_words(self.variant.layout, warps)))
         stage_q = cute.make_tensor(stage_all.iterator, cute.make_layout(stage_words))
         stage_qt = cute.make_tensor(stage_all.iterator + stage_words, cute.make_layout(stage_words))
         stage_s = cute.make_tensor(

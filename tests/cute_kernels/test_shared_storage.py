@@ -52,3 +52,23 @@ def test_quantize_1x32_struct():
         for variant in Quantize1x32Kernel.variants():
             got = Quantize1x32Kernel.shared_bytes(variant, config)
             assert got == shared_storage(variant.dtype, variant.layout, config).size_in_bytes() > 0
+
+
+def test_quantize_dual_struct():
+    """The dual's rings and staging tiles (and, grouped, the scan sharing the staging bytes)."""
+    from cute_kernels.quantize import DTYPES
+    from cute_kernels.quantize_dual import (
+        LANE_COLS,
+        LANE_ROWS,
+        QuantizeDualKernel,
+        ScaleLayout,
+        shared_storage,
+    )
+
+    for config in _configs("quantize_dual"):
+        for variant in QuantizeDualKernel.variants():
+            got = QuantizeDualKernel.shared_bytes(variant, config)
+            assert got == shared_storage(variant, config).size_in_bytes()
+            ring = 8 * config.stages * 32 * LANE_ROWS * LANE_COLS * (DTYPES[variant.dtype].width // 8)
+            staging = 2 * 128 * 128 + (0 if variant.layout is ScaleLayout.PLAIN else 2 * 512)
+            assert ring + staging <= got < ring + staging + 16 * 1024  # the grouped scan may be larger
