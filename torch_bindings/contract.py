@@ -24,6 +24,12 @@ def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """``dtype``'s name as the specs and kernel variants spell it (``torch.bfloat16`` ->
+    ``"bfloat16"``)."""
+    return str(dtype).removeprefix("torch.")
+
+
 class Contract:
     """``spec`` read with torch (module docstring)."""
 

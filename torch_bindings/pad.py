@@ -41,7 +41,7 @@ class RowGatherKey(NamedTuple):
         """The kernel's variant (imports the kernel module)."""
         from cute_kernels.pad import RowGatherVariant
 
-        return RowGatherVariant(str(self.dtype).removeprefix("torch."), self.vector_bytes)
+        return RowGatherVariant(contract.dtype_name(self.dtype), self.vector_bytes)
 
 
 class _Operand(NamedTuple):

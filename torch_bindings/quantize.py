@@ -44,7 +44,7 @@ class Quantize1x32Key(NamedTuple):
         """The kernel's variant on ``target`` (its SM count sizes the grouped layouts' waves)."""
         from cute_kernels.quantize import Quantize1x32Variant, ScaleLayout
 
-        dtype = str(self.dtype).removeprefix("torch.")
+        dtype = contract.dtype_name(self.dtype)
         layout = ScaleLayout(self.layout)
         return Quantize1x32Variant(dtype, self.mode, layout, self.max_groups, target.num_sms, self.rank)
 

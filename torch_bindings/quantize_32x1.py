@@ -41,7 +41,7 @@ class Quantize32x1Key(NamedTuple):
         """The kernel's variant (imports the kernel module)."""
         from cute_kernels.quantize_32x1 import Quantize32x1Variant, ScaleLayout
 
-        dtype = str(self.dtype).removeprefix("torch.")
+        dtype = contract.dtype_name(self.dtype)
         return Quantize32x1Variant(dtype, self.mode, ScaleLayout(self.layout), self.rank)
 
 

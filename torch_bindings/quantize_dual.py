@@ -35,7 +35,7 @@ class DualKey(NamedTuple):
         """The kernel's variant (imports the kernel module)."""
         from cute_kernels.quantize_dual import DualVariant, ScaleLayout
 
-        return DualVariant(str(self.dtype).removeprefix("torch."), self.mode, ScaleLayout(self.layout))
+        return DualVariant(contract.dtype_name(self.dtype), self.mode, ScaleLayout(self.layout))
 
 
 def _launch_dual(

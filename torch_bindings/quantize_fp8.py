@@ -48,7 +48,7 @@ class Fp8RowKey(NamedTuple):
         """The kernel's variant (imports the kernel module)."""
         from cute_kernels.quantize_fp8 import Fp8RowVariant
 
-        dtype = str(self.dtype).removeprefix("torch.")
+        dtype = contract.dtype_name(self.dtype)
         return Fp8RowVariant(dtype, self.round_pow2, self.vector, self.rank, self.bounded)
 
     def config(self, variant, target: targets.DeviceTarget):
@@ -84,7 +84,7 @@ class ColKey(NamedTuple):
         """The column kernels' variant (imports the kernel module)."""
         from cute_kernels.quantize_fp8_col import Fp8ColVariant
 
-        dtype = str(self.dtype).removeprefix("torch.")
+        dtype = contract.dtype_name(self.dtype)
         return Fp8ColVariant(dtype, self.layout, self.vector_loads, self.vector_stores, self.dual)
 
     def config(self, variant, target: targets.DeviceTarget):
