@@ -49,7 +49,7 @@ from bench.common.report import report
 from bench.common.rowlog import RowLog, diff_bytes, finish, progress_row, short_error
 from bench.common.rows import BASELINE_COLUMNS, RATE_COLUMNS, RATE_SERIES, make_row
 from bench.common.timing import make_rotating_inputs
-from cute_kernels.op_specs import blocked_shape
+from cute_kernels.op_specs import blocked_output_shape
 
 # Activations: M tokens x K hidden (scales are (M, K/32)); DeepSeek-/Llama-like hidden sizes.
 ACT_M: tuple[int, ...] = (16384, 65536, 131072)
@@ -108,7 +108,7 @@ class SwizzleCase:
     def output_shape(self) -> tuple[int, ...]:
         """Shape of the blocked output, per SPEC section 3/5."""
         grouped = self.layout in ("M-groups", "K-groups")
-        return blocked_shape(self.shape, self.groups if grouped else None, self.layout[0])
+        return blocked_output_shape(self.shape, self.groups if grouped else None, self.layout[0])
 
     @property
     def output_bytes(self) -> int:

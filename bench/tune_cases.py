@@ -21,7 +21,7 @@ def _nbytes(tensors) -> int:
 def swizzle(args: argparse.Namespace, device: torch.device) -> list[Case]:
     """E8M0 scales of 16-120 MB, aligned (word loads) and unaligned rows, uneven groups with a few
     empty ones; the variant as ``torch_bindings.swizzle`` picks it."""
-    from cute_kernels.op_specs import blocked_shape
+    from cute_kernels.op_specs import blocked_output_shape
     from cute_kernels.swizzle import SwizzleLayout, SwizzleVariant
     from torch_bindings.backend import num_sms
 
@@ -42,7 +42,7 @@ def swizzle(args: argparse.Namespace, device: torch.device) -> list[Case]:
             ragged = not word_loads and (layout is not SwizzleLayout.K_GROUPS or shape[0] % 4 != 0)
             along_k = layout is SwizzleLayout.K_GROUPS
             ends = _uneven_ends(shape[1] if along_k else shape[0], groups, device) if groups else None
-            out_shape = blocked_shape(shape, groups or None, "K" if along_k else "M")
+            out_shape = blocked_output_shape(shape, groups or None, "K" if along_k else "M")
 
             def make(shape=shape, out_shape=out_shape):
                 scales = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
@@ -124,7 +124,7 @@ def quantize_1x32(args: argparse.Namespace, device: torch.device) -> list[Case]:
 
 def _padded_1x32(device: torch.device) -> list[Case]:
     from cute_kernels.quantize import Quantize1x32Variant, ScaleLayout
-    from torch_bindings.pad_quantize import _outputs
+    from torch_bindings.contract import PAD_AND_QUANTIZE_MXFP8_2D
 
     cases = []
     for shape, groups in (((16384, 1536), 16), ((16384, 2048), 8), ((16384, 2048), 16), ((16384, 7168), 16)):
@@ -136,7 +136,7 @@ def _padded_1x32(device: torch.device) -> list[Case]:
 
         def make(shape=shape, ends=ends):
             x = torch.randn(shape, dtype=torch.bfloat16, device=device)
-            return (x, *_outputs(x, ends, 32), ends)
+            return (x, *PAD_AND_QUANTIZE_MXFP8_2D.fake(x, ends, 32, "rceil"), ends)
 
         moved = _nbytes(make()[:3])
         cases.append(

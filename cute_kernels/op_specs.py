@@ -73,12 +73,12 @@ class Operand:
 
 @dataclass(frozen=True)
 class Choice:
-    """An option among ``values``, matched with its own type; ``type_name`` set: a value of another
-    type is a ``TypeError`` naming it (the alignment's int)."""
+    """An option among ``values``, matched with its own type; ``value_type`` set: a value not of
+    that type (a bool is not an int) is a ``TypeError`` naming it (the alignment's int)."""
 
     name: str
     values: tuple
-    type_name: str | None = None
+    value_type: type | None = None
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class Offsets:
     """Group end offsets: int32, 1-D, at least one group, contiguous, on operand ``of``'s device;
     ``optional``: None allowed; ``requires``: a :class:`Flag` that must be True when they are given;
     ``ranks_of``: the ranks of ``of`` they may come with; ``length_of``: other offsets of the same
-    length."""
+    length; ``why``: the reason ``requires`` or ``ranks_of`` gives in its error message."""
 
     name: str
     of: str
@@ -101,6 +101,7 @@ class Offsets:
     requires: str | None = None
     ranks_of: tuple[int, ...] | None = None
     length_of: str | None = None
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ def _round_up(n, m: int):
     return (n + m - 1) // m * m
 
 
-def blocked_shape(scales_shape: tuple, num_groups: int | None, groups: str) -> tuple:
+def blocked_output_shape(scales_shape: tuple, num_groups: int | None, groups: str) -> tuple:
     """Shape of blocked scales of a (..., R, C) scale matrix: (..., Rp, Cp); M-groups (R + 128 G,
     Cp); K-groups (Rp, C + 4 G)."""
     *lead, rows, cols = scales_shape
@@ -202,14 +203,14 @@ def scales_shape_1x32(x_shape: tuple, num_groups: int | None, blocked: bool) -> 
     rows, cols = x_shape
     if not blocked:
         return (rows, cols // BLOCK_SIZE)
-    return blocked_shape((rows, cols // BLOCK_SIZE), num_groups, "M")
+    return blocked_output_shape((rows, cols // BLOCK_SIZE), num_groups, "M")
 
 
 def scales_shape_32x1(rows, cols, num_groups: int | None, blocked: bool) -> tuple:
     """32x1 scales of (M, K), S = (K, M/32): plain, blocked (Rp, Cp) or K-groups (Rp, M/32 + 4 G)."""
     if not blocked:
         return (cols, rows // BLOCK_SIZE)
-    return blocked_shape((cols, rows // BLOCK_SIZE), num_groups, "K")
+    return blocked_output_shape((cols, rows // BLOCK_SIZE), num_groups, "K")
 
 
 def scales_shape_3d(w_shape: tuple, block: str, blocked: bool) -> tuple:
@@ -219,7 +220,7 @@ def scales_shape_3d(w_shape: tuple, block: str, blocked: bool) -> tuple:
     per_expert = (n, k // BLOCK_SIZE) if block == "1x32" else (k, n // BLOCK_SIZE)
     if not blocked:
         return (experts, *per_expert)
-    return blocked_shape((experts, *per_expert), None, "M")
+    return blocked_output_shape((experts, *per_expert), None, "M")
 
 
 def padded_rows(rows, num_groups, alignment: int):
@@ -250,7 +251,13 @@ _M32 = Multiple(0, "M", BLOCK_SIZE, when=("block", "32x1"), why="for block='32x1
 _MODE = Choice("scaling_mode", SCALING_MODES)
 _BLOCK = Choice("block", BLOCKS)
 _BLOCKED = Flag("blocked_scales")
-_ROW_GROUPS = Offsets("group_end_offsets", of="x", optional=True, requires="blocked_scales")
+_ROW_GROUPS = Offsets(
+    "group_end_offsets",
+    of="x",
+    optional=True,
+    requires="blocked_scales",
+    why=" (groups only change the blocked scale layout)",
+)
 
 
 def _mxfp8_2d_outputs(a: dict) -> tuple[Out, ...]:
@@ -330,7 +337,7 @@ QUANTIZE_MXFP8_3D = OpSpec(
     Limits(max_groups=None, max_experts=MAX_EXPERTS),
 )
 
-_ALIGNMENT = Choice("alignment", ALIGNMENTS, type_name="int")
+_ALIGNMENT = Choice("alignment", ALIGNMENTS, value_type=int)
 
 
 def _pad_quantize_outputs(a: dict) -> tuple[Out, ...]:
@@ -358,19 +365,25 @@ PAD_AND_QUANTIZE_MXFP8_2D = OpSpec(
 )
 
 
-def swizzle_outputs(a: dict) -> tuple[Out, ...]:
-    """``swizzle_scales``' output: the blocked shape of ``scales`` (:func:`blocked_shape`)."""
-    return (Out(blocked_shape(tuple(a["scales"].shape), _groups(a), a["groups"]), "float8_e8m0fnu"),)
+def _swizzle_outputs(a: dict) -> tuple[Out, ...]:
+    """``swizzle_scales``' output: the blocked shape of ``scales`` (:func:`blocked_output_shape`)."""
+    return (Out(blocked_output_shape(tuple(a["scales"].shape), _groups(a), a["groups"]), "float8_e8m0fnu"),)
 
 
 SWIZZLE_SCALES = OpSpec(
     "swizzle_scales",
     (
         Operand("scales", (2, 3), SCALE_DTYPES),
-        Offsets("group_end_offsets", of="scales", optional=True, ranks_of=(2,)),
+        Offsets(
+            "group_end_offsets",
+            of="scales",
+            optional=True,
+            ranks_of=(2,),
+            why=" (each expert is blocked independently)",
+        ),
         Choice("groups", GROUPS),
     ),
-    swizzle_outputs,
+    _swizzle_outputs,
 )
 
 
@@ -424,7 +437,9 @@ def _fp8_row_outputs(shape: tuple) -> tuple[Out, ...]:
 
 def _fp8_col_outputs_2d(shape: tuple, groups: int | None) -> tuple[Out, ...]:
     rows, cols = shape
-    return Out(shape, "float8_e4m3fn", (1, max(rows, 1))), Out(((groups or 1) * cols,), "float32")
+    return Out(shape, "float8_e4m3fn", (1, max(rows, 1))), Out(
+        ((1 if groups is None else groups) * cols,), "float32"
+    )
 
 
 def _fp8_col_outputs_3d(shape: tuple) -> tuple[Out, ...]:

@@ -3,8 +3,10 @@
 :class:`Contract` turns one spec into what the op layer needs: ``check(*args)``, the full checks
 (SPEC section 5: ``TypeError`` for a wrong Python type or dtype, ``ValueError`` otherwise, each
 message starting with the op's name); ``fake(*args)``, the ``torch.library`` fake's outputs; and
-the sets the eager fast paths test against (``dtypes``, ``choices``), so no op restates its
-dtypes, choices, divisors, limits or output shapes. Metadata only: nothing here reads tensor values.
+the sets the eager fast paths test against (``dtypes``, ``choices``, ``divisor``). The launchers
+still allocate their outputs from integers on the hot path; ``tests/torch_bindings/test_contract.py``
+holds the fakes to the reference's outputs and the GPU tests hold the kernels' to the reference.
+Metadata only: nothing here reads tensor values.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ class Contract:
     def __init__(self, spec: OpSpec) -> None:
         self.spec = spec
         self.name = spec.name
-        self.limits = spec.limits
-        self._operands = [p for p in spec.params if isinstance(p, Operand)]
-        self._offsets = [p for p in spec.params if isinstance(p, Offsets)]
+        self._names = tuple(p.name for p in spec.params)
+        self._first_operand = next(p.name for p in spec.params if isinstance(p, Operand))
+        self._steps = _check_plan(spec)
 
     def dtypes(self, operand: str) -> frozenset:
         """The torch dtypes ``operand`` takes (empty for a byte copy's any-dtype)."""
@@ -53,33 +55,13 @@ class Contract:
         """The divisor of ``operand``'s size ``label`` (``OpSpec.divisor``)."""
         return self.spec.divisor(operand, label)
 
-    # ------------------------------------------------------------------------------------------
-    # The full checks
-    # ------------------------------------------------------------------------------------------
-
     def check(self, *args: Any) -> None:
         """Raise the contract's error for the first bad argument of ``args`` (the op's positional
-        arguments), in the order: each argument's own type, rank, dtype and value; the operands'
-        size multiples; the cross-argument rules; the offsets."""
-        op, a = self.name, self.spec.named(args)
-        for p in self.spec.params:
-            _CHECK_PARAM[type(p)](p, a, op)
-        for operand in self._operands:
-            self._check_multiples(operand, a)
-        for rule in self.spec.rules:
-            message = rule(a)
-            if message is not None:
-                raise ValueError(f"{op}: {message}")
-        for offsets in self._offsets:
-            _check_offsets(offsets, a, op)
-
-    def _check_multiples(self, operand: Operand, a: dict) -> None:
-        t = a[operand.name]
-        for m in operand.multiples:
-            if m.when is None or a[m.when[0]] == m.when[1]:
-                dim = m.dim % t.dim()
-                name = f"{operand.name}.shape[{dim}] ({m.label})"
-                checks.check_divisible(name, t.shape[dim], m.divisor, why=m.why, op=self.name)
+        arguments), in the order of :func:`_check_plan`."""
+        a = dict(zip(self._names, args, strict=True))
+        op = self.name
+        for step, param in self._steps:
+            step(param, a, op)
 
     # ------------------------------------------------------------------------------------------
     # The fake
@@ -89,8 +71,8 @@ class Contract:
         """Empty outputs of the op on ``args`` (fake tensors under ``torch.compile``): the spec's
         ``outputs``, allocated like the first operand; a :data:`DYNAMIC` size is a new unbacked
         size."""
-        a = self.spec.named(args)
-        like = a[self._operands[0].name]
+        a = dict(zip(self._names, args, strict=True))
+        like = a[self._first_operand]
         out = []
         for o in self.spec.outputs(a):
             shape = tuple(torch.library.get_ctx().new_dynamic_size() if s == DYNAMIC else s for s in o.shape)
@@ -102,14 +84,60 @@ class Contract:
         return tuple(out)
 
 
-def _check_operand(p: Operand, a: dict, op: str) -> None:
+def _check_plan(spec: OpSpec) -> list:
+    """The checks of ``spec`` as ``(function, param)`` steps, in the order of the arguments: each
+    argument's own checks where it stands, an operand's size multiples right after it (or, when a
+    multiple depends on an option, right after that option), the cross-argument rules after the
+    last operand, and group offsets where they stand (or, when they need a flag declared later,
+    right after that flag)."""
+    steps, waiting = [], {}
+    last_operand = max(i for i, p in enumerate(spec.params) if isinstance(p, Operand))
+    order = {p.name: i for i, p in enumerate(spec.params)}
+    for i, p in enumerate(spec.params):
+        if isinstance(p, Offsets) and p.requires is not None and order[p.requires] > i:
+            waiting.setdefault(p.requires, []).append((_check_offsets, p))  # after its flag
+        elif isinstance(p, Operand):
+            dtypes = None if p.dtypes == BYTE_COPY else tuple(map(torch_dtype, p.dtypes))
+            steps.append((_check_operand, (p, dtypes)))
+        else:
+            steps.append((_CHECK_PARAM[type(p)], p))
+        if isinstance(p, Operand):
+            for m in p.multiples:
+                if m.when is None:
+                    steps.append((_check_multiple, (p.name, m)))
+                else:
+                    waiting.setdefault(m.when[0], []).append((_check_multiple, (p.name, m)))
+        steps += waiting.pop(p.name, [])
+        if i == last_operand:
+            steps += [(_check_rule, rule) for rule in spec.rules]
+    assert not waiting, f"{spec.name}: a size multiple depends on an option it does not have"
+    return steps
+
+
+def _check_multiple(step: tuple, a: dict, op: str) -> None:
+    name, m = step
+    if m.when is None or a[m.when[0]] == m.when[1]:
+        t = a[name]
+        dim = m.dim % t.dim()
+        if t.shape[dim] % m.divisor:  # the message is built only for the error
+            checks.check_divisible(
+                f"{name}.shape[{dim}] ({m.label})", t.shape[dim], m.divisor, why=m.why, op=op
+            )
+
+
+def _check_rule(rule, a: dict, op: str) -> None:
+    message = rule(a)
+    if message is not None:
+        raise ValueError(f"{op}: {message}")
+
+
+def _check_operand(step: tuple, a: dict, op: str) -> None:
+    p, dtypes = step  # dtypes: the torch dtypes, None for a byte copy's any-dtype
     t = a[p.name]
-    if p.dtypes == BYTE_COPY:
+    if dtypes is None:
         checks.check_byte_copy_tensor(p.name, t, op=op)
     else:
-        checks.check_tensor(
-            p.name, t, ndim=p.ranks, dtypes=tuple(map(torch_dtype, p.dtypes)), op=op, contiguous=p.contiguous
-        )
+        checks.check_tensor(p.name, t, ndim=p.ranks, dtypes=dtypes, op=op, contiguous=p.contiguous)
     if p.device_of is not None and t.device != a[p.device_of].device:
         other = a[p.device_of].device
         where = f"got {other} and {t.device}"
@@ -118,9 +146,9 @@ def _check_operand(p: Operand, a: dict, op: str) -> None:
 
 def _check_choice(p: Choice, a: dict, op: str) -> None:
     value = a[p.name]
-    if p.type_name is not None and (isinstance(value, bool) or type(value).__name__ != p.type_name):
+    if p.value_type is not None and (isinstance(value, bool) or not isinstance(value, p.value_type)):
         raise TypeError(
-            f"{op}: {p.name} must be an {p.type_name}, one of {', '.join(map(str, p.values))}, "
+            f"{op}: {p.name} must be an {p.value_type.__name__}, one of {', '.join(map(str, p.values))}, "
             f"got {checks.describe(value)}"
         )
     checks.check_choice(p.name, value, p.values, op=op)
@@ -135,10 +163,6 @@ def _check_count(p: Count, a: dict, op: str) -> None:
         checks.check_num_tokens(a[p.name], op=op)
 
 
-def _skip(p: Offsets, a: dict, op: str) -> None:
-    """Offsets are checked after every operand's own checks (:func:`_check_offsets`)."""
-
-
 def _check_offsets(p: Offsets, a: dict, op: str) -> None:
     offsets, of = a[p.name], a[p.of]
     if offsets is None and p.optional:
@@ -146,25 +170,24 @@ def _check_offsets(p: Offsets, a: dict, op: str) -> None:
     if p.ranks_of is not None and of.dim() not in p.ranks_of:
         ranks = " or ".join(f"{r}-D" for r in p.ranks_of)
         raise ValueError(
-            f"{op}: {p.name} is not supported with {of.dim()}-D {p.of} (each expert is blocked "
-            f"independently); pass {ranks} {p.of} or drop the offsets"
+            f"{op}: {p.name} is not supported with {of.dim()}-D {p.of}{p.why}; pass {ranks} {p.of} or "
+            "drop the offsets"
         )
     checks.check_offsets(p.name, offsets, of.device, op=op)
     if p.length_of is not None:
         checks.check_same_length(p.name, offsets, p.length_of, a[p.length_of], op=op)
     if p.requires is not None and a[p.requires] is not True:
         raise ValueError(
-            f"{op}: {p.name} is only supported with {p.requires}=True (groups only change the "
-            f"blocked scale layout); pass {p.requires}=True or drop the offsets"
+            f"{op}: {p.name} is only supported with {p.requires}=True{p.why}; pass {p.requires}=True or "
+            "drop the offsets"
         )
 
 
 _CHECK_PARAM = {
-    Operand: _check_operand,
     Choice: _check_choice,
     Flag: _check_flag,
     Count: _check_count,
-    Offsets: _skip,
+    Offsets: _check_offsets,
 }
 
 

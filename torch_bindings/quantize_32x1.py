@@ -22,7 +22,6 @@ _OP_2D = "quantize_mxfp8_2d"
 _OP_3D = "quantize_mxfp8_3d"
 _KERNEL = "quantize_32x1"  # cute_kernels.registry name
 _BLOCK = BLOCK_SIZE
-_E4M3 = torch.float8_e4m3fn
 _E8M0 = torch.float8_e8m0fnu
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from cute_utils.constants import BLOCK_SIZE
-
 from . import checks, contract, reference, targets
 from .op import KernelOp
 from .quantize import KERNEL, MAX_GROUPS, Quantize1x32Key
@@ -20,7 +18,6 @@ from .quantize_32x1 import launch_32x1_3d
 _OP = "quantize_mxfp8_3d"
 _CONTRACT = contract.QUANTIZE_MXFP8_3D
 _N_MASK = _CONTRACT.divisor("w", "N") - 1  # 32x1 blocks along N
-_BLOCK = BLOCK_SIZE
 
 
 def expert_rows(w: torch.Tensor) -> torch.Tensor:

@@ -17,8 +17,6 @@ from .op import KernelOp
 _OP = "quantize_mxfp8_2d_dual"
 _CONTRACT = contract.QUANTIZE_MXFP8_2D_DUAL
 _M_MASK = _CONTRACT.divisor("x", "M") - 1
-_BLOCK = checks.BLOCK_SIZE
-_E4M3 = torch.float8_e4m3fn
 _E8M0 = torch.float8_e8m0fnu
 
 

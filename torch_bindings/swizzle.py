@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from cute_kernels.op_specs import blocked_shape
+from cute_kernels.op_specs import blocked_output_shape
 from cute_utils.constants import SWIZZLE_WIDE_MAX_BYTES
 
 from . import checks, contract, reference, targets
@@ -85,7 +85,7 @@ def _run_kernel(
     columns (M groups) or no rows (K groups) launch nothing."""
     num_groups = checks.check_kernel_group_count(_OP, group_end_offsets)
     if num_groups and not scales.shape[1 if groups == "M" else 0]:
-        return scales.new_empty(blocked_shape(scales.shape, num_groups, groups), dtype=_E8M0)
+        return scales.new_empty(blocked_output_shape(scales.shape, num_groups, groups), dtype=_E8M0)
     offsets = None if group_end_offsets is None else checks.plain_tensor(group_end_offsets)
     out = _fast(target, (scales, offsets, groups))
     if out is None:
@@ -95,7 +95,7 @@ def _run_kernel(
 
 def _fast(target: targets.DeviceTarget, args: tuple):
     """``KernelOp.fast``, and the launcher of the full path: the contract's checks and the
-    group limit from metadata reads, then the blocked E8M0 output (``op_specs.blocked_shape``) and the
+    group limit from metadata reads, then the blocked E8M0 output (``op_specs.blocked_output_shape``) and the
     launch of the variant for it. With offsets it takes only calls that launch (M groups with
     columns, K groups with rows): the kernel's wrapper checks the offsets' rank, device and stride.
     Written as one function (no launcher frame: each frame is a visible part of the overhead,

@@ -10,7 +10,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_bindings
-from cute_kernels.op_specs import blocked_shape
+from cute_kernels.op_specs import blocked_output_shape
 from torch_bindings import kernel_cache, reference
 
 
@@ -56,7 +56,7 @@ def test_pending_kernels_run_reference_on_cpu():
     ],
 )
 def test_blocked_output_shape(shape, groups, num_groups, expected):
-    assert blocked_shape(shape, num_groups, groups) == expected
+    assert blocked_output_shape(shape, num_groups, groups) == expected
 
 
 def test_fake_implementation_shapes():
