@@ -16,6 +16,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 #: (script, its arguments): every bench script and the calibrate script bare, the tuner per target.
 SCRIPTS = sorted(
     [(p.stem, ()) for p in [*BENCH.glob("bench_*.py"), BENCH / "calibrate_model.py"]]
+    + [("overhead_ab", ("--base", "HEAD"))]
     + [("tune", (kernel,)) for kernel in TARGETS]
 )
 
