@@ -7,17 +7,18 @@ pair swaps which tree goes first, so the host's drift over the session falls on 
 It then prints, per row, the ratio-to-floor medians of both trees and their difference, the mean
 difference per pair, and a verdict.
 
-The verdict is **no worse** when the mean over rows of (head median - base median) is at most
-``--tolerance`` (default 0.005, i.e. 0.5% of a floor). Otherwise it is **worse** or **unresolved**:
-unresolved when the pairs disagree in sign, so more pairs are needed.
+The verdict comes from the mean difference (head - base, over the rows) of each pair: **no
+worse** when every pair's is at most ``--tolerance`` (default 0.005, i.e. 0.5% of a floor);
+**worse** when every pair's is above it; **unresolved** otherwise (run more pairs). At least two
+pairs, so that each tree goes first once.
 
     python -m bench.overhead_ab --base REV [--pairs 4] [--runs 3] [--cpu-mock]   # needs git
     python -m bench.overhead_ab --base-tree DIR ...                                # a tree you made
 
 ``--base REV`` writes ``git archive REV`` of the packages into a temporary folder, which the
-script removes afterwards. On a machine without the repository's history, pass ``--base-tree``:
-for example ``git archive REV cute_kernels cute_utils torch_bindings bench | tar x -C DIR``, made
-beforehand and carried along.
+script removes afterwards, as it does the runs' JSON files. On a machine without the repository's
+history, pass ``--base-tree``: for example ``git archive REV cute_kernels cute_utils torch_bindings
+bench | tar x -C DIR``, made beforehand and carried along.
 """
 
 from __future__ import annotations
@@ -36,33 +37,44 @@ PACKAGES = ("cute_kernels", "cute_utils", "torch_bindings", "bench")
 
 
 def parse_ratios(text: str) -> dict[str, float]:
-    """``{row: ratio}`` from ``bench_overhead``'s markdown table (rows without a ratio left out)."""
-    rows = {}
+    """``{row: ratio}`` from ``bench_overhead``'s markdown table: the column headed ``ratio``; rows
+    without a number there (the scale rows, an op that raised) are left out."""
+    rows, column = {}, None
     for line in text.splitlines():
+        if not line.startswith("| "):
+            continue
         cells = [c.strip() for c in line.split("|")]
-        if len(cells) < 6 or not line.startswith("| ") or cells[1] == "call":
+        if cells[1] == "call":
+            column = cells.index("ratio") if "ratio" in cells else None
+            continue
+        if column is None or len(cells) <= column:
             continue
         try:
-            rows[cells[1]] = float(cells[4])
+            rows[cells[1]] = float(cells[column])
         except ValueError:
             continue
     return rows
 
 
-def run_tree(tree: Path, runs: int, cpu_mock: bool, timeout: int) -> dict[str, float]:
-    """One ``bench_overhead --runs runs`` from ``tree``, which comes first on the import path."""
+def run_tree(tree: Path, runs: int, cpu_mock: bool, timeout: int, out: Path) -> dict[str, float]:
+    """One ``bench_overhead --runs runs`` from ``tree``, which comes first on the import path; its
+    JSON goes to ``out`` (a scratch folder), not to either tree."""
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
     )
-    cmd = [sys.executable, "-m", "bench.bench_overhead", "--runs", str(runs)] + (
-        ["--cpu-mock"] if cpu_mock else []
+    cmd = [sys.executable, "-m", "bench.bench_overhead", "--runs", str(runs), "--out", str(out)]
+    out_run = subprocess.run(
+        cmd + (["--cpu-mock"] if cpu_mock else []),
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
-    out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
-    rows = parse_ratios(out.stdout)
+    rows = parse_ratios(out_run.stdout)
     if not rows:
-        raise RuntimeError(
-            f"bench_overhead in {tree} printed no table (exit {out.returncode}):\n{out.stderr[-2000:]}"
-        )
+        tail = out_run.stderr[-2000:]
+        raise RuntimeError(f"bench_overhead in {tree} printed no ratios (exit {out_run.returncode}):\n{tail}")
     return rows
 
 
@@ -73,7 +85,7 @@ def summarize(
     tolerance: float,
 ) -> tuple[str, str]:
     """``(table, verdict)`` of the runs: per-row medians and their difference, per-pair mean
-    differences (head - base over the rows both have) and the module docstring's verdict."""
+    differences (head - base over the rows every run has) and the module docstring's verdict."""
     names = [n for n in base[0] if all(n in r for r in base + head)]
     lines = ["| row | base median | head median | head - base |", "|---|---|---|---|"]
     diffs = []
@@ -83,31 +95,38 @@ def summarize(
         diffs.append(h - b)
         lines.append(f"| {name} | {b:.3f} | {h:.3f} | {h - b:+.3f} |")
     per_pair = [statistics.fmean(h[n] - b[n] for n in names) for b, h in pairs]
-    mean = statistics.fmean(diffs)
+    left_out = sorted(set().union(*base, *head) - set(names))
     lines.append("")
     lines.append("per pair (head - base, mean over rows): " + ", ".join(f"{d:+.3f}" for d in per_pair))
     lines.append(f"rows where head's median is higher: {sum(d > 0 for d in diffs)} of {len(diffs)}")
-    if mean <= tolerance:
-        verdict = f"no worse: mean difference {mean:+.4f} <= {tolerance}"
-    elif min(per_pair) < 0 < max(per_pair):
-        verdict = (
-            f"unresolved: mean difference {mean:+.4f} > {tolerance}, pairs disagree in sign (run more pairs)"
-        )
+    if left_out:
+        lines.append(f"rows not in every run, left out: {', '.join(left_out)}")
+    spread = f"pairs {min(per_pair):+.4f} .. {max(per_pair):+.4f}, tolerance {tolerance}"
+    if max(per_pair) <= tolerance:
+        verdict = f"no worse: {spread}"
+    elif min(per_pair) > tolerance:
+        verdict = f"worse: {spread}"
     else:
-        verdict = f"worse: mean difference {mean:+.4f} > {tolerance} in every pair"
+        verdict = f"unresolved: {spread} (run more pairs)"
     return "\n".join(lines), verdict
 
 
-def _base_tree(args: argparse.Namespace, scratch: list[Path]) -> Path:
+def _base_tree(args: argparse.Namespace, scratch: Path) -> Path:
+    """The base tree: ``--base-tree``, or ``git archive`` of ``--base`` unpacked under ``scratch``;
+    ``SystemExit`` when it lacks one of the packages (the head's copy would be imported instead)."""
     if args.base_tree is not None:
-        return Path(args.base_tree).resolve()
-    folder = Path(tempfile.mkdtemp(prefix="overhead_ab_base_"))
-    scratch.append(folder)
-    archive = subprocess.run(
-        ["git", "archive", args.base, *PACKAGES], cwd=ROOT, capture_output=True, check=True
-    )
-    subprocess.run(["tar", "x", "-C", str(folder)], input=archive.stdout, check=True)
-    return folder
+        tree = Path(args.base_tree).resolve()
+    else:
+        tree = scratch / "base"
+        tree.mkdir()
+        archive = subprocess.run(["git", "archive", args.base, *PACKAGES], cwd=ROOT, capture_output=True)
+        if archive.returncode:
+            raise SystemExit(f"git archive {args.base} failed: {archive.stderr.decode().strip()}")
+        subprocess.run(["tar", "-x", "-f", "-", "-C", str(tree)], input=archive.stdout, check=True)
+    missing = [pkg for pkg in PACKAGES if not (tree / pkg / "__init__.py").is_file()]
+    if missing:
+        raise SystemExit(f"base tree {tree} lacks {', '.join(missing)}: it needs {', '.join(PACKAGES)}")
+    return tree
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--base", help="git revision of the base tree")
     where.add_argument("--base-tree", help="a folder holding the base tree's packages")
-    p.add_argument("--pairs", type=int, default=4, help="alternating pairs of runs (default 4)")
+    p.add_argument("--pairs", type=int, default=4, help="alternating pairs of runs, at least 2 (default 4)")
     p.add_argument("--runs", type=int, default=3, help="bench_overhead --runs per run (default 3)")
     p.add_argument("--cpu-mock", action="store_true", help="bench_overhead --cpu-mock (no GPU)")
     p.add_argument("--tolerance", type=float, default=0.005, help="mean ratio difference allowed")
@@ -126,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
 
         if cuda_or_none("overhead_ab (or pass --cpu-mock)") is None:
             return 2
-    scratch: list[Path] = []
+    if args.pairs < 2:
+        p.error("--pairs must be at least 2 (each tree goes first once)")
+    scratch = Path(tempfile.mkdtemp(prefix="overhead_ab_"))
     try:
         base_tree, base, head, pairs = _base_tree(args, scratch), [], [], []
         for i in range(args.pairs):
@@ -134,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             got = {}
             for label, tree in order if i % 2 == 0 else order[::-1]:
                 print(f"pair {i + 1} of {args.pairs}: {label}", flush=True)
-                got[label] = run_tree(tree, args.runs, args.cpu_mock, args.timeout)
+                got[label] = run_tree(tree, args.runs, args.cpu_mock, args.timeout, scratch / "results")
             base.append(got["base"])
             head.append(got["head"])
             pairs.append((got["base"], got["head"]))
@@ -143,8 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"verdict: {verdict}")
         return 0
     finally:
-        for folder in scratch:
-            shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -143,7 +143,8 @@ class Out:
 
 Param = Operand | Choice | Flag | Offsets | Count
 #: A cross-argument rule: ``rule(args)`` with ``args`` the op's arguments by name; returns the
-#: error message (the op's name is prefixed) or None. It reads metadata only (shapes, devices, ranks).
+#: error message (the op's name is prefixed) or None. It reads the operands' metadata only (shapes,
+#: devices, ranks): it runs after the last operand's checks, before later options are checked.
 Rule = Callable[[dict], str | None]
 
 
@@ -256,7 +257,7 @@ _ROW_GROUPS = Offsets(
     of="x",
     optional=True,
     requires="blocked_scales",
-    why=" (groups only change the blocked scale layout)",
+    why="(groups only change the blocked scale layout)",
 )
 
 
@@ -379,7 +380,7 @@ SWIZZLE_SCALES = OpSpec(
             of="scales",
             optional=True,
             ranks_of=(2,),
-            why=" (each expert is blocked independently)",
+            why="(each expert is blocked independently)",
         ),
         Choice("groups", GROUPS),
     ),

@@ -231,10 +231,9 @@ def check_kernel_inputs(op: str, group_end_offsets: torch.Tensor | None, *tensor
 # ----------------------------------------------------------------------------------------------
 # Eager fast paths (host overhead, ``KernelOp.fast``): each test says yes only when the op's full
 # checks (its contract, ``torch_bindings.contract``) and the kernel path's limits surely pass, from a
-# few metadata reads, or, for
-# :func:`fast_launch_groups`, when what it leaves out is checked by the wrapper of a kernel the
-# caller surely launches; it hands back what it read. Any doubt says no and the caller runs the full
-# checks, which raise the error.
+# few metadata reads, or, for :func:`fast_launch_groups`, when what it leaves out is checked by the
+# wrapper of a kernel the caller surely launches; it hands back what it read. Any doubt says no and
+# the caller runs the full checks, which raise the error.
 # ----------------------------------------------------------------------------------------------
 
 _Tensor = torch.Tensor

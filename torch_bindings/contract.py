@@ -38,7 +38,6 @@ class Contract:
     def __init__(self, spec: OpSpec) -> None:
         self.spec = spec
         self.name = spec.name
-        self._names = tuple(p.name for p in spec.params)
         self._first_operand = next(p.name for p in spec.params if isinstance(p, Operand))
         self._steps = _check_plan(spec)
 
@@ -58,7 +57,7 @@ class Contract:
     def check(self, *args: Any) -> None:
         """Raise the contract's error for the first bad argument of ``args`` (the op's positional
         arguments), in the order of :func:`_check_plan`."""
-        a = dict(zip(self._names, args, strict=True))
+        a = self.spec.named(args)
         op = self.name
         for step, param in self._steps:
             step(param, a, op)
@@ -71,7 +70,7 @@ class Contract:
         """Empty outputs of the op on ``args`` (fake tensors under ``torch.compile``): the spec's
         ``outputs``, allocated like the first operand; a :data:`DYNAMIC` size is a new unbacked
         size."""
-        a = dict(zip(self._names, args, strict=True))
+        a = self.spec.named(args)
         like = a[self._first_operand]
         out = []
         for o in self.spec.outputs(a):
@@ -85,32 +84,44 @@ class Contract:
 
 
 def _check_plan(spec: OpSpec) -> list:
-    """The checks of ``spec`` as ``(function, param)`` steps, in the order of the arguments: each
-    argument's own checks where it stands, an operand's size multiples right after it (or, when a
-    multiple depends on an option, right after that option), the cross-argument rules after the
-    last operand, and group offsets where they stand (or, when they need a flag declared later,
-    right after that flag)."""
+    """The checks of ``spec`` as ``(function, argument)`` steps, each called as
+    ``function(argument, args by name, op)``, in the order of the op's arguments: each argument's
+    own checks where it stands; an operand's size multiples right after it, or, when a multiple
+    depends on an option declared later, right after that option; the cross-argument rules after
+    the last operand; group offsets where they stand, or, when they need a flag declared later,
+    right after that flag. ``ValueError`` for a spec naming an argument it does not have, or
+    offsets declared before their operand."""
+    order = {p.name: i for i, p in enumerate(spec.params)}
+
+    def position(name: str, what: str) -> int:
+        if name not in order:
+            raise ValueError(f"{spec.name}: {what} names {name!r}, which is not an argument")
+        return order[name]
+
     steps, waiting = [], {}
     last_operand = max(i for i, p in enumerate(spec.params) if isinstance(p, Operand))
-    order = {p.name: i for i, p in enumerate(spec.params)}
     for i, p in enumerate(spec.params):
-        if isinstance(p, Offsets) and p.requires is not None and order[p.requires] > i:
-            waiting.setdefault(p.requires, []).append((_check_offsets, p))  # after its flag
+        if isinstance(p, Offsets):
+            for other in (p.of, p.length_of):
+                if other is not None and position(other, p.name) > i:
+                    raise ValueError(f"{spec.name}: {p.name} comes before {other}, which it refers to")
+            if p.requires is not None and position(p.requires, p.name) > i:
+                waiting.setdefault(p.requires, []).append((_check_offsets, p))  # after its flag
+            else:
+                steps.append((_check_offsets, p))
         elif isinstance(p, Operand):
             dtypes = None if p.dtypes == BYTE_COPY else tuple(map(torch_dtype, p.dtypes))
             steps.append((_check_operand, (p, dtypes)))
-        else:
-            steps.append((_CHECK_PARAM[type(p)], p))
-        if isinstance(p, Operand):
             for m in p.multiples:
-                if m.when is None:
+                if m.when is None or position(m.when[0], f"{p.name}'s multiple {m.label}") < i:
                     steps.append((_check_multiple, (p.name, m)))
                 else:
                     waiting.setdefault(m.when[0], []).append((_check_multiple, (p.name, m)))
+        else:
+            steps.append((_CHECK_PARAM[type(p)], p))
         steps += waiting.pop(p.name, [])
         if i == last_operand:
             steps += [(_check_rule, rule) for rule in spec.rules]
-    assert not waiting, f"{spec.name}: a size multiple depends on an option it does not have"
     return steps
 
 
@@ -147,10 +158,9 @@ def _check_operand(step: tuple, a: dict, op: str) -> None:
 def _check_choice(p: Choice, a: dict, op: str) -> None:
     value = a[p.name]
     if p.value_type is not None and (isinstance(value, bool) or not isinstance(value, p.value_type)):
-        raise TypeError(
-            f"{op}: {p.name} must be an {p.value_type.__name__}, one of {', '.join(map(str, p.values))}, "
-            f"got {checks.describe(value)}"
-        )
+        choices = ", ".join(map(str, p.values))
+        kind = _article(p.value_type.__name__)
+        raise TypeError(f"{op}: {p.name} must be {kind}, one of {choices}, got {checks.describe(value)}")
     checks.check_choice(p.name, value, p.values, op=op)
 
 
@@ -163,23 +173,32 @@ def _check_count(p: Count, a: dict, op: str) -> None:
         checks.check_num_tokens(a[p.name], op=op)
 
 
+def _article(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+
+
+def _reason(why: str) -> str:
+    return f" {why}" if why else ""
+
+
 def _check_offsets(p: Offsets, a: dict, op: str) -> None:
     offsets, of = a[p.name], a[p.of]
     if offsets is None and p.optional:
         return
     if p.ranks_of is not None and of.dim() not in p.ranks_of:
         ranks = " or ".join(f"{r}-D" for r in p.ranks_of)
+        reason = _reason(p.why)
         raise ValueError(
-            f"{op}: {p.name} is not supported with {of.dim()}-D {p.of}{p.why}; pass {ranks} {p.of} or "
-            "drop the offsets"
+            f"{op}: {p.name} is not supported with {of.dim()}-D {p.of}{reason}; pass {ranks} {p.of} or drop "
+            "the offsets"
         )
     checks.check_offsets(p.name, offsets, of.device, op=op)
     if p.length_of is not None:
         checks.check_same_length(p.name, offsets, p.length_of, a[p.length_of], op=op)
     if p.requires is not None and a[p.requires] is not True:
+        flag, reason = p.requires, _reason(p.why)
         raise ValueError(
-            f"{op}: {p.name} is only supported with {p.requires}=True{p.why}; pass {p.requires}=True or "
-            "drop the offsets"
+            f"{op}: {p.name} is only supported with {flag}=True{reason}; pass {flag}=True or drop the offsets"
         )
 
 
@@ -187,7 +206,6 @@ _CHECK_PARAM = {
     Choice: _check_choice,
     Flag: _check_flag,
     Count: _check_count,
-    Offsets: _check_offsets,
 }
 
 

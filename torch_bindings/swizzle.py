@@ -94,9 +94,9 @@ def _run_kernel(
 
 
 def _fast(target: targets.DeviceTarget, args: tuple):
-    """``KernelOp.fast``, and the launcher of the full path: the contract's checks and the
-    group limit from metadata reads, then the blocked E8M0 output (``op_specs.blocked_output_shape``) and the
-    launch of the variant for it. With offsets it takes only calls that launch (M groups with
+    """``KernelOp.fast``, and the launcher of the full path: the contract's checks and the group
+    limit from metadata reads, then the blocked E8M0 output (``op_specs.blocked_output_shape``)
+    and the launch of the variant for it. With offsets it takes only calls that launch (M groups with
     columns, K groups with rows): the kernel's wrapper checks the offsets' rank, device and stride.
     Written as one function (no launcher frame: each frame is a visible part of the overhead,
     notes/host-overhead.md); the CPU tests hold its variant to ``SwizzleKernel.can_implement``."""

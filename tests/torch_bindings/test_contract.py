@@ -128,3 +128,41 @@ def test_fast_path_tables_are_the_specs():
     assert checks._MODES == contract.QUANTIZE_MXFP8_2D.choices("scaling_mode")
     assert swizzle._SCALE_DTYPES == contract.SWIZZLE_SCALES.dtypes("scales")
     assert checks._ALIGNMENT_SET == contract.PAD_TOKEN_GROUPS.choices("alignment")
+
+
+def test_every_argument_multiple_and_rule_is_checked_once():
+    """Each step's argument: a parameter, an (Operand, dtypes) pair, a (name, Multiple) pair or a rule."""
+    from torch_bindings.contract import _check_plan
+
+    def checked(arg):
+        if isinstance(arg, tuple):
+            return arg[1] if isinstance(arg[0], str) else arg[0]
+        return arg
+
+    for spec in _specs().values():
+        got = [checked(arg) for _, arg in _check_plan(spec)]
+        multiples = [m for p in spec.params if isinstance(p, op_specs.Operand) for m in p.multiples]
+        expected = [*spec.params, *multiples, *spec.rules]
+        assert sorted(map(id, got)) == sorted(map(id, expected)), spec.name
+
+
+def test_a_spec_naming_a_missing_argument_is_refused():
+    from torch_bindings.contract import _check_plan
+
+    bad_when = op_specs.OpSpec(
+        "bad",
+        (
+            op_specs.Operand(
+                "x", (2,), ("bfloat16",), (op_specs.Multiple(0, "M", 32, when=("blok", "32x1")),)
+            ),
+        ),
+        lambda a: (),
+    )
+    bad_flag = op_specs.OpSpec(
+        "bad",
+        (op_specs.Operand("x", (2,), ("bfloat16",)), op_specs.Offsets("ends", of="x", requires="blockd")),
+        lambda a: (),
+    )
+    for spec in (bad_when, bad_flag):
+        with pytest.raises(ValueError, match="not an argument"):
+            _check_plan(spec)
