@@ -19,7 +19,14 @@ from typing import Any
 
 import torch
 
-from cute_kernels.op_specs import ALIGNMENTS, BYTE_COPY_SIZES, MAX_EXPERTS, QUANT_DTYPES, SCALING_MODES
+from cute_kernels.op_specs import (
+    ALIGNMENTS,
+    BYTE_COPY_SIZES,
+    MAX_EXPERTS,
+    QUANT_DTYPES,
+    SCALING_MODES,
+    VECTOR_ALIGN,
+)
 from cute_utils.constants import BLOCK_SIZE, MAX_GROUPS
 
 OFFSETS_DTYPE = torch.int32
@@ -186,7 +193,8 @@ def unpad_row_count(last_end: int, padded_rows: int, *, op: str = "unpad_token_g
 
 
 MAX_KERNEL_GROUPS = MAX_GROUPS
-"""Most groups a kernel takes (its group scan lives in shared memory; ``cute_utils.constants``)."""
+"""Most groups a kernel takes (its group scan lives in shared memory; ``cute_utils.constants``; the
+specs' default ``Limits.max_groups``)."""
 
 MAX_KERNEL_EXPERTS = MAX_EXPERTS
 """Most experts the kernels with one grid z index per expert take (CUDA's grid z limit): the 32x1
@@ -220,10 +228,11 @@ def check_kernel_inputs(op: str, group_end_offsets: torch.Tensor | None, *tensor
     offsets)."""
     groups = check_kernel_group_count(op, group_end_offsets)
     for t in tensors:
-        if t.data_ptr() % 16:
+        if t.data_ptr() % VECTOR_ALIGN:
+            past, align = t.data_ptr() % VECTOR_ALIGN, VECTOR_ALIGN
             raise ValueError(
-                f"{op}: the CuTeDSL kernels need 16-byte aligned tensors, got a data pointer at "
-                f"{t.data_ptr() % 16} bytes past a 16-byte boundary (pass a .clone() of it)"
+                f"{op}: the CuTeDSL kernels need {align}-byte aligned tensors, got a data pointer at "
+                f"{past} bytes past a {align}-byte boundary (pass a .clone() of it)"
             )
     return groups
 
@@ -241,6 +250,7 @@ _ALIGNMENT_SET = frozenset(ALIGNMENTS)
 _QUANT_DTYPES = frozenset(getattr(torch, name) for name in QUANT_DTYPES)
 _MODES = frozenset(SCALING_MODES)
 _BLOCK_MASK = BLOCK_SIZE - 1
+_ALIGN_MASK = VECTOR_ALIGN - 1
 
 
 def fast_quant_shape(x: torch.Tensor, scaling_mode: Any, blocked_scales: Any) -> torch.Size | None:
@@ -254,7 +264,7 @@ def fast_quant_shape(x: torch.Tensor, scaling_mode: Any, blocked_scales: Any) ->
         and scaling_mode in _MODES
         and (blocked_scales is True or blocked_scales is False)
         and x.is_contiguous()
-        and not x.data_ptr() & 15
+        and not x.data_ptr() & _ALIGN_MASK
     ):
         shape = x.shape
         if shape and not shape[-1] & _BLOCK_MASK:

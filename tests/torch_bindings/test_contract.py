@@ -166,3 +166,11 @@ def test_a_spec_naming_a_missing_argument_is_refused():
     for spec in (bad_when, bad_flag):
         with pytest.raises(ValueError, match="not an argument"):
             _check_plan(spec)
+
+
+def test_kernel_path_limits_are_the_specs():
+    from torch_bindings import checks
+
+    assert checks.MAX_KERNEL_GROUPS == op_specs.QUANTIZE_MXFP8_2D.limits.max_groups
+    assert checks.MAX_KERNEL_EXPERTS == op_specs.QUANTIZE_FP8_3D.limits.max_experts
+    assert all(spec.limits.align == op_specs.VECTOR_ALIGN for spec in _specs().values())
