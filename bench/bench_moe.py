@@ -7,7 +7,8 @@ wgrad), ``ours`` (``scaled_grouped_mm(recipe="fp8_rowwise", gemm="native")``) an
 sets ``.grad = None`` first (fresh gradients, no accumulation). Group sizes are skewed and
 multiples of 16 (torchao needs that; ours does not know it and pads as always). On an sm_90 GPU a
 ``cute`` column runs ``gemm="cute"`` (the project's own FP8 grouped GEMM, experimental, opt-in:
-no padding at all) in the op and module tables.
+no padding at all) in the op and module tables, and a ``cute_2d3d`` column ``gemm="cute_2d3d"``
+(the project's GEMM for the forward and the dgrad, torch's for the wgrad).
 
 Also: the kernel time per step by kernel (``torch.profiler``), split into GEMMs and the rest
 (quantization, padding, layout, glue), and the rest against the copy-bandwidth floor of the bytes
@@ -257,7 +258,7 @@ def _speedups(label_key: str, label: str, us: dict[str, float]) -> dict:
     """The label, then bf16, ours and (when they ran) cute and torchao µs with their speedups over
     bf16."""
     row = {label_key: label, "bf16 us": us["bf16"]}
-    for name in ("ours", "cute", "torchao"):
+    for name in ("ours", "cute", "cute_2d3d", "torchao"):
         if name in us:
             row.update({f"{name} us": us[name], f"{name} vs bf16": us["bf16"] / us[name]})
     return row
@@ -273,6 +274,7 @@ def gemm_rows(s: Shape, torchao_mm, copy_gbps: float) -> tuple[dict, dict, dict]
     steps["ours"] = _gemm_step(_ours("fp8_rowwise"), x, w, ends, grad_y)
     if cute_gemm_runs():
         steps["cute"] = _gemm_step(_ours("fp8_rowwise", gemm="cute"), x, w, ends, grad_y)
+        steps["cute_2d3d"] = _gemm_step(_ours("fp8_rowwise", gemm="cute_2d3d"), x, w, ends, grad_y)
     if torchao_mm is not None:
         steps["torchao"] = _gemm_step(torchao_mm, x, w, ends, grad_y)
     steps["fp8 GEMMs"] = fp8_gemms_step(x.detach(), w.detach(), ends, grad_y)
@@ -381,6 +383,8 @@ def _module_forwards(s: Shape, torchao_mm, device):
     }
     if cute_gemm_runs():
         forwards["cute"] = (tb.GroupedExperts.from_weights(ours.w13, ours.w2, gemm="cute"), params)
+        hybrid = tb.GroupedExperts.from_weights(ours.w13, ours.w2, gemm="cute_2d3d")
+        forwards["cute_2d3d"] = (lambda a, e: hybrid(a, e, groups_aligned=True), params)
     if torchao_mm is not None:
         forwards["torchao"] = (lambda a, e: _torchao_swiglu(torchao_mm, s.n)(a, ours.w13, ours.w2, e), params)
     return forwards, ours

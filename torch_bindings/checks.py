@@ -324,7 +324,7 @@ def fast_alignment_ok(alignment: Any) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 GROUPED_MM_RECIPES = ("fp8_rowwise", "mxfp8", "bf16")
-GROUPED_MM_GEMMS = ("auto", "native", "emulated", "cute")
+GROUPED_MM_GEMMS = ("auto", "native", "emulated", "cute", "cute_2d3d")
 #: Recipes ``gemm="cute"`` (the project's own grouped GEMM, experimental, opt-in) runs.
 CUTE_GEMM_RECIPES = ("fp8_rowwise",)
 # K and N must be multiples of this for the recipe's operands: 16-byte rows for the FP8 GEMMs (and
@@ -338,12 +338,13 @@ GROUPED_MM_DTYPES = (torch.bfloat16, torch.float32)
 
 
 def check_grouped_mm_options(recipe: Any, gemm: Any, backend: Any, *, op: str) -> None:
-    """A known recipe, GEMM choice and backend; ``gemm="cute"`` only with a recipe it runs."""
+    """A known recipe, GEMM choice and backend; ``gemm="cute"`` / ``"cute_2d3d"`` only with a recipe
+    they run."""
     check_choice("recipe", recipe, GROUPED_MM_RECIPES, op=op)
     check_choice("gemm", gemm, GROUPED_MM_GEMMS, op=op)
-    if gemm == "cute" and recipe not in CUTE_GEMM_RECIPES:
+    if gemm in ("cute", "cute_2d3d") and recipe not in CUTE_GEMM_RECIPES:
         raise ValueError(
-            f"{_prefix(op)}gemm='cute' runs recipe(s) {CUTE_GEMM_RECIPES} only, the recipe is {recipe!r}"
+            f"{_prefix(op)}gemm={gemm!r} runs recipe(s) {CUTE_GEMM_RECIPES} only, the recipe is {recipe!r}"
         )
     check_choice("backend", backend, BACKENDS, op=op)
 

@@ -163,6 +163,34 @@ def test_op_matches_fp32_math_without_padding(layout, fake_kernel, pad_calls):
     assert wgrad[1] == (96, rows + (-rows) % 16), "grad_y's columns (N, M rounded up to 16)"
 
 
+@pytest.mark.parametrize("layout", CUTE_LAYOUTS[:4], ids=[case[0] for case in CUTE_LAYOUTS[:4]])
+def test_cute_2d3d_runs_forward_and_dgrad_only(layout, fake_kernel, pad_calls):
+    """``gemm="cute_2d3d"``: the kernel for the two 2d x 3d GEMMs on the caller's groups; the wgrad
+    is torch's (emulated on CPU) on padded groups, as ``"auto"`` runs it."""
+    _, rows, groups, sizes = layout
+    ends = layout_ends(rows, groups, sizes)
+    x, w, grad_y = _inputs(rows, groups, 64, 96)
+    y, grad_x, grad_w = _op(x, w, torch.tensor(ends, dtype=torch.int32), grad_y, gemm="cute_2d3d")
+    y_ref, gx_ref, gw_ref = fp32_grouped_mm(x, w, ends, grad_y)
+    owned = ends[-1]
+    assert sqnr_db(y[:owned], y_ref[:owned]) >= OP_FLOOR
+    assert sqnr_db(grad_x[:owned], gx_ref[:owned]) >= OP_FLOOR
+    assert sqnr_db(grad_w, gw_ref) >= OP_FLOOR
+    forward, dgrad = fake_kernel.calls
+    assert [forward[0], dgrad[0]] == ["2d3d", "2d3d"] and forward[2] == dgrad[2] == ends
+    assert "pad_token_groups" in pad_calls  # the wgrad operands, on the recipe's alignment
+
+
+def test_cute_2d3d_experts_run_the_kernel_for_the_row_gemms(fake_kernel):
+    torch.manual_seed(0)
+    block = tb.GroupedExperts(4, 64, 32, recipe="fp8_rowwise", gemm="cute_2d3d", device="cpu")
+    x = torch.randn(90, 64).bfloat16().requires_grad_()
+    ends = torch.tensor([10, 40, 40, 90], dtype=torch.int32)
+    block(x, ends).backward(torch.randn(90, 64).bfloat16())
+    assert fake_kernel.forms() == Counter({"2d3d": 4}), "w13 and w2: forward and dgrad each"
+    assert x.grad is not None and block.w13.grad is not None and block.w2.grad is not None
+
+
 @pytest.mark.parametrize("need", [(True, False), (False, True)], ids=["x_only", "w_only"])
 def test_op_computes_only_the_gradients_asked_for(need, fake_kernel):
     x, w, grad_y = _inputs(100, 3, 32, 48)
@@ -453,6 +481,26 @@ def test_gpu_cute_matches_native_and_is_deterministic(layout, dims):
         assert sqnr_db(got[cut], other[cut]) >= NATIVE_FLOOR, name
         assert sqnr_db(got[cut], exact[cut]) >= OP_FLOOR, name
         _same_bits(got[cut], again_t[cut], f"{name} run to run")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", CUTE_LAYOUTS, ids=[case[0] for case in CUTE_LAYOUTS])
+def test_gpu_cute_2d3d_matches_native_without_sync(layout):
+    """``gemm="cute_2d3d"``: the kernel's forward and dgrad, torch's wgrad (the same bytes as
+    ``"native"``'s: the same operands and GEMM)."""
+    _sm90()
+    _, rows, groups, sizes = layout
+    ends = layout_ends(rows, groups, sizes)
+    x, w, grad_y = _inputs(rows, groups, *GPU_DIMS[0], device="cuda")
+    ends_t = torch.tensor(ends, dtype=torch.int32, device="cuda")
+    _op(x, w, ends_t, grad_y, gemm="cute_2d3d")  # compile / load the kernels
+    with no_sync():
+        hybrid = _op(x, w, ends_t, grad_y, gemm="cute_2d3d")
+    native = _op(x, w, ends_t, grad_y, gemm="native")
+    owned = ends[-1]
+    for name, got, other in zip(("y", "grad_x"), hybrid[:2], native[:2], strict=True):
+        assert sqnr_db(got[:owned], other[:owned]) >= NATIVE_FLOOR, name
+    _same_bits(hybrid[2], native[2], "grad_w: torch's wgrad on the same operands")
 
 
 @pytest.mark.gpu

@@ -24,7 +24,10 @@ and otherwise the emulation *with a one-time warning*; ``gemm="native"`` raises 
 torch's, so ``"auto"`` never picks it) runs the project's own grouped GEMM
 (``torch_bindings.grouped_gemm_sm90``) for all three GEMMs. Its wgrad takes ragged groups, so
 nothing is padded: the column (wgrad) operands are quantized over the caller's own groups
-(:func:`_cute_gemm` gives the layouts).
+(:func:`_cute_gemm` gives the layouts). ``gemm="cute_2d3d"`` (the same limits; experimental,
+opt-in) runs the project's GEMM for the forward and the dgrad only, the 2d x 3d GEMMs where it is
+faster than torch's (notes/grouped-gemm-sm90.md), and torch's wgrad on padded groups, as ``"auto"``
+would.
 """
 
 from __future__ import annotations
@@ -66,6 +69,10 @@ def native_gemm_reason(recipe: str, device: torch.device) -> str | None:
     return None
 
 
+#: ``gemm`` values that run the project's sm_90a kernel: for every GEMM, or for the 2d x 3d ones.
+CUTE_GEMMS = ("cute", "cute_2d3d")
+
+
 def cute_gemm_reason(device: torch.device) -> str | None:
     """``None`` when ``gemm="cute"`` (the sm_90a grouped GEMM kernel) can run on ``device``, else why
     not (a CPU tensor, a GPU other than sm_90, the CuTeDSL missing)."""
@@ -84,19 +91,19 @@ def gemm_path_quiet(recipe: str, device: torch.device) -> str:
 
 
 def gemm_path(recipe: str, device: torch.device, gemm: str = "auto") -> str:
-    """``"native"``, ``"emulated"`` or ``"cute"``: the GEMMs a call with these arguments runs.
-    ``gemm="native"`` raises ``RuntimeError`` where the native GEMM is missing; ``"auto"`` then picks
-    the emulation and warns once per (recipe, device type). ``gemm="cute"`` (checked to be
-    fp8_rowwise by ``checks``) raises ``RuntimeError`` where the kernel cannot run; ``"auto"`` never
-    picks it."""
-    if gemm == "cute":
+    """``"native"``, ``"emulated"``, ``"cute"`` or ``"cute_2d3d"``: the GEMMs a call with these
+    arguments runs. ``gemm="native"`` raises ``RuntimeError`` where the native GEMM is missing;
+    ``"auto"`` then picks the emulation and warns once per (recipe, device type). ``gemm="cute"`` and
+    ``"cute_2d3d"`` (checked to be fp8_rowwise by ``checks``) raise ``RuntimeError`` where the kernel
+    cannot run; ``"auto"`` never picks them."""
+    if gemm in CUTE_GEMMS:
         why = cute_gemm_reason(device)
         if why is not None:
             raise RuntimeError(
-                f"scaled_grouped_mm: gemm='cute' cannot run here: {why}. It runs the experimental sm_90a "
-                "FP8 grouped GEMM on an sm_90 GPU; pass gemm='auto' (torch's GEMM or the emulation)."
+                f"scaled_grouped_mm: gemm={gemm!r} cannot run here: {why}. It runs the experimental "
+                "sm_90a FP8 grouped GEMM on an sm_90 GPU; pass gemm='auto' (torch's GEMM or the emulation)."
             )
-        return "cute"
+        return gemm
     reason = native_gemm_reason(recipe, device)
     if gemm == "emulated" and recipe != "bf16":
         return "emulated"
@@ -120,17 +127,19 @@ def gemm_path(recipe: str, device: torch.device, gemm: str = "auto") -> str:
 
 @dataclass(frozen=True)
 class _Step:
-    """What one call runs: the recipe, whether its GEMMs are emulated, whether its groups need no
-    padding (``aligned``: they start on the recipe's alignment, offsets made by ``pad_token_groups``
-    with that alignment or a dispatch, or the GEMMs take ragged groups: ``cute``), the ``backend`` of
-    its quantization and padding ops, and whether its GEMMs are the project's own (``cute``:
-    ``gemm="cute"``, fp8_rowwise)."""
+    """What one call runs: the recipe, whether its torch GEMMs are emulated, whether its groups need
+    no padding (``aligned``: they start on the recipe's alignment, offsets made by
+    ``pad_token_groups`` with that alignment or a dispatch, or the GEMMs take ragged groups:
+    ``cute``), the ``backend`` of its quantization and padding ops, and which GEMMs are the
+    project's own (fp8_rowwise): all three (``cute``: ``gemm="cute"``) or the forward and dgrad, the
+    2d x 3d ones (``cute_2d3d``: ``gemm="cute_2d3d"``; the wgrad is torch's, on padded groups)."""
 
     recipe: str
     emulated: bool
     aligned: bool
     backend: str = "auto"
     cute: bool = False
+    cute_2d3d: bool = False
 
     @property
     def alignment(self) -> int:
@@ -143,14 +152,19 @@ def make_step(recipe: str, gemm: str, ends: torch.Tensor, aligned: bool, backend
     groups (nothing is padded) and at most ``MAX_GROUPS`` experts (``ValueError`` naming
     ``group_end_offsets`` otherwise)."""
     path = gemm_path(recipe, ends.device, gemm)
-    if path == "cute":
+    if path in CUTE_GEMMS:
         from cute_kernels.grouped_gemm_sm90 import MAX_GROUPS
 
         if ends.numel() > MAX_GROUPS:
+            groups = ends.numel()
             raise ValueError(
-                f"{op}: gemm='cute' takes at most {MAX_GROUPS} experts, group_end_offsets has {ends.numel()}"
+                f"{op}: gemm={path!r} takes at most {MAX_GROUPS} experts, group_end_offsets has {groups}"
             )
-    return _Step(recipe, path == "emulated", aligned or path == "cute", backend, cute=path == "cute")
+    torch_path = gemm_path(recipe, ends.device, "auto") if path == "cute_2d3d" else path  # the wgrad's
+    cute = path == "cute"
+    return _Step(
+        recipe, torch_path == "emulated", aligned or cute, backend, cute=cute, cute_2d3d=path == "cute_2d3d"
+    )
 
 
 @dataclass(frozen=True)
@@ -261,8 +275,9 @@ def _fp8_gemm(a, b, scale_a, scale_b, ends, step: _Step) -> torch.Tensor:
     """The FP8 rowwise grouped GEMM (fast accumulation, as torchao's recipe): 2d x 3d (a (M, Kc)
     row-major, scale_a (M,); b (E, Kc, N) column-major, scale_b (E, N)) or 2d x 2d (a (N, Mp)
     row-major, b (Mp, K) column-major, group-major scales (G N,) and (G K,)); groups along M or
-    along Mp by ``ends``. ``step.cute``: the project's kernel (:func:`_cute_gemm`; any groups)."""
-    if step.cute:
+    along Mp by ``ends``. ``step.cute``: the project's kernel (:func:`_cute_gemm`; any groups);
+    ``step.cute_2d3d``: the project's kernel for the 2d x 3d GEMMs only."""
+    if step.cute or (step.cute_2d3d and b.dim() == 3):
         return _cute_gemm(a, b, scale_a, scale_b, ends)
     if not step.emulated:
         return torch._scaled_grouped_mm(
