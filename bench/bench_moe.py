@@ -87,7 +87,8 @@ def _ours(recipe: str, gemm: str = "native"):
 
 
 def cute_gemm_runs() -> bool:
-    """Whether ``gemm="cute"`` runs on the current GPU (sm_90): the ``cute`` columns."""
+    """Whether ``gemm="cute"`` runs on the current GPU (sm_90): the ``cute`` and ``cute_2d3d``
+    columns."""
     from torch_bindings.moe.grouped_mm import cute_gemm_reason
 
     return cute_gemm_reason(torch.device("cuda")) is None
@@ -255,8 +256,8 @@ def _inputs(s: Shape, device):
 
 
 def _speedups(label_key: str, label: str, us: dict[str, float]) -> dict:
-    """The label, then bf16, ours and (when they ran) cute and torchao µs with their speedups over
-    bf16."""
+    """The label, then bf16, ours and (when they ran) cute, cute_2d3d and torchao µs with their
+    speedups over bf16."""
     row = {label_key: label, "bf16 us": us["bf16"]}
     for name in ("ours", "cute", "cute_2d3d", "torchao"):
         if name in us:

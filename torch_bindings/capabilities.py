@@ -2,8 +2,8 @@
 
 Nothing here launches or compiles anything: the answers come from the same functions the ops call
 (``backend.kernel_arch`` for the quantization, padding and EP kernels, ``grouped_mm.gemm_path``
-for the GEMMs, ``grouped_mm.cute_gemm_reason`` for the opt-in ``gemm="cute"``), so a report and a
-call cannot disagree.
+for the GEMMs, ``grouped_mm.cute_gemm_reason`` for the opt-ins ``gemm="cute"`` /
+``"cute_2d3d"``), so a report and a call cannot disagree.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ KERNEL_OPS = (
     "ep.combine",
 )
 GEMM_RECIPES = ("fp8_rowwise", "mxfp8", "bf16")
-#: ``Capabilities.cute_gemm`` values: ``gemm="cute"`` runs here when asked for, but ``gemm="auto"``
-#: does not pick it (its wgrad is slower than torch's: notes/grouped-gemm-sm90.md); or it cannot
-#: run here.
+#: ``Capabilities.cute_gemm`` values: ``gemm="cute"`` (and ``"cute_2d3d"``) runs here when asked
+#: for, but ``gemm="auto"`` does not pick it (its wgrad is slower than torch's:
+#: notes/grouped-gemm-sm90.md); or it cannot run here.
 CUTE_OPT_IN, CUTE_UNAVAILABLE = "opt-in", "unavailable"
 
 

@@ -324,8 +324,10 @@ def fast_alignment_ok(alignment: Any) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 GROUPED_MM_RECIPES = ("fp8_rowwise", "mxfp8", "bf16")
-GROUPED_MM_GEMMS = ("auto", "native", "emulated", "cute", "cute_2d3d")
-#: Recipes ``gemm="cute"`` (the project's own grouped GEMM, experimental, opt-in) runs.
+#: ``gemm`` values that run the project's sm_90a kernel: for every GEMM, or for the 2d x 3d ones.
+CUTE_GEMMS = ("cute", "cute_2d3d")
+GROUPED_MM_GEMMS = ("auto", "native", "emulated", *CUTE_GEMMS)
+#: Recipes ``gemm="cute"`` / ``"cute_2d3d"`` (the project's own grouped GEMM, experimental, opt-in) run.
 CUTE_GEMM_RECIPES = ("fp8_rowwise",)
 # K and N must be multiples of this for the recipe's operands: 16-byte rows for the FP8 GEMMs (and
 # for bf16's), whole 32-element blocks for MXFP8 (SPEC section 8).
@@ -342,7 +344,7 @@ def check_grouped_mm_options(recipe: Any, gemm: Any, backend: Any, *, op: str) -
     they run."""
     check_choice("recipe", recipe, GROUPED_MM_RECIPES, op=op)
     check_choice("gemm", gemm, GROUPED_MM_GEMMS, op=op)
-    if gemm in ("cute", "cute_2d3d") and recipe not in CUTE_GEMM_RECIPES:
+    if gemm in CUTE_GEMMS and recipe not in CUTE_GEMM_RECIPES:
         raise ValueError(
             f"{_prefix(op)}gemm={gemm!r} runs recipe(s) {CUTE_GEMM_RECIPES} only, the recipe is {recipe!r}"
         )

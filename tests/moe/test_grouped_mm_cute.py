@@ -179,6 +179,10 @@ def test_cute_2d3d_runs_forward_and_dgrad_only(layout, fake_kernel, pad_calls):
     forward, dgrad = fake_kernel.calls
     assert [forward[0], dgrad[0]] == ["2d3d", "2d3d"] and forward[2] == dgrad[2] == ends
     assert "pad_token_groups" in pad_calls  # the wgrad operands, on the recipe's alignment
+    emulated = _op(x, w, torch.tensor(ends, dtype=torch.int32), grad_y, gemm="emulated")
+    assert torch.equal(grad_w.view(torch.uint8), emulated[2].view(torch.uint8)), (
+        "torch's wgrad, same operands"
+    )
 
 
 def test_cute_2d3d_experts_run_the_kernel_for_the_row_gemms(fake_kernel):
@@ -339,19 +343,20 @@ def test_experts_take_quantized_tokens_from_a_dispatch(fake_kernel, pad_calls):
     assert pad_calls == []
 
 
-def test_moe_layer_passes_gemm_through(fake_kernel):
+@pytest.mark.parametrize("gemm, forms", [("cute", {"2d3d": 4, "2d2d": 2}), ("cute_2d3d", {"2d3d": 4})])
+def test_moe_layer_passes_gemm_through(gemm, forms, fake_kernel):
     torch.manual_seed(0)
-    layer = tb.MoELayer(64, 32, 4, 2, recipe="fp8_rowwise", alignment=16, gemm="cute")
+    layer = tb.MoELayer(64, 32, 4, 2, recipe="fp8_rowwise", alignment=16, gemm=gemm)
     emulated = tb.MoELayer(64, 32, 4, 2, recipe="fp8_rowwise", alignment=16, gemm="emulated")
     emulated.load_state_dict(layer.state_dict())
-    assert layer.experts.gemm == "cute"
+    assert layer.experts.gemm == gemm
     x = torch.randn(40, 64).bfloat16()
     grads = []
     for module in (layer, emulated):
         xs = x.clone().requires_grad_()
         module(xs).float().square().sum().backward()
         grads.append((xs.grad, module.experts.w13.grad, module.experts.w2.grad))
-    assert fake_kernel.forms() == Counter({"2d3d": 4, "2d2d": 2})
+    assert fake_kernel.forms() == Counter(forms)
     for a, b in zip(*grads, strict=True):
         assert sqnr_db(a, b) >= MODULE_FLOOR
 
@@ -361,33 +366,36 @@ def test_moe_layer_passes_gemm_through(fake_kernel):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_cute_on_cpu_is_a_clear_error():
+@pytest.mark.parametrize("gemm", ["cute", "cute_2d3d"])
+def test_cute_on_cpu_is_a_clear_error(gemm):
     x, w, _ = _inputs(32, 2, 32, 32)
     ends = torch.tensor([16, 32], dtype=torch.int32)
-    with pytest.raises(RuntimeError, match="gemm='cute' cannot run here: tensors are on cpu"):
-        tb.scaled_grouped_mm(x, w, ends, gemm="cute")
-    module = _module()  # the options are valid; the device is checked at the call
-    with pytest.raises(RuntimeError, match="gemm='cute' cannot run here"):
+    with pytest.raises(RuntimeError, match=f"gemm='{gemm}' cannot run here: tensors are on cpu"):
+        tb.scaled_grouped_mm(x, w, ends, gemm=gemm)
+    module = _module(gemm)  # the options are valid; the device is checked at the call
+    with pytest.raises(RuntimeError, match=f"gemm='{gemm}' cannot run here"):
         module(torch.zeros(8, D, dtype=torch.bfloat16), torch.tensor([0, 2, 4, 8], dtype=torch.int32))
 
 
+@pytest.mark.parametrize("gemm", ["cute", "cute_2d3d"])
 @pytest.mark.parametrize("recipe", ["mxfp8", "bf16"])
-def test_cute_runs_fp8_rowwise_only(recipe):
+def test_cute_runs_fp8_rowwise_only(recipe, gemm):
     x, w, _ = _inputs(32, 2, 32, 32)
     ends = torch.tensor([16, 32], dtype=torch.int32)
-    with pytest.raises(ValueError, match="scaled_grouped_mm: gemm='cute' runs recipe"):
-        tb.scaled_grouped_mm(x, w, ends, recipe=recipe, gemm="cute")
-    with pytest.raises(ValueError, match="GroupedExperts: gemm='cute' runs recipe"):
-        tb.GroupedExperts(E, D, H, recipe=recipe, gemm="cute")
-    with pytest.raises(ValueError, match="gemm='cute' runs recipe"):
-        tb.MoELayer(D, H, E, 2, recipe=recipe, gemm="cute")
+    with pytest.raises(ValueError, match=f"scaled_grouped_mm: gemm='{gemm}' runs recipe"):
+        tb.scaled_grouped_mm(x, w, ends, recipe=recipe, gemm=gemm)
+    with pytest.raises(ValueError, match=f"GroupedExperts: gemm='{gemm}' runs recipe"):
+        tb.GroupedExperts(E, D, H, recipe=recipe, gemm=gemm)
+    with pytest.raises(ValueError, match=f"gemm='{gemm}' runs recipe"):
+        tb.MoELayer(D, H, E, 2, recipe=recipe, gemm=gemm)
 
 
-def test_cute_takes_at_most_256_experts(fake_kernel):
+@pytest.mark.parametrize("gemm", ["cute", "cute_2d3d"])
+def test_cute_takes_at_most_256_experts(gemm, fake_kernel):
     x, w, _ = _inputs(16, 257, 16, 16)
     ends = torch.full((257,), 16, dtype=torch.int32)
     with pytest.raises(ValueError, match="at most 256 experts, group_end_offsets has 257"):
-        tb.scaled_grouped_mm(x, w, ends, gemm="cute")
+        tb.scaled_grouped_mm(x, w, ends, gemm=gemm)
     assert fake_kernel.calls == []
 
 

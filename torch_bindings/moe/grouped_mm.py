@@ -40,6 +40,7 @@ import torch
 
 from .. import backend as _backend
 from .. import checks, reference
+from ..checks import CUTE_GEMMS
 from ..pad import pad_token_groups, unpad_token_groups
 from ..quantize_3d import quantize_mxfp8_3d
 from ..quantize_dual import quantize_mxfp8_2d_dual
@@ -69,13 +70,9 @@ def native_gemm_reason(recipe: str, device: torch.device) -> str | None:
     return None
 
 
-#: ``gemm`` values that run the project's sm_90a kernel: for every GEMM, or for the 2d x 3d ones.
-CUTE_GEMMS = ("cute", "cute_2d3d")
-
-
 def cute_gemm_reason(device: torch.device) -> str | None:
-    """``None`` when ``gemm="cute"`` (the sm_90a grouped GEMM kernel) can run on ``device``, else why
-    not (a CPU tensor, a GPU other than sm_90, the CuTeDSL missing)."""
+    """``None`` when ``gemm="cute"`` / ``"cute_2d3d"`` (the sm_90a grouped GEMM kernel) can run on
+    ``device``, else why not (a CPU tensor, a GPU other than sm_90, the CuTeDSL missing)."""
     arch, reason = _backend.kernel_arch(device)
     if arch is None:
         return reason
@@ -149,8 +146,9 @@ class _Step:
 def make_step(recipe: str, gemm: str, ends: torch.Tensor, aligned: bool, backend: str, *, op: str) -> _Step:
     """The :class:`_Step` of a call with these options (:func:`gemm_path` on ``ends``' device;
     ``aligned``: the caller's groups start on the recipe's alignment). ``gemm="cute"`` takes ragged
-    groups (nothing is padded) and at most ``MAX_GROUPS`` experts (``ValueError`` naming
-    ``group_end_offsets`` otherwise)."""
+    groups (nothing is padded); ``"cute_2d3d"`` pads as ``"auto"`` does, for torch's wgrad (native,
+    or the emulation where it is missing, then without the warning). Both take at most
+    ``MAX_GROUPS`` experts (``ValueError`` naming ``group_end_offsets`` otherwise)."""
     path = gemm_path(recipe, ends.device, gemm)
     if path in CUTE_GEMMS:
         from cute_kernels.grouped_gemm_sm90 import MAX_GROUPS
@@ -160,7 +158,7 @@ def make_step(recipe: str, gemm: str, ends: torch.Tensor, aligned: bool, backend
             raise ValueError(
                 f"{op}: gemm={path!r} takes at most {MAX_GROUPS} experts, group_end_offsets has {groups}"
             )
-    torch_path = gemm_path(recipe, ends.device, "auto") if path == "cute_2d3d" else path  # the wgrad's
+    torch_path = gemm_path_quiet(recipe, ends.device) if path == "cute_2d3d" else path  # the wgrad's
     cute = path == "cute"
     return _Step(
         recipe, torch_path == "emulated", aligned or cute, backend, cute=cute, cute_2d3d=path == "cute_2d3d"
@@ -516,9 +514,10 @@ def scaled_grouped_mm(
     Recipes: ``"fp8_rowwise"`` (SPEC section 7 operands; K, N multiples of 16), ``"mxfp8"`` (SPEC
     sections 2-4 operands; K, N multiples of 32), ``"bf16"`` (``torch._grouped_mm``; K, N multiples
     of 8). ``gemm``: ``"auto"`` (native GEMM, or the emulation with a one-time warning),
-    ``"native"`` (error where missing), ``"emulated"`` or ``"cute"`` (fp8_rowwise on sm_90, at most
+    ``"native"`` (error where missing), ``"emulated"``, ``"cute"`` (fp8_rowwise on sm_90, at most
     256 experts, no padding: the project's own grouped GEMM; experimental, opt-in;
-    ``RuntimeError`` elsewhere, CPU included); see the module docstring and
+    ``RuntimeError`` elsewhere, CPU included) or ``"cute_2d3d"`` (the same limits: the project's
+    GEMM for the forward and dgrad, torch's wgrad on padded groups); see the module docstring and
     :func:`gemm_path`. ``backend``: the quantization and padding ops' (``"auto"``: the kernels on a
     supported GPU, the reference on CPU, an error on a CUDA device where the kernels cannot run;
     ``"reference"`` asks for the slow reference explicitly). No host sync in forward or backward

@@ -11,7 +11,8 @@ Unaligned groups are padded once to the recipe's alignment around the block and 
 groups that start on the alignment already (``groups_aligned=True``: the output of
 ``pad_token_groups`` or of a dispatch) skip both passes, and quantized tokens from an FP8 dispatch
 (``DispatchResult.tokens``) skip x's quantization too. With ``gemm="cute"`` (fp8_rowwise on sm_90;
-experimental, opt-in) the GEMMs take ragged groups and nothing is padded.
+experimental, opt-in) the GEMMs take ragged groups and nothing is padded; ``gemm="cute_2d3d"`` runs
+the project's GEMM for the 2d x 3d GEMMs only and pads as the default does.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class GroupedExperts(torch.nn.Module):
     ``recipe``: ``"fp8_rowwise"``, ``"mxfp8"`` or ``"bf16"``; ``gemm``: as in
     :func:`scaled_grouped_mm` (``"auto"`` warns once when it must emulate; ``"cute"``: fp8_rowwise
     on sm_90, the project's own grouped GEMM for all six GEMMs with no padding, experimental,
-    opt-in; ``RuntimeError`` at the first call elsewhere); ``backend``: the
+    opt-in; ``"cute_2d3d"``: the same for its four 2d x 3d GEMMs, torch's wgrads; ``RuntimeError``
+    at the first call elsewhere); ``backend``: the
     quantization and padding ops' (``"auto"`` raises on a CUDA device without the kernels);
     ``weight_cache``: keep the weights' quantized operands between calls while the parameters do not
     change (their version counters and the ``torch.optim`` step generation; after writes through
@@ -132,7 +134,8 @@ class GroupedExperts(torch.nn.Module):
         every group starts on a multiple of the recipe's alignment (16 rows for fp8_rowwise, 32 for
         mxfp8; every end offset a multiple of it: the padded offsets of ``pad_token_groups`` or a
         dispatch), so nothing is padded (a false claim gives wrong gradients; it cannot be checked
-        without a sync); ``gemm="cute"`` pads nothing whatever it says. Returns (M, D) in the
+        without a sync, with ``gemm="cute_2d3d"`` too); ``gemm="cute"`` pads nothing whatever it
+        says. Returns (M, D) in the
         autocast dtype under ``torch.autocast``, else x's dtype (bf16 for quantized tokens); rows
         past the last group's end belong to no expert and are unspecified."""
         checks.check_experts(x, self.w13, self.w2, group_end_offsets, self.recipe, op=_OP)
@@ -207,10 +210,10 @@ class MoELayer(torch.nn.Module):
     weights renormalized to sum 1 when ``norm_topk_prob``. ``recipe``: the experts' GEMM recipe;
     ``dispatch_recipe`` (default: the recipe itself) what the dispatch sends: ``"fp8_rowwise"`` /
     ``"mxfp8"`` quantize each token once on its sender and the experts take the quantized rows,
-    ``"bf16"`` sends bf16 rows. ``gemm``: the experts' (:class:`GroupedExperts`; ``"cute"`` is
-    experimental and opt-in). ``alignment``: the dispatch's padded group alignment, one of 16, 32,
-    64, 128 and a multiple of the recipe's (16 rows for fp8_rowwise, 32 for mxfp8; ``ValueError``
-    otherwise). No host sync; capturable in a CUDA graph once warm."""
+    ``"bf16"`` sends bf16 rows. ``gemm``: the experts' (:class:`GroupedExperts`; ``"cute"`` and
+    ``"cute_2d3d"`` are experimental and opt-in). ``alignment``: the dispatch's padded group
+    alignment, one of 16, 32, 64, 128 and a multiple of the recipe's (16 rows for fp8_rowwise, 32
+    for mxfp8; ``ValueError`` otherwise). No host sync; capturable in a CUDA graph once warm."""
 
     def __init__(
         self,
