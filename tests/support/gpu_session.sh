@@ -25,8 +25,14 @@
 #             shapes (speed of light, warp stalls; $OUT/gemm_ncu.log)
 #   sanitize  compute-sanitizer memcheck + racecheck over the small fuzz, caching allocator off
 #   bench     bench_moe --quick, bench_overhead --runs 3, bench_model --quick
+#   overhead_ab  bench_overhead of the base tree BASE_TREE (a folder of the packages, e.g. made with
+#             `git archive REV cute_kernels cute_utils torch_bindings bench | tar x -C DIR` and
+#             carried) and of this tree, in alternating pairs (PAIRS, default 4), with the verdict;
+#             run it alone on the machine (host-bound), with a STAGE_TIMEOUT that covers 2 x PAIRS
+#             bench_overhead runs
 #   multigpu  the EP tests under torchrun on every GPU, then bench_ep (NVLink multicast off)
 # Environment: OUT (default /tmp/gpu-session), PYTHON (default python3), XDIST, FUZZ_EXAMPLES, SEED,
+# BASE_TREE, PAIRS,
 # STAGE_TIMEOUT (seconds per stage, default 300: a hung kernel ends its stage, not the device call).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -74,6 +80,10 @@ for stage in "$@"; do
         run_stage bench_moe "$PYTHON" -m bench.bench_moe --quick --out "$OUT"
         run_stage overhead "$PYTHON" -m bench.bench_overhead --runs 3
         run_stage bench_model "$PYTHON" -m bench.bench_model --quick --out "$OUT"
+        ;;
+    overhead_ab)
+        run_stage overhead_ab "$PYTHON" -m bench.overhead_ab --base-tree "${BASE_TREE:?set BASE_TREE}" \
+            --pairs "${PAIRS:-4}"
         ;;
     multigpu)
         run_stage ep_multigpu "$PYTHON" -m torch.distributed.run --nproc-per-node "$gpus" \
