@@ -20,7 +20,7 @@ The 3-D dual (``quantize_fp8_3d_dual``, part ``3d_dual``, the 3-D shapes): bytes
 w + q_k + q_n + s_k + s_n; ``copy_us`` the copy of those bytes (the floor), ``ratio`` = copy_us /
 us; beside it ``singles_us``: ``quantize_fp8_3d(axis="K")`` then ``(axis="N")`` (w read three
 times), ``speedup`` = singles_us / us, and ``same_bytes``: the dual's four outputs against the two
-single calls'.
+single calls'. Its shapes add the expert block's two weights at ``bench_moe``'s module shapes.
 
 Run (GPU machine, project root on PYTHONPATH; exits 2 without a GPU)::
 
@@ -42,6 +42,9 @@ from bench.common.timing import make_rotating_inputs, time_cuda
 
 ROWS, COLS, GROUPS = (16384, 65536, 131072), (2048, 5120, 7168), (1, 8, 64)
 EXPERTS = [(8, 2048, 5120), (8, 2048, 7168), (16, 8192, 5120), (16, 8192, 7168)]
+#: The 3-D dual's shapes: EXPERTS, then the expert block's weights at bench_moe's module shapes
+#: (w13 (E, 2H, D) and w2 (E, D, H)).
+EXPERTS_DUAL = EXPERTS + [(8, 4096, 7168), (8, 7168, 2048), (16, 16384, 5120), (16, 5120, 8192)]
 
 
 def _torchao():
@@ -236,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                 duals.append(bench_dual(rows, cols, groups, (rowwise, colwise)))
                 torch.cuda.empty_cache()
     duals_3d = []
-    for shape in EXPERTS if "3d_dual" in parts else ():
+    for shape in EXPERTS_DUAL if "3d_dual" in parts else ():
         progress(f"3d dual {shape}")
         duals_3d.append(bench_3d_dual(shape))
         torch.cuda.empty_cache()

@@ -22,7 +22,8 @@ KERNEL (the options each reads):
 - ``quantize_tma``: the experimental TMA 1x32 kernel, checked against the cp.async kernel
   (``--mode``);
 - ``quantize_fp8_row``: per K class;
-- ``quantize_fp8_col``: the amax and cast passes per shape class (``--dual``: the dual classes);
+- ``quantize_fp8_col``: the amax and cast passes per shape class (``--dual``: the dual classes;
+  ``--layouts``: only these of plain, groups, experts);
 - ``grouped_gemm``: the sm_90a FP8 grouped GEMM's tile width and ring depth per GEMM of an expert
   layer (sm_90 only; its choice goes to ``configs/sm90.py`` by hand).
 """
@@ -70,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--groups", type=int, default=0, help="G row groups (32x1, dual)")
     p.add_argument("--rows", type=int, nargs="+", help="only shapes with these row counts")
     p.add_argument("--dual", action="store_true", help="quantize_fp8_col: the dual variants' classes")
-    p.add_argument("--layouts", nargs="+", default=None, help="swizzle: only these layouts")
+    p.add_argument("--layouts", nargs="+", default=None, help="swizzle, quantize_fp8_col: only these layouts")
     return p
 
 

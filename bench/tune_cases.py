@@ -356,8 +356,11 @@ def quantize_fp8_col(args: argparse.Namespace, device: torch.device) -> list[Cas
     chosen = [("plain", (65536, k), 1) for k in (2048, 7168)]
     chosen += [("groups", (65536, k), g) for g in (1, 8, 64) for k in (2048, 7168)]
     chosen += [("experts", (8, 4096, 7168), 8), ("experts", (16, 4096, 7168), 16)]
+    chosen += [("experts", (8, 7168, 2048), 8)]
     if args.quick:
         chosen = [("groups", (16384, 7168), 8)]
+    if args.layouts:
+        chosen = [c for c in chosen if c[0] in args.layouts]
     dual = args.dual
     cases = []
     for layout, shape, groups in chosen:
