@@ -168,7 +168,9 @@ _HOST_STEPS = (
     "send_combine",
     "finish_combine",
 )
-_POOL_STEPS = ("acquire", "exchange_counts", "barrier")
+#: The count exchange is timed by its parts (its barrier under ``barrier``), so that no timed step
+#: calls another.
+_POOL_STEPS = ("acquire", "post_counts", "received_counts", "barrier")
 
 
 def _timed(fn, name: str, spent: dict):

@@ -260,69 +260,79 @@ def test_group_none_is_the_default_group_and_local_is_r1(monkeypatch):
         ep.dispatch(x, ids, num_experts=4, recipe="bf16")
 
 
-def _two_rank_pool(monkeypatch, rank: int, sent: dict):
-    """A ``SymmetricPool`` as ``rank`` of 2 sees it, its slots plain CPU tensors and its count
-    all-gather served from ``sent`` (each rank's message, by rank)."""
-    import torch.distributed as dist
-
+def _two_rank_pool(rank: int, tables: dict):
+    """A ``SymmetricPool`` as ``rank`` of 2 sees it, its slots plain CPU tensors; a dispatch slot's
+    count table is one of two CPU tensors kept in ``tables`` (per family and index) and shared by
+    both ranks' pools, so the row scatter of :meth:`post_counts` writes into the peer's table as it
+    does through symmetric memory. The barrier is left to the caller's order of calls."""
     pool = ep.SymmetricPool.__new__(ep.SymmetricPool)
     ep.SlotRing.__init__(pool)
     pool.group, pool.ranks, pool.rank = None, 2, rank
 
     def allocate(family, kinds, index):
         views = {n: ep.SharedRows(torch.zeros(s, dtype=d), None, None) for n, (s, d) in kinds.items()}
-        return ep.Slot({rank: views}, torch.zeros(1, dtype=torch.int32), index)
-
-    def all_gather_into_tensor(out, mine, group=None):
-        sent[rank] = mine.clone()
-        for r in range(2):
-            out[r] = sent.get(r, mine)
+        width = family[1].experts + 1
+        fresh = [torch.zeros(2, width, dtype=torch.int32) for _ in range(2)]
+        pair = tables.setdefault((family, index), fresh)
+        counts = ep.SharedRows(pair[rank], None, None, pair)
+        return ep.Slot({rank: views}, torch.zeros(1, dtype=torch.int32), index, counts=counts)
 
     pool._allocate = allocate
-    monkeypatch.setattr(dist, "all_gather_into_tensor", all_gather_into_tensor)
     return pool
 
 
 @pytest.mark.parametrize("field", ["tokens", "hidden", "topk", "alignment", "recipe", "same"])
-def test_ranks_that_disagree_on_shapes_trip_the_slot_assert(monkeypatch, field):
-    """Two ranks take slot 0 of their dispatch family; when the families differ (T, D, k, alignment
-    or recipe) the tickets exchanged with the counts differ and the device assert fires."""
+def test_ranks_that_disagree_on_shapes_trip_the_slot_assert(field):
+    """Two ranks take slot 0 of their dispatch family and post their counts; when the families
+    differ (T, D, k, alignment or recipe) the tickets in the tables differ and the device assert
+    fires on both ranks (each reads a row its peer did not write for this slot)."""
     shape = ep.EpShape(2, 32, 128, 2, 4, 32, "bf16")
     other = {"tokens": 16, "hidden": 256, "topk": 4, "alignment": 64, "recipe": "mxfp8", "same": None}[field]
     peer_shape = shape if other is None else replace(shape, **{field: other})
-    sent: dict = {}
+    tables: dict = {}
     ids = torch.randint(0, 4, (32, 2))
+    posted = []
     for rank, s in ((1, peer_shape), (0, shape)):
-        pool = _two_rank_pool(monkeypatch, rank, sent)
+        pool = _two_rank_pool(rank, tables)
         slot = pool.acquire(ep._family(s, "dispatch"), ep._dispatch_kinds(s))
         assert slot.index == 0
         routing = ep.route(ids, 4, slot.ticket)
-        if rank == 1 or field == "same":
-            pool.exchange_counts(routing, slot)
+        pool.post_counts(routing, slot)
+        posted.append((pool, slot, routing))
+    for pool, slot, routing in posted:  # after the barrier
+        if field == "same":
+            got = pool.received_counts(slot, 4)
+            assert torch.equal(got, torch.stack([routing.counts, routing.counts]))
         else:
             with pytest.raises(RuntimeError):
-                pool.exchange_counts(routing, slot)
+                pool.received_counts(slot, 4)
 
 
-def test_slot_ticket_is_stable_across_processes():
-    """The ticket is a CRC of the family's repr, not Python's per-process salted hash: another
-    interpreter (another PYTHONHASHSEED) computes the same."""
-    family = ep._family(ep.EpShape(2, 32, 128, 2, 4, 32, "mxfp8"), "dispatch")
-    code = (
-        "from torch_bindings import ep; "
-        "print(ep.slot_ticket(ep._family(ep.EpShape(2, 32, 128, 2, 4, 32, 'mxfp8'), 'dispatch'), 3))"
-    )
-    env = dict(os.environ, PYTHONHASHSEED="12345")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert int(out.stdout) == ep.slot_ticket(family, 3)
-    assert 0 <= ep.slot_ticket(family, 3) < 2**31 and ep.slot_ticket(family, 3) != ep.slot_ticket(family, 4)
+def test_a_row_from_an_earlier_use_of_the_slot_trips_the_assert():
+    """The ticket moves on with every acquire: when one rank takes the slot again and its peer does
+    not (the peer holds the slot's previous result alive, so their calls diverged), the row left in
+    the table by the slot's previous use does not pass for this use's."""
+    shape = ep.EpShape(2, 32, 128, 2, 4, 32, "bf16")
+    tables: dict = {}
+    ids = torch.randint(0, 4, (32, 2))
+    pools = [_two_rank_pool(rank, tables) for rank in (0, 1)]
+    slots = [pool.acquire(ep._family(shape, "dispatch"), ep._dispatch_kinds(shape)) for pool in pools]
+    for pool, slot in zip(pools, slots, strict=True):
+        pool.post_counts(ep.route(ids, 4, slot.ticket), slot)
+    for pool, slot in zip(pools, slots, strict=True):
+        pool.received_counts(slot, 4)
+    again = pools[0].acquire(ep._family(shape, "dispatch"), ep._dispatch_kinds(shape))
+    assert again is slots[0] and again.uses == 2
+    pools[0].post_counts(ep.route(ids, 4, again.ticket), again)
+    with pytest.raises(RuntimeError):
+        pools[0].received_counts(again, 4)
 
 
-def test_slot_table_compares_tickets(monkeypatch):
+def test_slot_table_compares_tickets():
     """Combine's backward (no count exchange) checks the tickets every rank wrote into its slot table:
     a peer's slot of another family trips the assert."""
     shape = ep.EpShape(2, 32, 128, 2, 4, 32, "bf16")
-    pool = _two_rank_pool(monkeypatch, 0, {})
+    pool = _two_rank_pool(0, {})
     mine = pool.acquire(ep._family(shape, "grad"), ep._dispatch_kinds(shape))
     theirs = ep.slot_ticket(ep._family(replace(shape, tokens=16), "grad"), 0)
     table = torch.tensor([[mine.ticket], [theirs]], dtype=torch.int32)

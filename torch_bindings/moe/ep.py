@@ -11,8 +11,10 @@ and sums them per token with the routing weights. Both run with no host sync:
    among the pairs of its expert (stable: pair order). On a GPU steps 1, 3 and 5's zero fill are
    the kernels of ``cute_kernels.ep_route`` (one launch each, one zero fill per buffer); on CPU
    (and for more than ``EP_MAX_EXPERTS`` experts) PyTorch ops.
-2. *Exchange*: the (R, E) count matrix, all-gathered over NCCL (a few KB); it also orders this
-   call after every rank's previous use of the buffers.
+2. *Exchange*: the (R, E) count matrix: each rank writes its counts (and the slot's ticket) into
+   row ``rank`` of every rank's table in the slot's symmetric memory (one row-scatter launch), then
+   waits at the barrier; the barrier also orders this call after every rank's previous use of the
+   buffers.
 3. *Layout* (every rank, from the counts alone): each receiver's padded group offsets, and for each
    of this rank's pairs its destination ``rank * rows + row``.
 4. *Send*: the payload is written straight into the receivers' buffers by the row-scatter kernel
@@ -110,8 +112,14 @@ class Slot:
     views: dict[int, dict[str, SharedRows]]
     filled: torch.Tensor | None = None
     index: int = 0
-    #: What the ranks exchange to check they chose the same slot (:func:`slot_ticket`).
+    #: What the ranks exchange to check they chose the same slot (:func:`slot_ticket`), moved on by
+    #: every acquire (:meth:`SlotRing.acquire`), so a row a peer wrote in an earlier use never matches.
     ticket: int = 0
+    #: The count exchange's (R, E + 1) int32 table of a ``SymmetricPool`` dispatch slot (row r from
+    #: rank r: its counts, then its ticket); None elsewhere.
+    counts: SharedRows | None = None
+    #: How many calls took the slot (the ticket's generation).
+    uses: int = 0
     #: Storage use counts of the kinds' tensors when only the slot held them (``SymmetricPool``).
     baseline: tuple = ()
     #: Written by a CUDA graph capture: its replays write it again, so no eager call may take it.
@@ -206,6 +214,7 @@ class SlotRing:
         for slot in slots:
             if not slot.captured and _slot_free(slot, self.rank):
                 slot.captured = capturing
+                _next_use(slot)
                 return slot
         if len(slots) >= MAX_SLOTS:
             raise RuntimeError(
@@ -214,6 +223,7 @@ class SlotRing:
             )
         slot = self._allocate(family, kinds, len(slots))
         slot.ticket = slot_ticket(family, slot.index)
+        _next_use(slot)
         slot.baseline = tuple(_use_count(v.own) for v in slot.views[self.rank].values())
         slot.captured = capturing
         slots.append(slot)
@@ -225,6 +235,13 @@ class SlotRing:
 
     def _allocate(self, family, kinds: dict[str, tuple], index: int) -> Slot:
         raise NotImplementedError
+
+
+def _next_use(slot: Slot) -> None:
+    """Count a call taking ``slot`` and move its ticket to the next generation: the same on every
+    rank that makes the same calls (SPMD), different from the ticket of the slot's previous use."""
+    slot.uses += 1
+    slot.ticket = (slot.ticket + 1) & 0x7FFFFFFF
 
 
 class SymmetricPool(SlotRing):
@@ -252,15 +269,23 @@ class SymmetricPool(SlotRing):
         spec = tuple((n, tuple(shape), str(dtype)) for n, (shape, dtype) in kinds.items())
         _same_on_every_rank(self.group, (family, index, spec))
         device = torch.device("cuda", torch.cuda.current_device())
-        views: dict[str, SharedRows] = {}
-        for name, (shape, dtype) in kinds.items():
-            own = symm_mem.empty(shape, dtype=dtype, device=device)
-            fill_unfilled_rows(own, name)
-            handle = symm_mem.rendezvous(own, self.group)
-            ptrs = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
-            views[name] = SharedRows(own, ptrs, ptrs[self.rank : self.rank + 1].clone())
-            self._handle = handle
-        return Slot({self.rank: views}, torch.zeros(1, dtype=torch.int32, device=device), index)
+        views = {name: self._shared(name, shape, dtype, device) for name, (shape, dtype) in kinds.items()}
+        counts = None
+        if family[0] == "dispatch":  # the count exchange's table (exchange_counts)
+            counts = self._shared("counts", (self.ranks, family[1].experts + 1), torch.int32, device)
+        filled = torch.zeros(1, dtype=torch.int32, device=device)
+        return Slot({self.rank: views}, filled, index, counts=counts)
+
+    def _shared(self, name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> SharedRows:
+        """One buffer of symmetric memory (a collective call), its unfilled rows initialized."""
+        import torch.distributed._symmetric_memory as symm_mem
+
+        own = symm_mem.empty(shape, dtype=dtype, device=device)
+        fill_unfilled_rows(own, name)
+        handle = symm_mem.rendezvous(own, self.group)
+        ptrs = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
+        self._handle = handle
+        return SharedRows(own, ptrs, ptrs[self.rank : self.rank + 1].clone())
 
     def barrier(self) -> None:
         """Every rank's stream reaches this point before any passes it (system-scope signals), so the
@@ -276,7 +301,7 @@ class SymmetricPool(SlotRing):
         table = self._slot_table.views[self.rank]["ids"]
         src = torch.full((1, 1), slot.ticket, dtype=torch.int32, device=table.own.device)
         zero = _zeros_int(self.ranks, src.device)
-        scatter_rows(src, table, zero, _arange(self.ranks, src.device) * self.ranks + self.rank)
+        scatter_rows(src, table, zero, _row_of_every_rank(self.ranks, self.rank, src.device))
 
     def verify(self, slot: Slot) -> None:
         """After the barrier that follows :meth:`announce`: a device assert unless every rank chose
@@ -285,12 +310,16 @@ class SymmetricPool(SlotRing):
         torch._assert_async((table == slot.ticket).all(), _SLOT_MISMATCH)
 
     def exchange_counts(self, routing: Routing, slot: Slot) -> torch.Tensor:
-        """The routing's (E,) int32 counts of every rank, (R, E), over NCCL (no host sync). The slot's
-        ticket rides along; every rank must have chosen the same slot of the same family (a device
-        assert otherwise). The routing kernel wrote counts and ticket into the vector sent
-        (``routing.message``: no copy); the PyTorch routing's counts are copied into one."""
-        import torch.distributed as dist
+        """The routing's (E,) int32 counts of every rank, (R, E), through the slot's symmetric table
+        (no host sync, no NCCL): :meth:`post_counts`, the barrier, :meth:`received_counts`."""
+        self.post_counts(routing, slot)
+        self.barrier()
+        return self.received_counts(slot, routing.counts.shape[0])
 
+    def post_counts(self, routing: Routing, slot: Slot) -> None:
+        """Write this rank's counts and the slot's ticket (``routing.message``, which the routing
+        kernel wrote; the PyTorch routing's counts are copied into one) into row ``rank`` of every
+        rank's table, in one row-scatter launch."""
         counts = routing.counts
         experts = counts.shape[0]
         mine = routing.message
@@ -298,10 +327,16 @@ class SymmetricPool(SlotRing):
             mine = counts.new_empty(experts + 1)
             mine[:experts].copy_(counts)
             mine[experts:].fill_(slot.ticket)
-        out = counts.new_empty((self.ranks, experts + 1))
-        dist.all_gather_into_tensor(out, mine, group=self.group)
-        torch._assert_async((out[:, experts] == slot.ticket).all(), _SLOT_MISMATCH)
-        return out[:, :experts]
+        rows = _row_of_every_rank(self.ranks, self.rank, mine.device)
+        scatter_rows(mine.view(1, -1), slot.counts, _zeros_int(self.ranks, mine.device), rows)
+
+    def received_counts(self, slot: Slot, experts: int) -> torch.Tensor:
+        """After the barrier that follows every rank's :meth:`post_counts`: the (R, E) view of this
+        rank's table, and a device assert unless every row carries the slot's ticket (every rank
+        chose this slot, in this use)."""
+        table = slot.counts.own
+        torch._assert_async((table[:, experts] == slot.ticket).all(), _SLOT_MISMATCH)
+        return table[:, :experts]
 
 
 _SLOT_MISMATCH = (
@@ -774,6 +809,16 @@ def _ones_bits(n: int, device: torch.device) -> torch.Tensor:
 def _zeros_int(n: int, device: torch.device) -> torch.Tensor:
     """A cached (n,) int32 tensor of 0."""
     return _cached_index(("0", n, device), lambda: torch.zeros((n,), dtype=torch.int32, device=device))
+
+
+def _row_of_every_rank(ranks: int, rank: int, device: torch.device) -> torch.Tensor:
+    """A cached (R,) int32 row-scatter destination: row ``rank`` of each of the R ranks' (R, W)
+    tables (``r * R + rank``)."""
+
+    def build() -> torch.Tensor:
+        return torch.arange(ranks, dtype=torch.int32, device=device) * ranks + rank
+
+    return _cached_index(("row of every rank", ranks, rank, device), build)
 
 
 def _arange(n: int, device: torch.device) -> torch.Tensor:
