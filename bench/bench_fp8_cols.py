@@ -25,6 +25,7 @@ single calls'. Its shapes add the expert block's two weights at ``bench_moe``'s 
 Run (GPU machine, project root on PYTHONPATH; exits 2 without a GPU)::
 
     python -m bench.bench_fp8_cols [--quick] [--rows M ...] [--parts cols,3d,dual,3d_dual] [--out DIR]
+    python -m bench.bench_fp8_cols --once   # the 3-D dual and its N single call, untimed (ncu)
 """
 
 from __future__ import annotations
@@ -206,6 +207,17 @@ def bench_3d_dual(shape: tuple[int, int, int]) -> dict:
     }
 
 
+def run_once(shape: tuple[int, int, int]) -> None:
+    """``quantize_fp8_3d_dual`` then ``quantize_fp8_3d(axis="N")`` on bf16 w ``shape``, twice each
+    (the first calls compile), untimed: the launches a profiler filters (``ncu -k
+    regex:Fp8ColAmax``: the dual's amax pass, then the plain one)."""
+    w = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):
+        torch_bindings.quantize_fp8_3d_dual(w)
+        torch_bindings.quantize_fp8_3d(w, axis="N")
+    torch.cuda.synchronize()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: 0, or 2 without a GPU."""
     parser = make_parser(__doc__.splitlines()[0])  # --quick: K = 7168, M = 16384, 131072
@@ -213,9 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--parts", default="cols,3d,dual,3d_dual", help="comma list of cols, 3d, dual, 3d_dual"
     )
+    parser.add_argument("--once", action="store_true", help="the 3-D dual at 16 x 8192 x 5120, untimed (ncu)")
     args = parser.parse_args(argv)
     if cuda_or_none("bench_fp8_cols") is None:
         return 2
+    if args.once:
+        run_once(EXPERTS[2])
+        return 0
     parts = set(args.parts.split(","))
     colwise, transpose_rhs, rowwise = _torchao()
     rows_list = args.rows or ((16384, 131072) if args.quick else ROWS)

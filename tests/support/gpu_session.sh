@@ -19,6 +19,8 @@
 #   gemm      the grouped GEMM's GPU tests and its gemm="cute" wiring,
 #             then its bench
 #   suite     every GPU test (pytest -m gpu, XDIST workers, default 6)
+#   col_ncu   an ncu profile (speed of light, warp stalls, occupancy) of the FP8 column amax passes,
+#             the 3-D dual's and the plain one, on a 16 x 8192 x 5120 weight ($OUT/col_ncu.log)
 #   fuzz      the fuzz harness on dirty memory with garbage offsets (FUZZ_EXAMPLES per op)
 #   gemm_tune the grouped GEMM's config sweep (bench.tune grouped_gemm), its wgrad probe
 #             (bench_grouped_gemm --probe), then an ncu profile of the wgrad launches at the bench
@@ -69,6 +71,10 @@ for stage in "$@"; do
         run_stage gemm_ncu ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
             --section LaunchStats --section Occupancy -k regex:GroupedGemm -c 4 \
             "$PYTHON" -m bench.bench_grouped_gemm --once wgrad
+        ;;
+    col_ncu)
+        run_stage col_ncu ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
+            --section Occupancy -k regex:Fp8ColAmax -c 2 "$PYTHON" -m bench.bench_fp8_cols --once
         ;;
     suite) run_stage suite "$PYTHON" -m pytest -q -m gpu -n "${XDIST:-6}" tests ;;
     fuzz)
