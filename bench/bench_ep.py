@@ -190,9 +190,12 @@ def host_profile(tokens: int, hidden: int, topk: int, experts: int, alignment: i
     """Where eager dispatch and combine spend host time: ``calls`` mxfp8 dispatches and combines on
     every rank (the same calls everywhere: the ranks must stay in step), a sync after each, with
     each step of ``_HOST_STEPS`` / ``_POOL_STEPS`` timed on the host; returns rank 0's table of host
-    us per call by step, the rest (autograd, checks, allocation) as ``other``."""
+    us per call by step, the rest (autograd, checks, allocation) as ``other``. It times the
+    symmetric pool's steps, so it needs two ranks or more (one line saying so otherwise)."""
     from torch_bindings.moe import ep as ep_module
 
+    if dist.get_world_size() < 2:
+        return "\nhost profile: needs 2 or more ranks (the symmetric pool's steps)"
     gen = torch.Generator(device="cuda").manual_seed(dist.get_rank())
     x = torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16()
     ids = torch.rand(tokens, experts, device="cuda", generator=gen).topk(topk, dim=1).indices

@@ -283,29 +283,71 @@ def _two_rank_pool(rank: int, tables: dict):
 
 @pytest.mark.parametrize("field", ["tokens", "hidden", "topk", "alignment", "recipe", "same"])
 def test_ranks_that_disagree_on_shapes_trip_the_slot_assert(field):
-    """Two ranks take slot 0 of their dispatch family and post their counts; when the families
-    differ (T, D, k, alignment or recipe) the tickets in the tables differ and the device assert
-    fires on both ranks (each reads a row its peer did not write for this slot)."""
+    """Two ranks take slot 0 of their dispatch family and post their counts (each its own routing).
+    With the same family each rank reads both ranks' counts, row r from rank r; when the families
+    differ (T, D, k, alignment or recipe) their slots are different buffers, so each rank finds in
+    its table a row its peer did not write for this call, and the device assert fires on both."""
     shape = ep.EpShape(2, 32, 128, 2, 4, 32, "bf16")
     other = {"tokens": 16, "hidden": 256, "topk": 4, "alignment": 64, "recipe": "mxfp8", "same": None}[field]
     peer_shape = shape if other is None else replace(shape, **{field: other})
     tables: dict = {}
-    ids = torch.randint(0, 4, (32, 2))
+    gen = torch.Generator().manual_seed(5)
     posted = []
     for rank, s in ((1, peer_shape), (0, shape)):
         pool = _two_rank_pool(rank, tables)
         slot = pool.acquire(ep._family(s, "dispatch"), ep._dispatch_kinds(s))
         assert slot.index == 0
-        routing = ep.route(ids, 4, slot.ticket)
+        routing = ep.route(torch.randint(0, 4, (32, 2), generator=gen), 4, slot.ticket)
         pool.post_counts(routing, slot)
         posted.append((pool, slot, routing))
-    for pool, slot, routing in posted:  # after the barrier
+    counts = {pool.rank: routing.counts for pool, _, routing in posted}
+    assert not torch.equal(counts[0], counts[1])  # so a row in the wrong place shows
+    for pool, slot, _ in posted:  # after the barrier
         if field == "same":
-            got = pool.received_counts(slot, 4)
-            assert torch.equal(got, torch.stack([routing.counts, routing.counts]))
+            assert torch.equal(pool.received_counts(slot, 4), torch.stack([counts[0], counts[1]]))
         else:
             with pytest.raises(RuntimeError):
                 pool.received_counts(slot, 4)
+
+
+def test_slot_ticket_is_stable_across_processes():
+    """The ticket is a CRC of the family's repr, not Python's per-process salted hash: another
+    interpreter (another PYTHONHASHSEED) computes the same."""
+    family = ep._family(ep.EpShape(2, 32, 128, 2, 4, 32, "mxfp8"), "dispatch")
+    code = (
+        "from torch_bindings import ep; "
+        "print(ep.slot_ticket(ep._family(ep.EpShape(2, 32, 128, 2, 4, 32, 'mxfp8'), 'dispatch'), 3))"
+    )
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert int(out.stdout) == ep.slot_ticket(family, 3)
+    assert 0 <= ep.slot_ticket(family, 3) < 2**31 and ep.slot_ticket(family, 3) != ep.slot_ticket(family, 4)
+
+
+def _posted_pair(tables: dict, shape):
+    """Both ranks of a two-rank mock take slot 0 of ``shape``'s dispatch family and post the same
+    counts; returns their pools, slots and the ids."""
+    ids = torch.randint(0, 4, (32, 2))
+    pools = [_two_rank_pool(rank, tables) for rank in (0, 1)]
+    slots = [pool.acquire(ep._family(shape, "dispatch"), ep._dispatch_kinds(shape)) for pool in pools]
+    for pool, slot in zip(pools, slots, strict=True):
+        pool.post_counts(ep.route(ids, 4, slot.ticket), slot)
+    return pools, slots, ids
+
+
+def test_a_replayed_slot_never_reads_a_previous_replays_row():
+    """A slot a CUDA graph captured keeps its ticket for every replay, so reading its table
+    overwrites the tickets: a rank whose peer did not post for this replay (their calls diverged)
+    finds -1, not a row of the previous replay that would pass."""
+    tables: dict = {}
+    pools, slots, ids = _posted_pair(tables, ep.EpShape(2, 32, 128, 2, 4, 32, "bf16"))
+    for pool, slot in zip(pools, slots, strict=True):
+        slot.captured = True
+        pool.received_counts(slot, 4)
+        assert bool((slot.counts.own[:, 4] == -1).all())
+    pools[0].post_counts(ep.route(ids, 4, slots[0].ticket), slots[0])  # the next replay, rank 0 alone
+    with pytest.raises(RuntimeError):
+        pools[0].received_counts(slots[0], 4)
 
 
 def test_a_row_from_an_earlier_use_of_the_slot_trips_the_assert():
@@ -313,12 +355,7 @@ def test_a_row_from_an_earlier_use_of_the_slot_trips_the_assert():
     not (the peer holds the slot's previous result alive, so their calls diverged), the row left in
     the table by the slot's previous use does not pass for this use's."""
     shape = ep.EpShape(2, 32, 128, 2, 4, 32, "bf16")
-    tables: dict = {}
-    ids = torch.randint(0, 4, (32, 2))
-    pools = [_two_rank_pool(rank, tables) for rank in (0, 1)]
-    slots = [pool.acquire(ep._family(shape, "dispatch"), ep._dispatch_kinds(shape)) for pool in pools]
-    for pool, slot in zip(pools, slots, strict=True):
-        pool.post_counts(ep.route(ids, 4, slot.ticket), slot)
+    pools, slots, ids = _posted_pair({}, shape)
     for pool, slot in zip(pools, slots, strict=True):
         pool.received_counts(slot, 4)
     again = pools[0].acquire(ep._family(shape, "dispatch"), ep._dispatch_kinds(shape))

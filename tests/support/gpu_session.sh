@@ -20,7 +20,8 @@
 #             then its bench
 #   suite     every GPU test (pytest -m gpu, XDIST workers, default 6)
 #   col_ncu   an ncu profile (speed of light, warp stalls, occupancy) of the FP8 column amax passes,
-#             the 3-D dual's and the plain one, on a 16 x 8192 x 5120 weight ($OUT/col_ncu.log)
+#             the 3-D dual's and the experts layout's single one, on a 16 x 8192 x 5120 weight
+#             (its log: $OUT/col_ncu.log)
 #   fuzz      the fuzz harness on dirty memory with garbage offsets (FUZZ_EXAMPLES per op)
 #   gemm_tune the grouped GEMM's config sweep (bench.tune grouped_gemm), its wgrad probe
 #             (bench_grouped_gemm --probe), then an ncu profile of the wgrad launches at the bench

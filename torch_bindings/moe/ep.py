@@ -248,8 +248,8 @@ class SymmetricPool(SlotRing):
     """Buffers in PyTorch symmetric memory over ``group`` (multicast is never used), reused as a
     :class:`SlotRing`: a new slot is a collective allocation (syncs once). Every rank makes the same
     choice as long as every rank holds the same results alive (SPMD); the count exchange carries the
-    slot's ticket (:func:`slot_ticket`: its family's shapes and its index) and a device assert stops
-    a mismatch rather than mix the ranks' rows."""
+    slot's ticket (:func:`slot_ticket`: its family's shapes and its index, moved on by every acquire)
+    and a device assert stops a mismatch rather than mix the ranks' rows."""
 
     def __init__(self, group) -> None:
         import torch.distributed as dist
@@ -261,7 +261,10 @@ class SymmetricPool(SlotRing):
         self._handle = None
         self._slot_table: Slot | None = None
 
-    def _allocate(self, family: str, kinds: dict[str, tuple], index: int) -> Slot:
+    def _allocate(self, family: object, kinds: dict[str, tuple], index: int) -> Slot:
+        """A new slot of ``family`` (a dispatch's ``("dispatch", EpShape)``, or a name): every kind
+        in symmetric memory and, for a dispatch, the count exchange's (R, E + 1) table. Collective:
+        every rank calls it at the same point."""
         import torch.distributed._symmetric_memory as symm_mem
 
         if self._handle is None and hasattr(symm_mem, "enable_symm_mem_for_group"):
@@ -271,8 +274,9 @@ class SymmetricPool(SlotRing):
         device = torch.device("cuda", torch.cuda.current_device())
         views = {name: self._shared(name, shape, dtype, device) for name, (shape, dtype) in kinds.items()}
         counts = None
-        if family[0] == "dispatch":  # the count exchange's table (exchange_counts)
+        if isinstance(family, tuple) and family[0] == "dispatch":  # the count exchange's table
             counts = self._shared("counts", (self.ranks, family[1].experts + 1), torch.int32, device)
+            self.barrier()  # every rank's table initialized before any rank posts into it
         filled = torch.zeros(1, dtype=torch.int32, device=device)
         return Slot({self.rank: views}, filled, index, counts=counts)
 
@@ -333,9 +337,15 @@ class SymmetricPool(SlotRing):
     def received_counts(self, slot: Slot, experts: int) -> torch.Tensor:
         """After the barrier that follows every rank's :meth:`post_counts`: the (R, E) view of this
         rank's table, and a device assert unless every row carries the slot's ticket (every rank
-        chose this slot, in this use)."""
+        chose this slot, in this use). A slot a CUDA graph captured keeps one ticket for all its
+        replays, so there the tickets are overwritten once checked: a replay then never takes a
+        previous replay's row for a peer's (peers post again only after this call's closing
+        barrier). Eager calls need no such fill: their ticket moves on with every acquire."""
         table = slot.counts.own
-        torch._assert_async((table[:, experts] == slot.ticket).all(), _SLOT_MISMATCH)
+        tickets = table[:, experts]
+        torch._assert_async((tickets == slot.ticket).all(), _SLOT_MISMATCH)
+        if slot.captured:
+            tickets.fill_(-1)
         return table[:, :experts]
 
 
@@ -347,11 +357,12 @@ _SLOT_MISMATCH = (
 
 
 def slot_ticket(family: tuple, index: int) -> int:
-    """The int32 the ranks exchange for slot ``index`` of ``family`` (with the counts of a dispatch;
-    in the slot table for combine's backward): a CRC-32 of the family's repr (purpose and
-    ``EpShape``: R, T, D, k, E, alignment, recipe) and the index, as a non-negative int32. The same
-    in every process (Python's ``hash`` of a string is salted per process), and different, but for a
-    2**-31 chance, for ranks that chose different slots or slots of different shapes."""
+    """The first ticket of slot ``index`` of ``family``, the int32 the ranks exchange (with the counts
+    of a dispatch; in the slot table for combine's backward): a CRC-32 of the family's repr (purpose
+    and ``EpShape``: R, T, D, k, E, alignment, recipe) and the index, as a non-negative int32; each
+    acquire of the slot moves it on by one (:func:`_next_use`). The same in every process (Python's
+    ``hash`` of a string is salted per process), and different, but for a 2**-31 chance, for ranks
+    that chose different slots or slots of different shapes."""
     return zlib.crc32(repr((family, index)).encode()) & 0x7FFFFFFF
 
 
