@@ -378,6 +378,11 @@ def test_slot_table_compares_tickets():
         pool.verify(mine)
     table[1] = mine.ticket
     pool.verify(mine)
+    mine.captured = True  # a replayed slot: its table is overwritten once checked
+    pool.verify(mine)
+    assert bool((table == -1).all())
+    with pytest.raises(RuntimeError):
+        pool.verify(mine)
 
 
 _WITHOUT_CUTLASS = """

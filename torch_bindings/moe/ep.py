@@ -309,9 +309,8 @@ class SymmetricPool(SlotRing):
 
     def verify(self, slot: Slot) -> None:
         """After the barrier that follows :meth:`announce`: a device assert unless every rank chose
-        ``slot``."""
-        table = self._slot_table.views[self.rank]["ids"].own
-        torch._assert_async((table == slot.ticket).all(), _SLOT_MISMATCH)
+        ``slot`` (:func:`_check_tickets`)."""
+        _check_tickets(self._slot_table.views[self.rank]["ids"].own.view(-1), slot)
 
     def exchange_counts(self, routing: Routing, slot: Slot) -> torch.Tensor:
         """The routing's (E,) int32 counts of every rank, (R, E), through the slot's symmetric table
@@ -337,16 +336,22 @@ class SymmetricPool(SlotRing):
     def received_counts(self, slot: Slot, experts: int) -> torch.Tensor:
         """After the barrier that follows every rank's :meth:`post_counts`: the (R, E) view of this
         rank's table, and a device assert unless every row carries the slot's ticket (every rank
-        chose this slot, in this use). A slot a CUDA graph captured keeps one ticket for all its
-        replays, so there the tickets are overwritten once checked: a replay then never takes a
-        previous replay's row for a peer's (peers post again only after this call's closing
-        barrier). Eager calls need no such fill: their ticket moves on with every acquire."""
+        chose this slot, in this use: :func:`_check_tickets`)."""
         table = slot.counts.own
-        tickets = table[:, experts]
-        torch._assert_async((tickets == slot.ticket).all(), _SLOT_MISMATCH)
-        if slot.captured:
-            tickets.fill_(-1)
+        _check_tickets(table[:, experts], slot)
         return table[:, :experts]
+
+
+def _check_tickets(tickets: torch.Tensor, slot: Slot) -> None:
+    """The device assert that every rank wrote ``slot``'s ticket into ``tickets`` (R,) (this rank's
+    table, read after the barrier that follows the peers' writes). An eager call's ticket moves on
+    with every acquire, so a row left by the slot's earlier use fails it. A slot a CUDA graph
+    captured keeps one ticket for all its replays, so there the tickets are overwritten once
+    checked (a fill the graph replays): a replay never takes the previous replay's row for a
+    peer's, as peers write again only after the call's next barrier."""
+    torch._assert_async((tickets == slot.ticket).all(), _SLOT_MISMATCH)
+    if slot.captured:
+        tickets.fill_(-1)
 
 
 _SLOT_MISMATCH = (
