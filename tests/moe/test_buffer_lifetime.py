@@ -145,7 +145,7 @@ def test_two_combine_results_and_their_gradients_held(device):
 class _PlainRing(ep.SlotRing):
     """The slot ring on plain tensors (no process group): what SymmetricPool reuses."""
 
-    def _allocate(self, family, kinds, index):
+    def _allocate(self, family, kinds, index, counts):
         views = {}
         for name, (shape, dtype) in kinds.items():
             own = torch.zeros(shape, dtype=dtype)

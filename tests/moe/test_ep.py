@@ -261,21 +261,23 @@ def test_group_none_is_the_default_group_and_local_is_r1(monkeypatch):
 
 
 def _two_rank_pool(rank: int, tables: dict):
-    """A ``SymmetricPool`` as ``rank`` of 2 sees it, its slots plain CPU tensors; a dispatch slot's
-    count table is one of two CPU tensors kept in ``tables`` (per family and index) and shared by
-    both ranks' pools, so the row scatter of :meth:`post_counts` writes into the peer's table as it
-    does through symmetric memory. The barrier is left to the caller's order of calls."""
+    """A ``SymmetricPool`` as ``rank`` of 2 sees it, its slots plain CPU tensors; a slot's count
+    table (asked for with ``counts``) is one of two CPU tensors kept in ``tables`` (per family and
+    index) and shared by both ranks' pools, so the row scatter of :meth:`post_counts` writes into
+    the peer's table as it does through symmetric memory. The barrier is left to the caller's
+    order of calls."""
     pool = ep.SymmetricPool.__new__(ep.SymmetricPool)
     ep.SlotRing.__init__(pool)
     pool.group, pool.ranks, pool.rank = None, 2, rank
 
-    def allocate(family, kinds, index):
+    def allocate(family, kinds, index, counts):
         views = {n: ep.SharedRows(torch.zeros(s, dtype=d), None, None) for n, (s, d) in kinds.items()}
-        width = family[1].experts + 1
-        fresh = [torch.zeros(2, width, dtype=torch.int32) for _ in range(2)]
-        pair = tables.setdefault((family, index), fresh)
-        counts = ep.SharedRows(pair[rank], None, None, pair)
-        return ep.Slot({rank: views}, torch.zeros(1, dtype=torch.int32), index, counts=counts)
+        table = None
+        if counts:
+            fresh = [torch.zeros(2, counts, dtype=torch.int32) for _ in range(2)]
+            pair = tables.setdefault((family, index), fresh)
+            table = ep.SharedRows(pair[rank], None, None, pair)
+        return ep.Slot({rank: views}, torch.zeros(1, dtype=torch.int32), index, counts=table)
 
     pool._allocate = allocate
     return pool
@@ -295,7 +297,7 @@ def test_ranks_that_disagree_on_shapes_trip_the_slot_assert(field):
     posted = []
     for rank, s in ((1, peer_shape), (0, shape)):
         pool = _two_rank_pool(rank, tables)
-        slot = pool.acquire(ep._family(s, "dispatch"), ep._dispatch_kinds(s))
+        slot = pool.acquire(ep._family(s, "dispatch"), ep._dispatch_kinds(s), counts=5)
         assert slot.index == 0
         routing = ep.route(torch.randint(0, 4, (32, 2), generator=gen), 4, slot.ticket)
         pool.post_counts(routing, slot)
@@ -329,7 +331,8 @@ def _posted_pair(tables: dict, shape):
     counts; returns their pools, slots and the ids."""
     ids = torch.randint(0, 4, (32, 2))
     pools = [_two_rank_pool(rank, tables) for rank in (0, 1)]
-    slots = [pool.acquire(ep._family(shape, "dispatch"), ep._dispatch_kinds(shape)) for pool in pools]
+    family, kinds = ep._family(shape, "dispatch"), ep._dispatch_kinds(shape)
+    slots = [pool.acquire(family, kinds, counts=5) for pool in pools]
     for pool, slot in zip(pools, slots, strict=True):
         pool.post_counts(ep.route(ids, 4, slot.ticket), slot)
     return pools, slots, ids
@@ -358,8 +361,9 @@ def test_a_row_from_an_earlier_use_of_the_slot_trips_the_assert():
     pools, slots, ids = _posted_pair({}, shape)
     for pool, slot in zip(pools, slots, strict=True):
         pool.received_counts(slot, 4)
-    again = pools[0].acquire(ep._family(shape, "dispatch"), ep._dispatch_kinds(shape))
-    assert again is slots[0] and again.uses == 2
+    family = ep._family(shape, "dispatch")
+    again = pools[0].acquire(family, ep._dispatch_kinds(shape), counts=5)
+    assert again is slots[0] and again.ticket == ep.slot_ticket(family, 0) + 2  # the second use
     pools[0].post_counts(ep.route(ids, 4, again.ticket), again)
     with pytest.raises(RuntimeError):
         pools[0].received_counts(again, 4)

@@ -118,8 +118,6 @@ class Slot:
     #: The count exchange's (R, E + 1) int32 table of a ``SymmetricPool`` dispatch slot (row r from
     #: rank r: its counts, then its ticket); None elsewhere.
     counts: SharedRows | None = None
-    #: How many calls took the slot (the ticket's generation).
-    uses: int = 0
     #: Storage use counts of the kinds' tensors when only the slot held them (``SymmetricPool``).
     baseline: tuple = ()
     #: Written by a CUDA graph capture: its replays write it again, so no eager call may take it.
@@ -153,8 +151,10 @@ class LocalPool:
         self.ranks = ranks
         self.device = device
 
-    def acquire(self, family: str, kinds: dict[str, tuple]) -> Slot:
-        """Fresh buffers of every kind (``kinds``: name -> (shape, dtype)) for all R ranks."""
+    def acquire(self, family: str, kinds: dict[str, tuple], counts: int = 0) -> Slot:
+        """Fresh buffers of every kind (``kinds``: name -> (shape, dtype)) for all R ranks; no count
+        table (``counts`` is ignored: R = 1 has one row, and a simulated group's driver stacks the
+        counts itself)."""
         views: dict[int, dict[str, SharedRows]] = {r: {} for r in range(self.ranks)}
         for name, (shape, dtype) in kinds.items():
             tensors = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(self.ranks)]
@@ -207,8 +207,9 @@ class SlotRing:
     def __init__(self) -> None:
         self._families: dict[object, list[Slot]] = {}
 
-    def acquire(self, family, kinds: dict[str, tuple]) -> Slot:
-        """A free slot of ``family`` with buffers of ``kinds`` (name -> (shape, dtype))."""
+    def acquire(self, family, kinds: dict[str, tuple], counts: int = 0) -> Slot:
+        """A free slot of ``family`` with buffers of ``kinds`` (name -> (shape, dtype)) and, when
+        ``counts`` > 0, a count-exchange table of ``counts`` int32 per rank (``Slot.counts``)."""
         slots = self._families.setdefault(family, [])
         capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
         for slot in slots:
@@ -221,7 +222,7 @@ class SlotRing:
                 f"torch_bindings.ep: {MAX_SLOTS} results of one buffer family are alive at once; drop "
                 "the results (and autograd graphs) of earlier steps, or raise torch_bindings.ep.MAX_SLOTS"
             )
-        slot = self._allocate(family, kinds, len(slots))
+        slot = self._allocate(family, kinds, len(slots), counts)
         slot.ticket = slot_ticket(family, slot.index)
         _next_use(slot)
         slot.baseline = tuple(_use_count(v.own) for v in slot.views[self.rank].values())
@@ -233,14 +234,13 @@ class SlotRing:
         """The slots of ``family`` so far (tests, memory reports)."""
         return self._families.get(family, [])
 
-    def _allocate(self, family, kinds: dict[str, tuple], index: int) -> Slot:
+    def _allocate(self, family, kinds: dict[str, tuple], index: int, counts: int) -> Slot:
         raise NotImplementedError
 
 
 def _next_use(slot: Slot) -> None:
-    """Count a call taking ``slot`` and move its ticket to the next generation: the same on every
-    rank that makes the same calls (SPMD), different from the ticket of the slot's previous use."""
-    slot.uses += 1
+    """Move ``slot``'s ticket to the next generation, as a call takes it: the same on every rank
+    that makes the same calls (SPMD), different from the ticket of the slot's previous use."""
     slot.ticket = (slot.ticket + 1) & 0x7FFFFFFF
 
 
@@ -261,24 +261,24 @@ class SymmetricPool(SlotRing):
         self._handle = None
         self._slot_table: Slot | None = None
 
-    def _allocate(self, family: object, kinds: dict[str, tuple], index: int) -> Slot:
-        """A new slot of ``family`` (a dispatch's ``("dispatch", EpShape)``, or a name): every kind
-        in symmetric memory and, for a dispatch, the count exchange's (R, E + 1) table. Collective:
-        every rank calls it at the same point."""
+    def _allocate(self, family: object, kinds: dict[str, tuple], index: int, counts: int) -> Slot:
+        """A new slot of ``family``: every kind in symmetric memory and, when ``counts`` > 0, the
+        count exchange's (R, counts) int32 table. Collective: every rank calls it at the same
+        point."""
         import torch.distributed._symmetric_memory as symm_mem
 
         if self._handle is None and hasattr(symm_mem, "enable_symm_mem_for_group"):
             symm_mem.enable_symm_mem_for_group(self.group.group_name)  # a no-op on newer torch
         spec = tuple((n, tuple(shape), str(dtype)) for n, (shape, dtype) in kinds.items())
-        _same_on_every_rank(self.group, (family, index, spec))
+        _same_on_every_rank(self.group, (family, index, spec, counts))
         device = torch.device("cuda", torch.cuda.current_device())
         views = {name: self._shared(name, shape, dtype, device) for name, (shape, dtype) in kinds.items()}
-        counts = None
-        if isinstance(family, tuple) and family[0] == "dispatch":  # the count exchange's table
-            counts = self._shared("counts", (self.ranks, family[1].experts + 1), torch.int32, device)
+        table = None
+        if counts:
+            table = self._shared("counts", (self.ranks, counts), torch.int32, device)
             self.barrier()  # every rank's table initialized before any rank posts into it
         filled = torch.zeros(1, dtype=torch.int32, device=device)
-        return Slot({self.rank: views}, filled, index, counts=counts)
+        return Slot({self.rank: views}, filled, index, counts=table)
 
     def _shared(self, name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> SharedRows:
         """One buffer of symmetric memory (a collective call), its unfilled rows initialized."""
@@ -301,7 +301,7 @@ class SymmetricPool(SlotRing):
         after the next barrier :meth:`verify` checks that every rank chose the same slot of the same
         family. For the sends that have no count exchange (combine's backward)."""
         if self._slot_table is None:
-            self._slot_table = self._allocate("slot table", {"ids": ((self.ranks, 1), torch.int32)}, 0)
+            self._slot_table = self._allocate("slot table", {"ids": ((self.ranks, 1), torch.int32)}, 0, 0)
         table = self._slot_table.views[self.rank]["ids"]
         src = torch.full((1, 1), slot.ticket, dtype=torch.int32, device=table.own.device)
         zero = _zeros_int(self.ranks, src.device)
@@ -380,14 +380,28 @@ def _slot_free(slot: Slot, rank: int) -> bool:
 # --- Moving rows -------------------------------------------------------------------------------------
 
 
-def _vector_bytes(dtype: torch.dtype, width: int) -> int:
-    """The row-scatter variant's vector for rows of ``width`` elements of ``dtype``."""
-    name = str(dtype).removeprefix("torch.")
-    row_bytes = width * dtype.itemsize
-    for vec in (16, 4):
-        if (name, vec) in SCATTER_VARIANTS and row_bytes % vec == 0:
-            return vec
-    raise ValueError(f"no row-scatter variant moves rows of {width} x {dtype}")
+#: ``_row_key``'s keys, by (kernel, dtype, row width): one dict lookup per launch.
+_ROW_KEYS: dict[tuple, tuple] = {}
+
+_ROW_VARIANTS = {
+    "row_scatter": (SCATTER_VARIANTS, "row-scatter"),
+    "ep_zero_fill": (EP_FILL_VARIANTS, "zero-fill"),
+}
+
+
+def _row_key(kernel: str, dtype: torch.dtype, width: int) -> tuple:
+    """The kernel key ``(kernel, dtype name, vector bytes)`` of a row kernel (``"row_scatter"`` or
+    ``"ep_zero_fill"``) for rows of ``width`` elements of ``dtype``: 16-byte vectors where the row
+    allows, else 4 (the kernel's variants); cached."""
+    key = _ROW_KEYS.get((kernel, dtype, width))
+    if key is None:
+        variants, what = _ROW_VARIANTS[kernel]
+        name = str(dtype).removeprefix("torch.")
+        vec = next((v for v in (16, 4) if (name, v) in variants and width * dtype.itemsize % v == 0), None)
+        if vec is None:
+            raise ValueError(f"no {what} variant moves rows of {width} x {dtype}")
+        key = _ROW_KEYS[kernel, dtype, width] = (kernel, name, vec)
+    return key
 
 
 def scatter_rows(
@@ -406,9 +420,7 @@ def scatter_rows(
     if target is None:
         _scatter_rows_reference(src, [dst.own] if local else dst.tensors, src_rows, dst_index)
         return
-    vec = _vector_bytes(src.dtype, src.shape[1])
-    name = str(src.dtype).removeprefix("torch.")
-    kernel = _kernel(target, ScatterKey, ("row_scatter", name, vec))
+    kernel = _kernel(target, ScatterKey, _row_key("row_scatter", src.dtype, src.shape[1]))
     kernel(src, dst.own, src_rows, dst_index, ptrs)
 
 
@@ -772,26 +784,8 @@ def _fill_padding(lay: Layout, bufs: dict) -> None:
     for name, rows in bufs.items():
         own = rows.own
         word = _padding_word(name, own.dtype)
-        kernel = _kernel(target, FillKey, _fill_key(own))
+        kernel = _kernel(target, FillKey, _row_key("ep_zero_fill", own.dtype, own.shape[1]))
         kernel(own, lay.padded_start, lay.padded_end, lay.sizes, filled, int(fresh), word, target.num_sms)
-
-
-_FILL_KEYS: dict[tuple, tuple] = {}
-
-
-def _fill_key(buf: torch.Tensor) -> tuple:
-    """The zero fill's kernel key of a (rows, W) buffer: its dtype's name and vector width, 16 bytes
-    where the row allows, else 4 (``EP_FILL_VARIANTS``; cached per dtype and W)."""
-    shape_key = (buf.dtype, buf.shape[1])
-    key = _FILL_KEYS.get(shape_key)
-    if key is None:
-        name = str(buf.dtype).removeprefix("torch.")
-        row_bytes = buf.shape[1] * buf.dtype.itemsize
-        vec = next((v for v in (16, 4) if (name, v) in EP_FILL_VARIANTS and row_bytes % v == 0), None)
-        if vec is None:
-            raise ValueError(f"no zero-fill variant writes rows of {buf.shape[1]} x {buf.dtype}")
-        key = _FILL_KEYS[shape_key] = ("ep_zero_fill", name, vec)
-    return key
 
 
 _INDEX_TENSORS: dict[tuple, torch.Tensor] = {}
@@ -1025,7 +1019,7 @@ def run_dispatch(
 ) -> DispatchResult:
     """Steps 1-5 on this rank (module docstring)."""
     rank = pool.rank
-    slot = pool.acquire(_family(shape, "dispatch"), _dispatch_kinds(shape))
+    slot = pool.acquire(_family(shape, "dispatch"), _dispatch_kinds(shape), counts=shape.experts + 1)
     routing = route(topk_idx, shape.experts, slot.ticket)
     all_counts = pool.exchange_counts(routing, slot)
     lay = layout(routing, all_counts, rank, shape, slot.filled)
