@@ -81,11 +81,11 @@ def run_tree(tree: Path, runs: int, cpu_mock: bool, timeout: int, out: Path) -> 
 def summarize(
     base: list[dict[str, float]],
     head: list[dict[str, float]],
-    pairs: list[tuple[dict, dict]],
     tolerance: float,
 ) -> tuple[str, str]:
-    """``(table, verdict)`` of the runs: per-row medians and their difference, per-pair mean
-    differences (head - base over the rows every run has) and the module docstring's verdict."""
+    """``(table, verdict)`` of the runs (``base[i]`` and ``head[i]``: pair i): per-row medians and
+    their difference, per-pair mean differences (head - base over the rows every run has) and the
+    module docstring's verdict."""
     names = [n for n in base[0] if all(n in r for r in base + head)]
     lines = ["| row | base median | head median | head - base |", "|---|---|---|---|"]
     diffs = []
@@ -94,7 +94,7 @@ def summarize(
         h = statistics.median(r[name] for r in head)
         diffs.append(h - b)
         lines.append(f"| {name} | {b:.3f} | {h:.3f} | {h - b:+.3f} |")
-    per_pair = [statistics.fmean(h[n] - b[n] for n in names) for b, h in pairs]
+    per_pair = [statistics.fmean(h[n] - b[n] for n in names) for b, h in zip(base, head, strict=True)]
     left_out = sorted(set().union(*base, *head) - set(names))
     lines.append("")
     lines.append("per pair (head - base, mean over rows): " + ", ".join(f"{d:+.3f}" for d in per_pair))
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--pairs must be at least 2 (each tree goes first once)")
     scratch = Path(tempfile.mkdtemp(prefix="overhead_ab_"))
     try:
-        base_tree, base, head, pairs = _base_tree(args, scratch), [], [], []
+        base_tree, base, head = _base_tree(args, scratch), [], []
         for i in range(args.pairs):
             order = [("base", base_tree), ("head", ROOT)]
             got = {}
@@ -158,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 got[label] = run_tree(tree, args.runs, args.cpu_mock, args.timeout, scratch / "results")
             base.append(got["base"])
             head.append(got["head"])
-            pairs.append((got["base"], got["head"]))
-        table, verdict = summarize(base, head, pairs, args.tolerance)
+        table, verdict = summarize(base, head, args.tolerance)
         print(table)
         print(f"verdict: {verdict}")
         return 0
