@@ -107,14 +107,21 @@ def check_bool(name: str, value: Any, *, op: str | None = None) -> None:
         raise TypeError(f"{_prefix(op)}{name} must be a bool, got {describe(value)}")
 
 
+def check_typed_choice(
+    name: str, value: Any, allowed: Sequence, value_type: type, *, op: str | None = None
+) -> None:
+    """``value`` must be a ``value_type`` (not a bool; TypeError otherwise) among ``allowed``."""
+    if isinstance(value, bool) or not isinstance(value, value_type):
+        noun = value_type.__name__
+        kind = f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+        choices = ", ".join(map(str, allowed))
+        raise TypeError(f"{_prefix(op)}{name} must be {kind}, one of {choices}, got {describe(value)}")
+    check_choice(name, value, allowed, op=op)
+
+
 def check_alignment(alignment: Any, *, op: str | None = None) -> None:
     """``alignment`` must be a Python int in ``ALIGNMENTS`` (TypeError for a non-int)."""
-    if isinstance(alignment, bool) or not isinstance(alignment, int):
-        raise TypeError(
-            f"{_prefix(op)}alignment must be an int, one of {', '.join(map(str, ALIGNMENTS))}, "
-            f"got {describe(alignment)}"
-        )
-    check_choice("alignment", alignment, ALIGNMENTS, op=op)
+    check_typed_choice("alignment", alignment, ALIGNMENTS, int, op=op)
 
 
 def check_backend(backend: Any, *, op: str | None = None) -> None:

@@ -156,12 +156,10 @@ def _check_operand(step: tuple, a: dict, op: str) -> None:
 
 
 def _check_choice(p: Choice, a: dict, op: str) -> None:
-    value = a[p.name]
-    if p.value_type is not None and (isinstance(value, bool) or not isinstance(value, p.value_type)):
-        choices = ", ".join(map(str, p.values))
-        kind = _article(p.value_type.__name__)
-        raise TypeError(f"{op}: {p.name} must be {kind}, one of {choices}, got {checks.describe(value)}")
-    checks.check_choice(p.name, value, p.values, op=op)
+    if p.value_type is None:
+        checks.check_choice(p.name, a[p.name], p.values, op=op)
+    else:
+        checks.check_typed_choice(p.name, a[p.name], p.values, p.value_type, op=op)
 
 
 def _check_flag(p: Flag, a: dict, op: str) -> None:
@@ -171,10 +169,6 @@ def _check_flag(p: Flag, a: dict, op: str) -> None:
 def _check_count(p: Count, a: dict, op: str) -> None:
     if a[p.name] is not None:
         checks.check_num_tokens(a[p.name], op=op)
-
-
-def _article(noun: str) -> str:
-    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
 
 
 def _reason(why: str) -> str:
