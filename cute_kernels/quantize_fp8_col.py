@@ -59,7 +59,7 @@ from cute_utils.blocked import ceil_div
 from cute_utils.columns import PAIR, as_one_expert, block_half_view, column_pair_view, store_sector_pairs
 from cute_utils.fp8 import fp8_quant_scale_masked, reciprocal_rn
 from cute_utils.groups import group_bounds, group_of_row, row_group_bounds
-from cute_utils.mx import abs_bits, warp_transpose_max
+from cute_utils.mx import abs_bits, bf16x2_abs_max, warp_row_maxima_bf16, warp_transpose_max
 
 from .base import Kernel, LoadsInFlight
 
@@ -70,6 +70,8 @@ BLOCK = 32  # rows per block (one 32-byte run of q^T per column)
 TILE_M = 4 * BLOCK  # rows per cast row tile
 DTYPES = {"bfloat16": BFloat16, "float32": Float32}
 LAYOUTS = ("plain", "groups", "experts")
+_ABS_MASK_X2 = 0x7FFF7FFF  # a bf16 pair's sign bits cleared
+_HIGH_HALF = 0xFFFF0000
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,13 @@ def _column_loads(variant: Fp8ColVariant, blocks: int) -> LoadsInFlight:
     )
 
 
+def _block_rows(x: cute.Tensor, at: Columns, row0: Int32) -> cute.Tensor:
+    """(32, 2) view of rows ``row0 ..`` of the thread's column pair in row-major ``x`` (E, R, K):
+    row ``i`` at one row stride past row ``i - 1``, so the 32 addresses cost one add each."""
+    first = column_pair_view(x)[at.e, row0, at.pair, None]
+    return cute.make_tensor(first.iterator, cute.make_layout((BLOCK, PAIR), stride=(x.layout.stride[1], 1)))
+
+
 class _ColumnPass:
     """What both passes share: loads and the group walk (module docstring).
 
@@ -224,18 +233,30 @@ class _ColumnPass:
     @cute.jit
     def _load_block(self, x: cute.Tensor, at: Columns, row0: Int32, last: Int32, raw: cute.Tensor):
         """Rows ``row0 .. row0 + 31`` (those below ``last``) of the thread's columns into ``raw``
-        (32, 2), zero elsewhere; every load issued before any is used."""
-        raw.fill(0)
+        (32, 2), zero elsewhere; every load issued before any is used. A whole block of a column
+        pair in range (the common case) loads with no masks, each row one stride past the last."""
         if cutlass.const_expr(self.variant.vector_loads):
             pairs = column_pair_view(x)
-            for i in cutlass.range_constexpr(BLOCK):
-                if row0 + i < last and at.pair * PAIR < at.cols:
-                    cute.autovec_copy(pairs[at.e, row0 + i, at.pair, None], raw[i, None])
+            if self._unmasked_loads() and row0 + BLOCK <= last and at.pair * PAIR < at.cols:
+                rows = _block_rows(x, at, row0)
+                for i in cutlass.range_constexpr(BLOCK):
+                    cute.autovec_copy(rows[i, None], raw[i, None])
+            else:
+                raw.fill(0)
+                for i in cutlass.range_constexpr(BLOCK):
+                    if row0 + i < last and at.pair * PAIR < at.cols:
+                        cute.autovec_copy(pairs[at.e, row0 + i, at.pair, None], raw[i, None])
         else:
+            raw.fill(0)
             for i in cutlass.range_constexpr(BLOCK):
                 for j in cutlass.range_constexpr(PAIR):
                     if row0 + i < last and at.pair * PAIR + j < at.cols:
                         raw[i, j] = x[at.e, row0 + i, at.pair * PAIR + j]
+
+    def _unmasked_loads(self) -> bool:
+        """Whether whole blocks load with no masks (vector loads; not the fp32 grouped variants,
+        whose cast pass would spill under its 168-register cap on sm_100a)."""
+        return self.variant.vector_loads and not (self.variant.grouped and self.variant.dtype == "float32")
 
     @cute.jit
     def _group_at(self, offsets, at: Columns, row: Int32, steps: Int32):
@@ -312,16 +333,64 @@ def _scale_column(raw, j: cutlass.Constexpr, row0: Int32, start: Int32, end: Int
 
 
 @cute.jit
+def _scale_whole_column(raw, j: cutlass.Constexpr, q_scale, q_words):
+    """:func:`_scale_column` of a block whose rows all share ``q_scale`` (rows past the data hold 0,
+    which stays 0), with no row masks."""
+    scaled = cute.make_rmem_tensor(cute.make_layout(BLOCK), Float32)
+    for i in cutlass.range_constexpr(BLOCK):
+        scaled[i] = Float32(raw[i, j]) * q_scale
+    _to_e4m3(scaled, q_words, j)
+
+
+@cute.jit
+def _row_pair_e4m3(raw: cute.Tensor, i: cutlass.Constexpr, q_scale: Float32) -> cute.Tensor:
+    """Row ``i`` of the block's column pair times ``q_scale`` as two E4M3 (a (2,) fragment)."""
+    pair = cute.make_rmem_tensor(cute.make_layout(PAIR), Float32)
+    for j in cutlass.range_constexpr(PAIR):
+        pair[j] = Float32(raw[i, j]) * q_scale
+    q_pair = cute.make_rmem_tensor(cute.make_layout(PAIR), Float8E4M3FN)
+    q_pair.store(pair.load().to(Float8E4M3FN))
+    return q_pair
+
+
+@cute.jit
+def _block_amax(raw: cute.Tensor, acc: cute.Tensor):
+    """``acc[j] = max(acc[j], |raw[i, j]|)`` (bits) over all 32 block rows (rows past the data hold
+    0). bf16: the column pair's two maxima in one word (:func:`bf16x2_abs_max`), split at the end."""
+    if cutlass.const_expr(raw.element_type == BFloat16):
+        pair = bf16x2_abs_max(cute.recast_tensor(raw, Uint32))
+        acc[0] = cutlass.max(acc[0], Int32(pair << 16))
+        acc[1] = cutlass.max(acc[1], Int32(pair & Uint32(_HIGH_HALF)))
+    else:
+        _masked_amax(raw, Int32(0), Int32(0), Int32(BLOCK), acc)
+
+
+@cute.jit
+def _row_maxima(raw: cute.Tensor) -> Int32:
+    """Lane ``i``: row ``i``'s max over the warp's 64 columns of ``raw`` (32, 2) per lane, as bits.
+    bf16: two rows per word through the warp (:func:`warp_row_maxima_bf16`); else 32 words."""
+    if cutlass.const_expr(raw.element_type == BFloat16):
+        words = cute.recast_tensor(raw, Uint32)
+        magnitudes = cute.make_rmem_tensor(cute.make_layout(BLOCK), Uint32)
+        for i in cutlass.range_constexpr(BLOCK):
+            magnitudes[i] = words[i] & Uint32(_ABS_MASK_X2)
+        row_max = warp_row_maxima_bf16(magnitudes)
+    else:
+        rows_max = cute.make_rmem_tensor(cute.make_layout(BLOCK), Int32)
+        for i in cutlass.range_constexpr(BLOCK):
+            rows_max[i] = cutlass.max(abs_bits(Float32(raw[i, 0])), abs_bits(Float32(raw[i, 1])))
+        row_max = warp_transpose_max(rows_max)
+    return row_max
+
+
+@cute.jit
 def _fold_row_maxima(raw: cute.Tensor, amax: cute.Tensor, row_words: Int32, row0: Int32, last: Int32, stage):
     """Dual: each block row's max over the CTA's 256 columns (``raw`` (32, 2) per lane, zero past
     the data) folded into its row word with one atomic max per row and CTA: each warp's maxima
     (lane ``i``: row ``row0 + i``) go to ``stage`` (32, warps) in shared memory, warp 0 combines
     them. ``stage`` is one of two buffers the caller alternates, so one barrier per block does."""
-    rows_max = cute.make_rmem_tensor(cute.make_layout(BLOCK), Int32)
-    for i in cutlass.range_constexpr(BLOCK):
-        rows_max[i] = cutlass.max(abs_bits(Float32(raw[i, 0])), abs_bits(Float32(raw[i, 1])))
     lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
-    stage[lane, warp] = warp_transpose_max(rows_max)
+    stage[lane, warp] = _row_maxima(raw)
     cute.arch.barrier()
     if warp == 0:
         row_max = stage[lane, 0]
@@ -419,10 +488,10 @@ class Fp8ColAmaxKernel(_ColumnPass, Kernel):
                 row_words = self._row_words(offsets, x.shape[0], at.e, at.rows, at.cols)
                 _fold_row_maxima(raw, amax, row_words, row0, last, stage)
             if cutlass.const_expr(not self.variant.grouped):
-                _masked_amax(raw, row0, row0, row0 + BLOCK, acc)
+                _block_amax(raw, acc)
             else:
                 if row0 + BLOCK <= end:  # the whole block in the current group
-                    _masked_amax(raw, row0, row0, row0 + BLOCK, acc)
+                    _block_amax(raw, acc)
                 else:
                     g_last = self._last_group(offsets, at, row0, last, steps)
                     self._across_groups(amax, offsets, at, raw, row0, g, g_last, acc)
@@ -596,15 +665,10 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
                 block = raw[None, None, lb]
                 if row0 < at.rows:
                     if cutlass.const_expr(not self.variant.grouped):
-                        for j in cutlass.range_constexpr(PAIR):
-                            _scale_column(block, j, row0, row0, row0 + BLOCK, q_scale[j], q_words)
+                        self._scale_in_group(block, row0, True, q_scale, q_words)
                     else:
                         if row0 + BLOCK <= end:  # the whole block in the current group
-                            stop = row0  # rows past every group: no row scales, all give 0
-                            if self._real(g, src.offsets):
-                                stop = row0 + BLOCK
-                            for j in cutlass.range_constexpr(PAIR):
-                                _scale_column(block, j, row0, row0, stop, q_scale[j], q_words)
+                            self._scale_in_group(block, row0, self._real(g, src.offsets), q_scale, q_words)
                         else:
                             g_last = self._last_group(src.offsets, at, row0, at.rows, src.steps)
                             self._scale_across_groups(src, at, block, row0, g, g_last, q_words)
@@ -613,6 +677,24 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
                     self._store_block(q_words, qt, at, row0)
                     if cutlass.const_expr(self.variant.dual):
                         self._store_rows(block, dual, at, row0, first_row)
+
+    @cute.jit
+    def _scale_in_group(self, block, row0: Int32, real, q_scale: cute.Tensor, q_words: cute.Tensor):
+        """``q_words`` of a block inside one group: each column times its ``q_scale`` (``real``), or
+        0 (rows past every group, whatever they hold). Vector-load variants scale with no row masks
+        (rows past the data hold 0); the element variants keep them (fewer registers there)."""
+        if cutlass.const_expr(self.variant.vector_loads):
+            if real:
+                for j in cutlass.range_constexpr(PAIR):
+                    _scale_whole_column(block, j, q_scale[j], q_words)
+            else:
+                q_words.fill(0)
+        else:
+            stop = row0
+            if real:
+                stop = row0 + BLOCK
+            for j in cutlass.range_constexpr(PAIR):
+                _scale_column(block, j, row0, row0, stop, q_scale[j], q_words)
 
     @cute.jit
     def _store_scales(self, src: CastSource, scales, at: Columns, row_tile: Int32):
@@ -664,16 +746,11 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
         """Dual: the block's rows below R times their row ``q_scale`` as E4M3 into q (1, M, K) or
         (E, N, K) row-major: each lane's column pair, one 2-byte store per row (``vector_loads``;
         else per column)."""
-        pair = cute.make_rmem_tensor(cute.make_layout(PAIR), Float32)
-        q_pair = cute.make_rmem_tensor(cute.make_layout(PAIR), Float8E4M3FN)
         k0 = at.pair * PAIR
         for i in cutlass.range_constexpr(BLOCK):
             row = row0 + i
             if row < at.rows:
-                q_scale = dual.q_scales[row - first_row]
-                for j in cutlass.range_constexpr(PAIR):
-                    pair[j] = Float32(raw[i, j]) * q_scale
-                q_pair.store(pair.load().to(Float8E4M3FN))
+                q_pair = _row_pair_e4m3(raw, i, dual.q_scales[row - first_row])
                 if cutlass.const_expr(self.variant.vector_loads):
                     if k0 < at.cols:
                         cute.autovec_copy(q_pair, column_pair_view(dual.q)[at.e, row, at.pair, None])

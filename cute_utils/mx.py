@@ -230,6 +230,28 @@ def bf16_pair_max(a: Uint32, b: Uint32) -> Uint32:
 
 
 @cute.jit
+def warp_row_maxima_bf16(words: cute.Tensor) -> Int32:
+    """Lane ``l`` gets the max over the warp's 32 lanes of row ``l``'s two bf16 magnitudes, as fp32
+    bits (the convention of :func:`abs_bits`). ``words``: 32 Uint32 per lane, word ``i`` row ``i``'s
+    column pair with sign bits cleared. Rows ``i`` and ``i + 16`` share a word (:func:`bf16_pair_max`),
+    the 16 words are halved as in :func:`warp_transpose_max` (15 shuffles), and one butterfly across
+    lane bit 4 ends with rows ``l % 16`` and ``l % 16 + 16`` in lane ``l``, which keeps row ``l``."""
+    packed = cute.make_rmem_tensor(cute.make_layout(16), Uint32)
+    for i in cutlass.range_constexpr(16):
+        packed[i] = bf16_pair_max(words[i], words[i + 16])
+    lane = cute.arch.lane_idx()
+    for step in cutlass.range_constexpr(4):
+        half = 8 >> step
+        upper = (lane & half) != 0
+        for i in cutlass.range_constexpr(half):
+            keep = Uint32(cutlass.select_(upper, packed[i + half], packed[i]))
+            send = Uint32(cutlass.select_(upper, packed[i], packed[i + half]))
+            packed[i] = max_u16x2(keep, Uint32(cute.arch.shuffle_sync_bfly(send, half)))
+    both = max_u16x2(packed[0], Uint32(cute.arch.shuffle_sync_bfly(packed[0], 16)))
+    return Int32(cutlass.select_(lane >= 16, both & Uint32(_HIGH_HALF), both << 16))
+
+
+@cute.jit
 def lane_group_max_u16x2(value: Uint32, lanes: cutlass.Constexpr) -> Uint32:
     """:func:`lane_group_max` of both 16-bit halves of ``value`` (:func:`max_u16x2`)."""
     for k in cutlass.range_constexpr(int(math.log2(lanes))):
