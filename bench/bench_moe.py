@@ -428,27 +428,34 @@ def module_rows(s: Shape, torchao_mm, copy_gbps: float) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser(__doc__.splitlines()[0]).parse_args(argv)  # --quick: the first shape only
+    parser = make_parser(__doc__.splitlines()[0])  # --quick: the first shape only
+    parser.add_argument("--parts", default="gemm,module", help="comma list of gemm (the op), module")
+    args = parser.parse_args(argv)
+    parts = set(args.parts.split(","))
     if cuda_or_none("bench_moe") is None:
         return 2
     torchao_mm = _torchao_mm()
     copy_gbps = (1 << 31) / copy_baseline_best(1 << 31, torch.device("cuda"))[0].us / 1e3
     print(f"device: {torch.cuda.get_device_name()}, copy {copy_gbps:.0f} GB/s (read + write)")
     tables: list[list[dict]] = [[], [], []]
-    for s in GEMM_SHAPES[:1] if args.quick else GEMM_SHAPES:
+    for s in (GEMM_SHAPES[:1] if args.quick else GEMM_SHAPES) if "gemm" in parts else ():
         progress(f"grouped GEMM fwd+bwd: {s.name}")
         for table, row in zip(tables, gemm_rows(s, torchao_mm, copy_gbps), strict=True):
             table.append(row)
     modules = []
-    for s in MODULE_SHAPES[:1] if args.quick else MODULE_SHAPES:
+    for s in (MODULE_SHAPES[:1] if args.quick else MODULE_SHAPES) if "module" in parts else ():
         progress(f"SwiGLU experts fwd+bwd: {s.name}")
         modules += module_rows(s, torchao_mm, copy_gbps)
     meta = {"copy_GBps": copy_gbps}
     titles = ["Grouped GEMM fwd+bwd (FP8 rowwise)", "Each GEMM alone", "x's FP8 operands: dual vs row + col"]
     for stem, title, rows in zip(("moe", "moe_gemms", "moe_passes"), titles, tables, strict=True):
+        if not rows:
+            continue
         report(
             rows, list(rows[0]), title, json_path=output_paths(args.out, stem)[0], panel_key=None, meta=meta
         )
+    if not modules:
+        return 0
     module_json, _ = output_paths(args.out, "moe_module")
     report(
         modules,
