@@ -82,7 +82,7 @@ from cute_utils.blocked import (
 from cute_utils.constants import MAX_GROUPS
 from cute_utils.group_tiles import group_row_tile, k_groups_tile_column, zero_k_groups_tail
 from cute_utils.groups import prefix_smem_words
-from cute_utils.mx import BLOCK_SIZE, e4m3x2_into, e4m3x4, e8m0_scale, inverse_scale, max_u16x2
+from cute_utils.mx import ABS_MASK_X2, BLOCK_SIZE, e4m3x2_into, e4m3x4, e8m0_scale, inverse_scale, max_u16x2
 from cute_utils.occupancy import MAX_GRID_Y, chunk_major_grid, spread_row_tile
 
 from .base import WARP, Kernel, LoadsInFlight, ring_units_in_flight
@@ -99,7 +99,6 @@ ROW_BLOCK_LANES = BLOCK_SIZE // LANE_COLS  # 4 lanes per 1x32 block
 DTYPES = {"bfloat16": BFloat16, "float32": Float32}
 MODES = ("floor", "rceil")
 _ABS_MASK = 0x7FFFFFFF
-_ABS_MASK_X2 = 0x7FFF7FFF
 
 
 class ScaleLayout(str, Enum):
@@ -653,7 +652,7 @@ class QuantizeDualKernel(Kernel):
                 self._load_row(ring_words, slot, i, lane, frag)
                 m = Uint32(0)
                 for j in cutlass.range_constexpr(4):
-                    w = frag[0, j] & Uint32(_ABS_MASK_X2)
+                    w = frag[0, j] & Uint32(ABS_MASK_X2)
                     cols[j] = max_u16x2(cols[j], w)
                     m = max_u16x2(m, w)
                 if cutlass.const_expr(i % 2 == 0):

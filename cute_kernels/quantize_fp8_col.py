@@ -59,7 +59,15 @@ from cute_utils.blocked import ceil_div
 from cute_utils.columns import PAIR, as_one_expert, block_half_view, column_pair_view, store_sector_pairs
 from cute_utils.fp8 import fp8_quant_scale_masked, reciprocal_rn
 from cute_utils.groups import group_bounds, group_of_row, row_group_bounds
-from cute_utils.mx import abs_bits, bf16x2_abs_max, warp_row_maxima_bf16, warp_transpose_max
+from cute_utils.mx import (
+    abs_bits,
+    bf16_high_bits,
+    bf16_low_bits,
+    bf16x2_abs_max,
+    bf16x2_magnitudes,
+    warp_row_maxima_bf16,
+    warp_transpose_max,
+)
 
 from .base import Kernel, LoadsInFlight
 
@@ -70,8 +78,6 @@ BLOCK = 32  # rows per block (one 32-byte run of q^T per column)
 TILE_M = 4 * BLOCK  # rows per cast row tile
 DTYPES = {"bfloat16": BFloat16, "float32": Float32}
 LAYOUTS = ("plain", "groups", "experts")
-_ABS_MASK_X2 = 0x7FFF7FFF  # a bf16 pair's sign bits cleared
-_HIGH_HALF = 0xFFFF0000
 
 
 @dataclass(frozen=True)
@@ -359,8 +365,8 @@ def _block_amax(raw: cute.Tensor, acc: cute.Tensor):
     0). bf16: the column pair's two maxima in one word (:func:`bf16x2_abs_max`), split at the end."""
     if cutlass.const_expr(raw.element_type == BFloat16):
         pair = bf16x2_abs_max(cute.recast_tensor(raw, Uint32))
-        acc[0] = cutlass.max(acc[0], Int32(pair << 16))
-        acc[1] = cutlass.max(acc[1], Int32(pair & Uint32(_HIGH_HALF)))
+        acc[0] = cutlass.max(acc[0], bf16_low_bits(pair))
+        acc[1] = cutlass.max(acc[1], bf16_high_bits(pair))
     else:
         _masked_amax(raw, Int32(0), Int32(0), Int32(BLOCK), acc)
 
@@ -373,7 +379,7 @@ def _row_maxima(raw: cute.Tensor) -> Int32:
         words = cute.recast_tensor(raw, Uint32)
         magnitudes = cute.make_rmem_tensor(cute.make_layout(BLOCK), Uint32)
         for i in cutlass.range_constexpr(BLOCK):
-            magnitudes[i] = words[i] & Uint32(_ABS_MASK_X2)
+            magnitudes[i] = bf16x2_magnitudes(words[i])
         row_max = warp_row_maxima_bf16(magnitudes)
     else:
         rows_max = cute.make_rmem_tensor(cute.make_layout(BLOCK), Int32)
@@ -747,13 +753,16 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
         (E, N, K) row-major: each lane's column pair, one 2-byte store per row (``vector_loads``;
         else per column)."""
         k0 = at.pair * PAIR
+        rows = None
+        if cutlass.const_expr(self.variant.vector_loads):
+            rows = _block_rows(dual.q, at, row0)  # addressed from row0, stored below R only
         for i in cutlass.range_constexpr(BLOCK):
             row = row0 + i
             if row < at.rows:
                 q_pair = _row_pair_e4m3(raw, i, dual.q_scales[row - first_row])
                 if cutlass.const_expr(self.variant.vector_loads):
                     if k0 < at.cols:
-                        cute.autovec_copy(q_pair, column_pair_view(dual.q)[at.e, row, at.pair, None])
+                        cute.autovec_copy(q_pair, rows[i, None])
                 else:
                     for j in cutlass.range_constexpr(PAIR):
                         if k0 + j < at.cols:

@@ -187,8 +187,26 @@ def e4m3x2_into(word: Uint32, high: bool, a: Float32, b: Float32, *, loc=None, i
 
 # --- bf16 pairs in 32-bit words (element 2i in the low half of word i, 2i + 1 in the high half) ----
 
-_ABS_MASK_X2 = 0x7FFF7FFF
+ABS_MASK_X2 = 0x7FFF7FFF  # both sign bits of a bf16 pair cleared
 _HIGH_HALF = 0xFFFF0000
+
+
+@cute.jit
+def bf16x2_magnitudes(word: Uint32) -> Uint32:
+    """Both bf16 of ``word`` with their sign bits cleared."""
+    return word & Uint32(ABS_MASK_X2)
+
+
+@cute.jit
+def bf16_low_bits(m: Uint32) -> Int32:
+    """fp32 bits of the bf16 magnitude in the low half of ``m`` (the convention of :func:`abs_bits`)."""
+    return Int32(m << 16)
+
+
+@cute.jit
+def bf16_high_bits(m: Uint32) -> Int32:
+    """fp32 bits of the bf16 magnitude in the high half of ``m``."""
+    return Int32(m & Uint32(_HIGH_HALF))
 
 
 @cute.jit
@@ -197,7 +215,7 @@ def bf16x2_abs_max(words: cute.Tensor) -> Uint32:
     bits (:func:`max_u16x2`: NaN-propagating, as :func:`abs_bits`)."""
     m = Uint32(0)
     for i in cutlass.range_constexpr(cute.size(words)):
-        m = max_u16x2(m, words[i] & Uint32(_ABS_MASK_X2))
+        m = max_u16x2(m, bf16x2_magnitudes(words[i]))
     return m
 
 
@@ -248,7 +266,7 @@ def warp_row_maxima_bf16(words: cute.Tensor) -> Int32:
             send = Uint32(cutlass.select_(upper, packed[i], packed[i + half]))
             packed[i] = max_u16x2(keep, Uint32(cute.arch.shuffle_sync_bfly(send, half)))
     both = max_u16x2(packed[0], Uint32(cute.arch.shuffle_sync_bfly(packed[0], 16)))
-    return Int32(cutlass.select_(lane >= 16, both & Uint32(_HIGH_HALF), both << 16))
+    return Int32(cutlass.select_(lane >= 16, bf16_high_bits(both), bf16_low_bits(both)))
 
 
 @cute.jit
