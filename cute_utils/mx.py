@@ -47,21 +47,34 @@ def max_abs_bits(values: cute.Tensor) -> Int32:
 
 
 @cute.jit
-def warp_transpose_max(values: cute.Tensor) -> Int32:
-    """Lane ``l`` gets the max over the warp's 32 lanes of ``values[l]`` (``values``: 32 Int32 per
-    lane, e.g. amax bits of 32 rows). Recursive halving: at step ``h = 16, 8, .., 1`` a lane keeps
-    the half of its ``2 h`` live entries that its lane bit ``h`` selects and trades the other half
-    with lane ``l ^ h`` (31 shuffles in all, against 5 per entry for 32 butterfly reductions).
-    Overwrites ``values``."""
+def _halve_across_lanes(values: cute.Tensor, entries: cutlass.Constexpr, packed: cutlass.Constexpr):
+    """Recursive halving of ``entries`` (a power of two <= 32) values per lane: at step
+    ``h = entries / 2, .., 1`` a lane keeps the half of its ``2 h`` live entries that its lane bit
+    ``h`` selects and trades the other half with lane ``l ^ h`` (``entries - 1`` shuffles, against
+    ``log2(entries)`` per entry for separate butterflies). ``values[0]`` ends as the max of entry
+    ``l % entries`` over the lanes that agree with ``l`` in the bits above. ``packed``: Uint32 words
+    of two 16-bit maxima (:func:`max_u16x2`), else Int32. Overwrites ``values``."""
     lane = cute.arch.lane_idx()
-    for step in cutlass.range_constexpr(5):
-        half = 16 >> step
+    kind = Uint32 if packed else Int32
+    for step in cutlass.range_constexpr(int(math.log2(entries))):
+        half = (entries // 2) >> step
         upper = (lane & half) != 0
         for i in cutlass.range_constexpr(half):
-            keep = Int32(cutlass.select_(upper, values[i + half], values[i]))
-            send = Int32(cutlass.select_(upper, values[i], values[i + half]))
-            values[i] = cutlass.max(keep, cute.arch.shuffle_sync_bfly(send, half))
+            keep = kind(cutlass.select_(upper, values[i + half], values[i]))
+            send = kind(cutlass.select_(upper, values[i], values[i + half]))
+            if cutlass.const_expr(packed):
+                values[i] = max_u16x2(keep, Uint32(cute.arch.shuffle_sync_bfly(send, half)))
+            else:
+                values[i] = cutlass.max(keep, cute.arch.shuffle_sync_bfly(send, half))
     return values[0]
+
+
+@cute.jit
+def warp_transpose_max(values: cute.Tensor) -> Int32:
+    """Lane ``l`` gets the max over the warp's 32 lanes of ``values[l]`` (``values``: 32 Int32 per
+    lane, e.g. amax bits of 32 rows; :func:`_halve_across_lanes`, 31 shuffles). Overwrites
+    ``values``."""
+    return _halve_across_lanes(values, 32, False)
 
 
 @cute.jit
@@ -252,20 +265,14 @@ def warp_row_maxima_bf16(words: cute.Tensor) -> Int32:
     """Lane ``l`` gets the max over the warp's 32 lanes of row ``l``'s two bf16 magnitudes, as fp32
     bits (the convention of :func:`abs_bits`). ``words``: 32 Uint32 per lane, word ``i`` row ``i``'s
     column pair with sign bits cleared. Rows ``i`` and ``i + 16`` share a word (:func:`bf16_pair_max`),
-    the 16 words are halved as in :func:`warp_transpose_max` (15 shuffles), and one butterfly across
+    the 16 words are halved across lanes (:func:`_halve_across_lanes`, 15 shuffles), and one butterfly across
     lane bit 4 ends with rows ``l % 16`` and ``l % 16 + 16`` in lane ``l``, which keeps row ``l``."""
     packed = cute.make_rmem_tensor(cute.make_layout(16), Uint32)
     for i in cutlass.range_constexpr(16):
         packed[i] = bf16_pair_max(words[i], words[i + 16])
     lane = cute.arch.lane_idx()
-    for step in cutlass.range_constexpr(4):
-        half = 8 >> step
-        upper = (lane & half) != 0
-        for i in cutlass.range_constexpr(half):
-            keep = Uint32(cutlass.select_(upper, packed[i + half], packed[i]))
-            send = Uint32(cutlass.select_(upper, packed[i], packed[i + half]))
-            packed[i] = max_u16x2(keep, Uint32(cute.arch.shuffle_sync_bfly(send, half)))
-    both = max_u16x2(packed[0], Uint32(cute.arch.shuffle_sync_bfly(packed[0], 16)))
+    pair = _halve_across_lanes(packed, 16, True)
+    both = max_u16x2(pair, Uint32(cute.arch.shuffle_sync_bfly(pair, 16)))
     return Int32(cutlass.select_(lane >= 16, bf16_high_bits(both), bf16_low_bits(both)))
 
 
