@@ -34,7 +34,7 @@ import torch
 
 import torch_bindings
 from bench.common.baselines import copy_baseline_best
-from bench.common.cli import make_parser, output_paths, progress
+from bench.common.cli import add_parts_arg, make_parser, output_paths, progress
 from bench.common.device import cuda_or_none
 from bench.common.groups import skewed_group_ends
 from bench.common.report import report
@@ -221,9 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: 0, or 2 without a GPU."""
     parser = make_parser(__doc__.splitlines()[0])  # --quick: K = 7168, M = 16384, 131072
     parser.add_argument("--rows", type=int, nargs="+", help="these M only (default: all, or --quick's)")
-    parser.add_argument(
-        "--parts", default="cols,3d,dual,3d_dual", help="comma list of cols, 3d, dual, 3d_dual"
-    )
+    add_parts_arg(parser, ("cols", "3d", "dual", "3d_dual"))
     parser.add_argument("--once", action="store_true", help="the 3-D dual at 16 x 8192 x 5120, untimed (ncu)")
     args = parser.parse_args(argv)
     if cuda_or_none("bench_fp8_cols") is None:
@@ -231,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.once:
         run_once(EXPERTS[2])
         return 0
-    parts = set(args.parts.split(","))
+    parts = args.parts
     colwise, transpose_rhs, rowwise = _torchao()
     rows_list = args.rows or ((16384, 131072) if args.quick else ROWS)
     cols_list = (7168,) if args.quick else COLS

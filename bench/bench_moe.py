@@ -17,7 +17,7 @@ second read is not counted; copy GB/s measured in this run).
 
 Run (GPU machine, project root on PYTHONPATH)::
 
-    python -m bench.bench_moe [--quick] [--out DIR]
+    python -m bench.bench_moe [--quick] [--parts gemm,module] [--out DIR]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 
 import torch_bindings as tb
 from bench.common.baselines import copy_baseline_best
-from bench.common.cli import make_parser, output_paths, progress
+from bench.common.cli import add_parts_arg, make_parser, output_paths, progress
 from bench.common.device import cuda_or_none
 from bench.common.groups import skewed_group_sizes
 from bench.common.report import report
@@ -429,9 +429,9 @@ def module_rows(s: Shape, torchao_mm, copy_gbps: float) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0])  # --quick: the first shape only
-    parser.add_argument("--parts", default="gemm,module", help="comma list of gemm (the op), module")
+    add_parts_arg(parser, ("gemm", "module"))  # gemm: the op (scaled_grouped_mm) tables
     args = parser.parse_args(argv)
-    parts = set(args.parts.split(","))
+    parts = args.parts
     if cuda_or_none("bench_moe") is None:
         return 2
     torchao_mm = _torchao_mm()

@@ -26,8 +26,9 @@ A column's amax spans up to M rows: far more than a chip holds, so two passes (n
 
 The dual (``quantize_fp8_2d_dual`` and ``quantize_fp8_3d_dual``, variants with ``dual``) adds the
 row side to both passes, so x is read twice, not three times: the amax pass also reduces each
-32-row block's rows over the CTA's 256 columns (a 31-shuffle warp transpose-max,
-``cute_utils.mx.warp_transpose_max``, then the 4 warps' maxima through shared memory) and folds
+32-row block's rows over the CTA's 256 columns (a warp transpose-max: bf16 two rows per word,
+``cute_utils.mx.warp_row_maxima_bf16``, 16 shuffles; fp32 ``warp_transpose_max``, 31; then the 4
+warps' maxima through shared memory) and folds
 them into one row word per row after the column words (M words, or E N for experts: row (e, n) at
 ``E K + e N + n``; one atomic max per row and CTA); the cast pass computes the row tile's 128 row
 ``q_scale`` once per CTA into shared memory and writes q row-major ((M, K) or (E, N, K): 2 bytes
@@ -242,16 +243,15 @@ class _ColumnPass:
         (32, 2), zero elsewhere; every load issued before any is used. A whole block of a column
         pair in range (the common case) loads with no masks, each row one stride past the last."""
         if cutlass.const_expr(self.variant.vector_loads):
-            pairs = column_pair_view(x)
-            if self._unmasked_loads() and row0 + BLOCK <= last and at.pair * PAIR < at.cols:
-                rows = _block_rows(x, at, row0)
-                for i in cutlass.range_constexpr(BLOCK):
-                    cute.autovec_copy(rows[i, None], raw[i, None])
+            if cutlass.const_expr(self._unmasked_loads()):
+                if row0 + BLOCK <= last and at.pair * PAIR < at.cols:
+                    rows = _block_rows(x, at, row0)
+                    for i in cutlass.range_constexpr(BLOCK):
+                        cute.autovec_copy(rows[i, None], raw[i, None])
+                else:
+                    self._load_pairs_masked(x, at, row0, last, raw)
             else:
-                raw.fill(0)
-                for i in cutlass.range_constexpr(BLOCK):
-                    if row0 + i < last and at.pair * PAIR < at.cols:
-                        cute.autovec_copy(pairs[at.e, row0 + i, at.pair, None], raw[i, None])
+                self._load_pairs_masked(x, at, row0, last, raw)
         else:
             raw.fill(0)
             for i in cutlass.range_constexpr(BLOCK):
@@ -259,10 +259,19 @@ class _ColumnPass:
                     if row0 + i < last and at.pair * PAIR + j < at.cols:
                         raw[i, j] = x[at.e, row0 + i, at.pair * PAIR + j]
 
+    @cute.jit
+    def _load_pairs_masked(self, x: cute.Tensor, at: Columns, row0: Int32, last: Int32, raw: cute.Tensor):
+        """:meth:`_load_block` with vector loads, each row under its mask (zero past ``last`` or K)."""
+        raw.fill(0)
+        pairs = column_pair_view(x)
+        for i in cutlass.range_constexpr(BLOCK):
+            if row0 + i < last and at.pair * PAIR < at.cols:
+                cute.autovec_copy(pairs[at.e, row0 + i, at.pair, None], raw[i, None])
+
     def _unmasked_loads(self) -> bool:
-        """Whether whole blocks load with no masks (vector loads; not the fp32 grouped variants,
-        whose cast pass would spill under its 168-register cap on sm_100a)."""
-        return self.variant.vector_loads and not (self.variant.grouped and self.variant.dtype == "float32")
+        """Whether whole blocks load with no masks: not in the fp32 grouped variants, whose cast pass
+        would spill (notes/fp8-col-kernels.md, "lean loads")."""
+        return not (self.variant.grouped and self.variant.dtype == "float32")
 
     @cute.jit
     def _group_at(self, offsets, at: Columns, row: Int32, steps: Int32):
@@ -340,8 +349,8 @@ def _scale_column(raw, j: cutlass.Constexpr, row0: Int32, start: Int32, end: Int
 
 @cute.jit
 def _scale_whole_column(raw, j: cutlass.Constexpr, q_scale, q_words):
-    """:func:`_scale_column` of a block whose rows all share ``q_scale`` (rows past the data hold 0,
-    which stays 0), with no row masks."""
+    """:func:`_scale_column` of a block whose rows all share ``q_scale``, with no row masks: rows
+    past R are scaled too but never stored."""
     scaled = cute.make_rmem_tensor(cute.make_layout(BLOCK), Float32)
     for i in cutlass.range_constexpr(BLOCK):
         scaled[i] = Float32(raw[i, j]) * q_scale
@@ -368,7 +377,9 @@ def _block_amax(raw: cute.Tensor, acc: cute.Tensor):
         acc[0] = cutlass.max(acc[0], bf16_low_bits(pair))
         acc[1] = cutlass.max(acc[1], bf16_high_bits(pair))
     else:
-        _masked_amax(raw, Int32(0), Int32(0), Int32(BLOCK), acc)
+        for i in cutlass.range_constexpr(BLOCK):
+            for j in cutlass.range_constexpr(PAIR):
+                acc[j] = cutlass.max(acc[j], abs_bits(Float32(raw[i, j])))
 
 
 @cute.jit
@@ -686,8 +697,9 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
 
     @cute.jit
     def _scale_in_group(self, block, row0: Int32, real, q_scale: cute.Tensor, q_words: cute.Tensor):
-        """``q_words`` of a block inside one group: each column times its ``q_scale`` (``real``), or
-        0 (rows past every group, whatever they hold). Vector-load variants scale with no row masks
+        """``q_words`` of a block inside one group: each column times its ``q_scale`` (``real``: a DSL
+        Boolean, or Python ``True`` for the layouts without groups, a constant branch), or 0 (rows
+        past every group, whatever they hold). Vector-load variants scale with no row masks
         (rows past the data hold 0); the element variants keep them (fewer registers there)."""
         if cutlass.const_expr(self.variant.vector_loads):
             if real:

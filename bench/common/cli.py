@@ -83,6 +83,22 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     return add_common_args(parser)
 
 
+def add_parts_arg(parser: argparse.ArgumentParser, parts: tuple[str, ...]) -> None:
+    """``--parts``: a comma list of ``parts`` (default: all), parsed to a ``frozenset``; an unknown
+    name is a usage error rather than a run that measures nothing."""
+
+    def parse(text: str) -> frozenset[str]:
+        chosen = frozenset(name.strip() for name in text.split(",") if name.strip())
+        unknown = sorted(chosen - set(parts))
+        if unknown or not chosen:
+            names = ", ".join(parts)
+            raise argparse.ArgumentTypeError(f"unknown part(s) {unknown or text!r}; choose from {names}")
+        return chosen
+
+    help_text = f"comma list of {', '.join(parts)} (default: all)"
+    parser.add_argument("--parts", type=parse, default=frozenset(parts), help=help_text)
+
+
 def resolve_out_dir(out: str | os.PathLike[str] | argparse.Namespace | None) -> Path:
     """The results folder (``--out`` or ``bench/results``), created if missing."""
     if isinstance(out, argparse.Namespace):

@@ -172,8 +172,8 @@ def quantize_fp8_col_cast(variant):
 
     # two blocks in flight only where they fit the register cap (bf16, vector loads and stores)
     fits = variant.dtype == "bfloat16" and variant.vector_loads and variant.vector_stores
-    # grouped byte stores (R % 16 != 0) spill 8 bytes under the 168-register cap, and so do the
-    # dual's row stores (2-D and experts: the same row side, 222 registers bf16 s16): 2 CTAs per SM
+    # grouped byte stores (R % 16 != 0) spill under the 168-register cap, and so do the dual's
+    # row stores (2-D and experts: the same row side): 2 CTAs per SM
     spills = variant.dual or (variant.grouped and not variant.vector_stores)
     return Fp8ColCastConfig(min_ctas_per_sm=2 if spills else 3, load_blocks=2 if fits else 1)
 
