@@ -333,3 +333,22 @@ def test_cpu_no_grad_makes_no_wgrad_operand(monkeypatch):
         trained = tb.scaled_grouped_mm(x, w, ends)
     assert calls["cols"] == 1
     assert torch.equal(evaluated.view(torch.uint8), trained.detach().view(torch.uint8))
+
+
+@pytest.mark.parametrize(
+    "gemm,own,aligned,forward,wgrad",
+    [
+        ("native", "", False, False, False),
+        ("cute", "all", True, True, True),
+        ("cute_2d3d", "2d3d", False, True, False),
+    ],
+)
+def test_step_names_the_gemms_that_are_ours(monkeypatch, gemm, own, aligned, forward, wgrad):
+    """``make_step``: which GEMMs run the project's kernel (forward and dgrad: a 3-D right operand;
+    wgrad: 2-D), and that only ``gemm="cute"`` takes ragged groups (no padding)."""
+    monkeypatch.setattr(grouped_mm, "gemm_path", lambda recipe, device, choice: gemm)
+    monkeypatch.setattr(grouped_mm, "gemm_path_quiet", lambda recipe, device: "native")
+    ends = torch.tensor([4, 8], dtype=torch.int32)
+    step = grouped_mm.make_step("fp8_rowwise", gemm, ends, False, "auto", op="test")
+    assert (step.own_gemms, step.aligned, step.emulated) == (own, aligned, False)
+    assert (step.runs_own_gemm(3), step.runs_own_gemm(2)) == (forward, wgrad)

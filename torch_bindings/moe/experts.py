@@ -19,9 +19,9 @@ operand functions (:class:`Fp8Rowwise`, :class:`Mxfp8`), so that
 
 The groups must start on the recipe's alignment (``GROUP_ALIGNMENT``): ``GroupedExperts`` pads
 unaligned groups once around this function; dispatch output and ``pad_token_groups`` output are
-aligned already. With the project's own FP8 GEMM (``step.cute``, ``gemm="cute"``: experimental,
-opt-in) the groups may be ragged: its wgrad takes them as they are, the
-column operands are quantized over the caller's groups, and nothing is padded. ``step.cute_2d3d``
+aligned already. With the project's own FP8 GEMM (``step.own_gemms == "all"``, ``gemm="cute"``:
+experimental, opt-in) the groups may be ragged: its wgrad takes them as they are, the
+column operands are quantized over the caller's groups, and nothing is padded. ``"2d3d"``
 (``gemm="cute_2d3d"``) runs that kernel for the 2d x 3d GEMMs only, with the default padding. x
 may also arrive quantized (:class:`QuantizedTokens`, from ``ep.dispatch``): its forward operand is
 used as it is and its column operand is made from the dequantized rows.
@@ -145,8 +145,8 @@ def _swiglu_backward_torch(grad_h: Tensor, h13: Tensor) -> Tensor:
 class Fp8Rowwise:
     """FP8 rowwise operands (SPEC section 7): rows of activations for the 2d x 3d GEMMs, columns per
     group for the wgrad, weights along K (forward) or N (dgrad); ``torch._scaled_grouped_mm`` with
-    fast accumulation, its emulation, or the project's sm_90a kernel (``step.cute``, or for the 2d x
-    3d GEMMs ``step.cute_2d3d``: the same operands, laid out for it by ``grouped_mm._cute_gemm``,
+    fast accumulation, its emulation, or the project's sm_90a kernel (``step.own_gemms``: all, or
+    the 2d x 3d GEMMs: the same operands, laid out for it by ``grouped_mm._cute_gemm``,
     groups of any sizes)."""
 
     name = "fp8_rowwise"
@@ -420,7 +420,7 @@ def experts_forward(
     """The expert block (module docstring) without checks: x (M, D) bf16/fp32 or
     :class:`QuantizedTokens`; w13 (E, 2H, D), w2 (E, D, H) bf16/fp32; ``ends`` (E,) int32; ``step``
     the recipe, GEMM path and backend, ``step.aligned`` whether the groups need no padding (they
-    start on the recipe's alignment, as ``QuantizedTokens`` always do, or ``step.cute``). Returns
+    start on the recipe's alignment, as ``QuantizedTokens`` always do, or ``gemm="cute"``). Returns
     (M, D) in :func:`output_dtype`."""
     tokens = x if isinstance(x, QuantizedTokens) else None
     device = ends.device

@@ -127,20 +127,25 @@ class _Step:
     """What one call runs: the recipe, whether its torch GEMMs are emulated, whether its groups need
     no padding (``aligned``: they start on the recipe's alignment, offsets made by
     ``pad_token_groups`` with that alignment or a dispatch, or the GEMMs take ragged groups:
-    ``cute``), the ``backend`` of its quantization and padding ops, and which GEMMs are the
-    project's own (fp8_rowwise): all three (``cute``: ``gemm="cute"``) or the forward and dgrad, the
-    2d x 3d ones (``cute_2d3d``: ``gemm="cute_2d3d"``; the wgrad is torch's, on padded groups)."""
+    ``gemm="cute"``), the ``backend`` of its quantization and padding ops, and which GEMMs are the
+    project's own (fp8_rowwise), ``own_gemms``: ``""`` none, ``"all"`` (``gemm="cute"``) or
+    ``"2d3d"``, the forward and dgrad (``gemm="cute_2d3d"``; the wgrad is torch's, on padded
+    groups)."""
 
     recipe: str
     emulated: bool
     aligned: bool
     backend: str = "auto"
-    cute: bool = False
-    cute_2d3d: bool = False
+    own_gemms: str = ""
 
     @property
     def alignment(self) -> int:
         return GROUP_ALIGNMENT[self.recipe]
+
+    def runs_own_gemm(self, rhs_dims: int) -> bool:
+        """Whether a GEMM whose right operand has ``rhs_dims`` dims (3: 2d x 3d, forward and dgrad;
+        2: the 2d x 2d wgrad) runs the project's kernel."""
+        return self.own_gemms == "all" or (self.own_gemms == "2d3d" and rhs_dims == 3)
 
 
 def make_step(recipe: str, gemm: str, ends: torch.Tensor, aligned: bool, backend: str, *, op: str) -> _Step:
@@ -159,10 +164,8 @@ def make_step(recipe: str, gemm: str, ends: torch.Tensor, aligned: bool, backend
                 f"{op}: gemm={path!r} takes at most {MAX_GROUPS} experts, group_end_offsets has {groups}"
             )
     torch_path = gemm_path_quiet(recipe, ends.device) if path == "cute_2d3d" else path  # the wgrad's
-    cute = path == "cute"
-    return _Step(
-        recipe, torch_path == "emulated", aligned or cute, backend, cute=cute, cute_2d3d=path == "cute_2d3d"
-    )
+    own_gemms = {"cute": "all", "cute_2d3d": "2d3d"}.get(path, "")
+    return _Step(recipe, torch_path == "emulated", aligned or path == "cute", backend, own_gemms)
 
 
 @dataclass(frozen=True)
@@ -273,9 +276,9 @@ def _fp8_gemm(a, b, scale_a, scale_b, ends, step: _Step) -> torch.Tensor:
     """The FP8 rowwise grouped GEMM (fast accumulation, as torchao's recipe): 2d x 3d (a (M, Kc)
     row-major, scale_a (M,); b (E, Kc, N) column-major, scale_b (E, N)) or 2d x 2d (a (N, Mp)
     row-major, b (Mp, K) column-major, group-major scales (G N,) and (G K,)); groups along M or
-    along Mp by ``ends``. ``step.cute``: the project's kernel (:func:`_cute_gemm`; any groups);
-    ``step.cute_2d3d``: the project's kernel for the 2d x 3d GEMMs only."""
-    if step.cute or (step.cute_2d3d and b.dim() == 3):
+    along Mp by ``ends``. The project's kernel (:func:`_cute_gemm`; any groups) where
+    :meth:`_Step.runs_own_gemm` says so."""
+    if step.runs_own_gemm(b.dim()):
         return _cute_gemm(a, b, scale_a, scale_b, ends)
     if not step.emulated:
         return torch._scaled_grouped_mm(
