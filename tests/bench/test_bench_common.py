@@ -204,6 +204,18 @@ def test_parser_options(tmp_path: Path) -> None:
     assert (tmp_path / "o").is_dir()
 
 
+def test_parts_arg(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = common.make_parser("x")
+    cli.add_parts_arg(parser, ("gemm", "module"))
+    assert parser.parse_args([]).parts == {"gemm", "module"}
+    assert parser.parse_args(["--parts", "module, gemm"]).parts == {"gemm", "module"}
+    assert parser.parse_args(["--parts", "module"]).parts == {"module"}
+    for bad in ("modules", ",", "gemm,x"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--parts", bad])
+    assert "choose from gemm, module" in capsys.readouterr().err
+
+
 def test_default_results_dir_is_bench_results() -> None:
     assert common.RESULTS_DIR == cli.RESULTS_DIR == Path(cli.__file__).resolve().parents[1] / "results"
     assert common.RESULTS_DIR.name == "results" and common.RESULTS_DIR.parent.name == "bench"
