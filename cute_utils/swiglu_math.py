@@ -39,14 +39,13 @@ from .constants import (
     f32_of_bits,
 )
 from .fp8 import add_rn, mul_rn
-from .mx import max_u16x2
+from .mx import bf16_halves_max_bits, bf16x2_magnitudes, max_u16x2
 
 _LOG2E = f32_of_bits(SWIGLU_LOG2E_BITS)
 _NEG_LN2_HI = -f32_of_bits(SWIGLU_LN2_HI_BITS)
 _NEG_LN2_LO = -f32_of_bits(SWIGLU_LN2_LO_BITS)
 _EXP_COEFFS = tuple(f32_of_bits(b) for b in SWIGLU_EXP_COEFF_BITS)  # c2..c6
 _SIGN = -(1 << 31)  # the fp32 sign bit as an Int32
-_BF16_ABS_PAIR = 0x7FFF7FFF
 
 
 def _asm(result_type, constraints: str, text: str, *operands, loc=None, ip=None):
@@ -162,10 +161,8 @@ def silu_grad(parts: SiluParts) -> Float32:
 def bf16_amax(amax: Uint32, word: Uint32) -> Uint32:
     """Running lane-wise max of the bf16 magnitudes of ``word`` (two bf16, sign bits cleared): an
     integer max is a NaN-propagating float max (``cute_utils.mx.max_u16x2``)."""
-    return max_u16x2(amax, word & Uint32(_BF16_ABS_PAIR))
+    return max_u16x2(amax, bf16x2_magnitudes(word))
 
 
-@cute.jit
-def amax_bits(amax: Uint32) -> Int32:
-    """fp32 bits of the larger of the two bf16 magnitudes of a :func:`bf16_amax` word."""
-    return Int32(cutlass.max(amax << 16, amax & Uint32(0xFFFF0000)))
+#: fp32 bits of the larger of the two bf16 magnitudes of a :func:`bf16_amax` word.
+amax_bits = bf16_halves_max_bits
