@@ -53,6 +53,7 @@ import torch
 from cute_utils.constants import EP_FILL_VARIANTS, EP_MAX_EXPERTS, SCATTER_VARIANTS
 
 from .. import checks, reference, targets
+from ..contract import dtype_name
 from ..ep_send import SendBuffers, buffer_specs, quantize_and_send
 from ..swizzle import swizzle_scales
 
@@ -396,7 +397,7 @@ def _row_key(kernel: str, dtype: torch.dtype, width: int) -> tuple:
     key = _ROW_KEYS.get((kernel, dtype, width))
     if key is None:
         variants, what = _ROW_VARIANTS[kernel]
-        name = str(dtype).removeprefix("torch.")
+        name = dtype_name(dtype)
         vec = next((v for v in (16, 4) if (name, v) in variants and width * dtype.itemsize % v == 0), None)
         if vec is None:
             raise ValueError(f"no {what} variant moves rows of {width} x {dtype}")
