@@ -59,15 +59,14 @@ class Multiple:
 
 @dataclass(frozen=True)
 class Operand:
-    """A tensor argument: its rank is one of ``ranks``, its dtype one of ``dtypes`` (torch names,
-    or :data:`BYTE_COPY`), row-major when ``contiguous``; ``multiples`` constrain its sizes;
-    ``device_of``: another operand whose device it must share."""
+    """A tensor argument, row-major: its rank is one of ``ranks``, its dtype one of ``dtypes``
+    (torch names, or :data:`BYTE_COPY`); ``multiples`` constrain its sizes; ``device_of``: another
+    operand whose device it must share."""
 
     name: str
     ranks: tuple[int, ...]
     dtypes: tuple[str, ...]
     multiples: tuple[Multiple, ...] = ()
-    contiguous: bool = True
     device_of: str | None = None
 
 
@@ -115,11 +114,10 @@ class Count:
 class Limits:
     """The kernel path's limits beyond the contract (the reference has none): at most
     ``max_groups`` groups, ``max_experts`` experts (None: no limit), data pointers aligned to
-    ``align`` bytes."""
+    ``VECTOR_ALIGN`` bytes."""
 
     max_groups: int | None = MAX_GROUPS
     max_experts: int | None = None
-    align: int = VECTOR_ALIGN
 
     def accepts(self, groups: int | None = None, experts: int | None = None, ptrs: tuple = ()) -> bool:
         """Whether a launch of ``groups`` groups (None: ungrouped), ``experts`` experts and data
@@ -128,7 +126,7 @@ class Limits:
             return False
         if experts is not None and self.max_experts is not None and experts > self.max_experts:
             return False
-        return all(ptr % self.align == 0 for ptr in ptrs)
+        return all(ptr % VECTOR_ALIGN == 0 for ptr in ptrs)
 
 
 @dataclass(frozen=True)
@@ -229,8 +227,8 @@ def padded_rows(rows, num_groups, alignment: int):
     return _round_up(rows + num_groups * alignment, alignment)
 
 
-def _groups(args: dict, name: str = "group_end_offsets") -> int | None:
-    offsets = args[name]
+def _groups(args: dict) -> int | None:
+    offsets = args["group_end_offsets"]
     return None if offsets is None else offsets.shape[0]
 
 

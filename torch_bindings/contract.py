@@ -148,7 +148,7 @@ def _check_operand(step: tuple, a: dict, op: str) -> None:
     if dtypes is None:
         checks.check_byte_copy_tensor(p.name, t, op=op)
     else:
-        checks.check_tensor(p.name, t, ndim=p.ranks, dtypes=dtypes, op=op, contiguous=p.contiguous)
+        checks.check_tensor(p.name, t, ndim=p.ranks, dtypes=dtypes, op=op)
     if p.device_of is not None and t.device != a[p.device_of].device:
         other = a[p.device_of].device
         where = f"got {other} and {t.device}"

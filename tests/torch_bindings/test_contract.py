@@ -107,10 +107,10 @@ def test_kernel_limits_read_the_spec():
 
     spec = op_specs.QUANTIZE_MXFP8_2D
     k = spec.divisor("x", "K")
-    assert Quantize1x32Kernel.can_implement(k, spec.limits.max_groups, 0, spec.limits.align)
+    assert Quantize1x32Kernel.can_implement(k, spec.limits.max_groups, 0, op_specs.VECTOR_ALIGN)
     assert not Quantize1x32Kernel.can_implement(k, spec.limits.max_groups + 1)
     assert not Quantize1x32Kernel.can_implement(k // 2, None)
-    assert not Quantize1x32Kernel.can_implement(k, None, spec.limits.align // 2)
+    assert not Quantize1x32Kernel.can_implement(k, None, op_specs.VECTOR_ALIGN // 2)
     dual = op_specs.QUANTIZE_MXFP8_2D_DUAL
     assert QuantizeDualKernel.can_implement(
         dual.divisor("x", "M"), dual.divisor("x", "K"), dual.limits.max_groups
@@ -173,4 +173,3 @@ def test_kernel_path_limits_are_the_specs():
 
     assert checks.MAX_KERNEL_GROUPS == op_specs.QUANTIZE_MXFP8_2D.limits.max_groups
     assert checks.MAX_KERNEL_EXPERTS == op_specs.QUANTIZE_FP8_3D.limits.max_experts
-    assert all(spec.limits.align == op_specs.VECTOR_ALIGN for spec in _specs().values())
