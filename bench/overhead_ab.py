@@ -24,6 +24,7 @@ bench | tar x -C DIR``, made beforehand and carried along.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -36,24 +37,14 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("cute_kernels", "cute_utils", "torch_bindings", "bench")
 
 
-def parse_ratios(text: str) -> dict[str, float]:
-    """``{row: ratio}`` from ``bench_overhead``'s markdown table: the column headed ``ratio``; rows
+def ratios_of(doc: dict) -> dict[str, float]:
+    """``{row: ratio}`` from ``bench_overhead``'s JSON (``{"rows": [{"call", "ratio", ...}]}``); rows
     without a number there (the scale rows, an op that raised) are left out."""
-    rows, column = {}, None
-    for line in text.splitlines():
-        if not line.startswith("| "):
-            continue
-        cells = [c.strip() for c in line.split("|")]
-        if cells[1] == "call":
-            column = cells.index("ratio") if "ratio" in cells else None
-            continue
-        if column is None or len(cells) <= column:
-            continue
-        try:
-            rows[cells[1]] = float(cells[column])
-        except ValueError:
-            continue
-    return rows
+    return {
+        row["call"]: float(row["ratio"])
+        for row in doc.get("rows", [])
+        if isinstance(row.get("ratio"), (int, float)) and not isinstance(row.get("ratio"), bool)
+    }
 
 
 def run_tree(tree: Path, runs: int, cpu_mock: bool, timeout: int, out: Path) -> dict[str, float]:
@@ -63,6 +54,8 @@ def run_tree(tree: Path, runs: int, cpu_mock: bool, timeout: int, out: Path) -> 
         os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
     )
     cmd = [sys.executable, "-m", "bench.bench_overhead", "--runs", str(runs), "--out", str(out)]
+    result = out / "bench_overhead.json"
+    result.unlink(missing_ok=True)  # a failed run must not leave the previous run's rows to be read
     out_run = subprocess.run(
         cmd + (["--cpu-mock"] if cpu_mock else []),
         cwd=tree,
@@ -71,10 +64,10 @@ def run_tree(tree: Path, runs: int, cpu_mock: bool, timeout: int, out: Path) -> 
         text=True,
         timeout=timeout,
     )
-    rows = parse_ratios(out_run.stdout)
+    rows = ratios_of(json.loads(result.read_text())) if result.exists() else {}
     if not rows:
         tail = out_run.stderr[-2000:]
-        raise RuntimeError(f"bench_overhead in {tree} printed no ratios (exit {out_run.returncode}):\n{tail}")
+        raise RuntimeError(f"bench_overhead in {tree} wrote no ratios (exit {out_run.returncode}):\n{tail}")
     return rows
 
 
