@@ -84,6 +84,7 @@ from cute_utils.mx_rows import (
     store_plain_scales,
 )
 from cute_utils.occupancy import DEFAULT_NUM_SMS, MAX_GRID_Y, chunk_major_grid, resident_ctas
+from cute_utils.smem import storage_struct
 
 from .base import Kernel, LoadsInFlight, ring_units_in_flight
 
@@ -218,7 +219,7 @@ def shared_storage(dtype_name: str, layout: ScaleLayout, config: QuantizeConfig)
         fields["warp_totals"] = cute.struct.Align[cute.struct.MemRange[Int32, WARPS], 16]
     if layout is ScaleLayout.PADDED:
         fields["aligned"] = cute.struct.Align[cute.struct.MemRange[Int32, words], 16]
-    return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+    return storage_struct(fields)
 
 
 def _scale_view(scales: cute.Tensor, layout: ScaleLayout, rows, scale_cols) -> cute.Tensor:

@@ -69,6 +69,7 @@ from cute_utils.group_tiles import (
 )
 from cute_utils.groups import prefix_smem_words
 from cute_utils.mx import BLOCK_SIZE, abs_bits, e8m0_scale, inverse_scale
+from cute_utils.smem import storage_struct
 
 from .base import Kernel, LoadsInFlight
 
@@ -167,7 +168,7 @@ def shared_storage(layout: ScaleLayout, config: Quantize32x1Config):
         "ends": cute.struct.Align[cute.struct.MemRange[Int32, words], 16],
         "warp_totals": cute.struct.Align[cute.struct.MemRange[Int32, THREADS // 32], 16],
     }
-    return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+    return storage_struct(fields)
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,7 @@ from cute_utils.group_tiles import group_row_tile, k_groups_tile_column, zero_k_
 from cute_utils.groups import prefix_smem_words
 from cute_utils.mx import ABS_MASK_X2, BLOCK_SIZE, e4m3x2_into, e4m3x4, e8m0_scale, inverse_scale, max_u16x2
 from cute_utils.occupancy import MAX_GRID_Y, chunk_major_grid, spread_row_tile
+from cute_utils.smem import storage_struct
 
 from .base import WARP, Kernel, LoadsInFlight, ring_units_in_flight
 
@@ -278,7 +279,7 @@ def shared_storage(variant: DualVariant, config: DualConfig):
         "ring": cute.struct.Align[cute.struct.MemRange[Uint32, ring], 128],
         "stage": cute.struct.Align[cute.struct.MemRange[Uint32, _stage_words(variant.layout, warps)], 128],
     }
-    return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+    return storage_struct(fields)
 
 
 class QuantizeDualKernel(Kernel):

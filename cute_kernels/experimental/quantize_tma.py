@@ -63,6 +63,7 @@ from cute_utils.mx_rows import (
     row_scale_word,
     store_plain_scales,
 )
+from cute_utils.smem import storage_struct
 
 LAYOUTS = (ScaleLayout.PLAIN, ScaleLayout.BLOCKED)
 SMEM_BYTES = 232448  # shared memory per CTA on sm_90 and sm_100
@@ -113,7 +114,7 @@ def shared_storage(dtype, config: TmaQuantizeConfig):
     }
     if config.store_stages:
         fields["q_slots"] = tma.slots_field(Float8E4M3FN, box_rows, TILE_K, config.store_stages, WARPS)
-    return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+    return storage_struct(fields)
 
 
 # The default config (``TmaQuantizeConfig()``, not tuned: the reasons are in
