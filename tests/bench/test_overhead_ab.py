@@ -6,7 +6,7 @@ from bench.overhead_ab import ratios_of, summarize
 
 DOC = {
     "title": "Eager host overhead per call (us)",
-    "columns": ["call", "host_us", "floor_us", "ratio", "runs", "status"],
+    "columns": [{"key": k, "header": k} for k in ("call", "host_us", "floor_us", "ratio", "runs", "status")],
     "rows": [
         {"call": "swizzle_scales plain", "host_us": 12.17, "floor_us": 10.32, "ratio": 1.179, "status": "ok"},
         {"call": "pad_token_groups", "host_us": 28.73, "floor_us": 23.98, "ratio": 1.198, "status": "ok"},

@@ -352,3 +352,13 @@ def test_step_names_the_gemms_that_are_ours(monkeypatch, gemm, own, aligned, for
     step = grouped_mm.make_step("fp8_rowwise", gemm, ends, False, "auto", op="test")
     assert (step.own_gemms, step.aligned, step.emulated) == (own, aligned, False)
     assert (step.runs_own_gemm(3), step.runs_own_gemm(2)) == (forward, wgrad)
+
+
+def test_step_2d3d_keeps_the_wgrads_torch_path(monkeypatch):
+    """``gemm="cute_2d3d"``: the wgrad stays torch's, emulated where torch's path is, and caller-aligned
+    groups stay aligned."""
+    monkeypatch.setattr(grouped_mm, "gemm_path", lambda recipe, device, choice: "cute_2d3d")
+    monkeypatch.setattr(grouped_mm, "gemm_path_quiet", lambda recipe, device: "emulated")
+    ends = torch.tensor([16, 32], dtype=torch.int32)
+    step = grouped_mm.make_step("fp8_rowwise", "cute_2d3d", ends, True, "auto", op="test")
+    assert (step.own_gemms, step.aligned, step.emulated) == ("2d3d", True, True)

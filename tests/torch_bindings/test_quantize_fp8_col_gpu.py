@@ -101,8 +101,8 @@ def test_special_values(dtype, rounding, dual):
     _check_cols(blocks, [1, 3], rounding, dual)
     odd = torch.cat([columns, columns[:, :1]], 1)  # K odd: element loads
     _check_cols(odd, [3, 31], rounding, dual)
-    whole = columns[:, :16].contiguous()  # (32, 16): one whole block, the loads with no masks
-    _check_cols(whole, None, rounding, dual)
+    for whole in (columns[:, :16], columns[:, 1:]):  # (32, 16): one whole block, no load masks
+        _check_cols(whole.contiguous(), None, rounding, dual)
     tall = blocks.repeat(4, 1)[:64].contiguous()  # (64, 32): two whole blocks of specials along rows
     _check_cols(tall, [32, 64], rounding, dual)
 
@@ -256,6 +256,7 @@ def test_3d_dual_special_values(dtype, rounding, poison_cuda_allocator):
         columns.view(2, 16, 17),  # and down the columns of each expert (the N side)
         odd.view(2, 16, 19),
         columns[:, :16].contiguous().view(1, 32, 16),  # whole 32-row blocks: loads with no masks
+        columns[:, 1:].contiguous().view(1, 32, 16),
         blocks.repeat(4, 1)[:64].contiguous().view(2, 32, 32),
         torch.zeros(2, 40, 64, dtype=dtype, device="cuda"),
     ):

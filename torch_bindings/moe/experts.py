@@ -21,10 +21,11 @@ The groups must start on the recipe's alignment (``GROUP_ALIGNMENT``): ``Grouped
 unaligned groups once around this function; dispatch output and ``pad_token_groups`` output are
 aligned already. With the project's own FP8 GEMM (``step.own_gemms == "all"``, ``gemm="cute"``:
 experimental, opt-in) the groups may be ragged: its wgrad takes them as they are, the
-column operands are quantized over the caller's groups, and nothing is padded. ``"2d3d"``
-(``gemm="cute_2d3d"``) runs that kernel for the 2d x 3d GEMMs only, with the default padding. x
-may also arrive quantized (:class:`QuantizedTokens`, from ``ep.dispatch``): its forward operand is
-used as it is and its column operand is made from the dequantized rows.
+column operands are quantized over the caller's groups, and nothing is padded.
+``step.own_gemms == "2d3d"`` (``gemm="cute_2d3d"``) runs that kernel for the 2d x 3d GEMMs only,
+with the default padding. x may also arrive quantized (:class:`QuantizedTokens`, from
+``ep.dispatch``): its forward operand is used as it is and its column operand is made from the
+dequantized rows.
 """
 
 from __future__ import annotations

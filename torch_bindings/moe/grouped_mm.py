@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -136,7 +136,7 @@ class _Step:
     emulated: bool
     aligned: bool
     backend: str = "auto"
-    own_gemms: str = ""
+    own_gemms: Literal["", "all", "2d3d"] = ""
 
     @property
     def alignment(self) -> int:
