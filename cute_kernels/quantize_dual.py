@@ -82,7 +82,21 @@ from cute_utils.blocked import (
 from cute_utils.constants import MAX_GROUPS
 from cute_utils.group_tiles import group_row_tile, k_groups_tile_column, zero_k_groups_tail
 from cute_utils.groups import prefix_smem_words
-from cute_utils.mx import ABS_MASK_X2, BLOCK_SIZE, e4m3x2_into, e4m3x4, e8m0_scale, inverse_scale, max_u16x2
+from cute_utils.mx import (
+    BLOCK_SIZE,
+    bf16_high,
+    bf16_high_bits,
+    bf16_low,
+    bf16_low_bits,
+    bf16_pair_max,
+    bf16x2_magnitudes,
+    e4m3x2_into,
+    e4m3x4,
+    e8m0_scale,
+    inverse_scale,
+    lane_group_max_u16x2,
+    max_u16x2,
+)
 from cute_utils.occupancy import MAX_GRID_Y, chunk_major_grid, spread_row_tile
 from cute_utils.smem import storage_struct
 
@@ -653,25 +667,22 @@ class QuantizeDualKernel(Kernel):
                 self._load_row(ring_words, slot, i, lane, frag)
                 m = Uint32(0)
                 for j in cutlass.range_constexpr(4):
-                    w = frag[0, j] & Uint32(ABS_MASK_X2)
+                    w = bf16x2_magnitudes(frag[0, j])
                     cols[j] = max_u16x2(cols[j], w)
                     m = max_u16x2(m, w)
                 if cutlass.const_expr(i % 2 == 0):
                     prev = m
                 else:  # rows i - 1 (low half) and i (high half): the max of each row's two halves
-                    lo = Uint32(cute.arch.prmt(prev, m, 0x5410))
-                    hi = Uint32(cute.arch.prmt(prev, m, 0x7632))
-                    pairs[i // 2] = max_u16x2(lo, hi)
+                    pairs[i // 2] = bf16_pair_max(prev, m)
             for p in cutlass.range_constexpr(LANE_ROWS // 2):
-                for k in cutlass.range_constexpr(2):
-                    pairs[p] = max_u16x2(pairs[p], Uint32(cute.arch.shuffle_sync_bfly(pairs[p], 1 << k)))
-                row_bits[2 * p] = Int32(pairs[p] << 16)
-                row_bits[2 * p + 1] = Int32(pairs[p] & Uint32(0xFFFF0000))
+                pairs[p] = lane_group_max_u16x2(pairs[p], 4)
+                row_bits[2 * p] = bf16_low_bits(pairs[p])
+                row_bits[2 * p + 1] = bf16_high_bits(pairs[p])
             for j in cutlass.range_constexpr(4):
                 for k in cutlass.range_constexpr(2):
                     cols[j] = max_u16x2(cols[j], Uint32(cute.arch.shuffle_sync_bfly(cols[j], 8 << k)))
-                col_bits[2 * j] = Int32(cols[j] << 16)
-                col_bits[2 * j + 1] = Int32(cols[j] & Uint32(0xFFFF0000))
+                col_bits[2 * j] = bf16_low_bits(cols[j])
+                col_bits[2 * j + 1] = bf16_high_bits(cols[j])
         else:
             col_bits.fill(0)
             for i in cutlass.range_constexpr(LANE_ROWS):
@@ -716,13 +727,9 @@ class QuantizeDualKernel(Kernel):
         for c in cutlass.range_constexpr(LANE_COLS):
             if cutlass.const_expr(self.packed):
                 w = frag[0, c // 2]
-                if cutlass.const_expr(c % 2 == 0):
-                    bits = w << 16
-                else:
-                    bits = w & Uint32(0xFFFF0000)
+                values[r, c] = bf16_low(w) if cutlass.const_expr(c % 2 == 0) else bf16_high(w)
             else:
-                bits = frag[c // 4, c % 4]
-            values[r, c] = bits.bitcast(Float32)
+                values[r, c] = frag[c // 4, c % 4].bitcast(Float32)
 
     @cute.jit
     def _quantize_tile(self, cta: _Cta, smem: _Smem, gmem: _Gmem, step: _Step):
