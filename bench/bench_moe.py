@@ -17,7 +17,9 @@ second read is not counted; copy GB/s measured in this run).
 
 Run (GPU machine, project root on PYTHONPATH)::
 
-    python -m bench.bench_moe [--quick] [--parts gemm,module] [--out DIR]
+    python -m bench.bench_moe [--quick] [--parts gemm,module,peak] [--out DIR]
+
+``--parts peak`` alone measures the module columns' peak memory without timing them.
 """
 
 from __future__ import annotations
@@ -427,9 +429,33 @@ def module_rows(s: Shape, torchao_mm, copy_gbps: float) -> list[dict]:
     return rows
 
 
+def peak_rows(s: Shape) -> list[dict]:
+    """Peak memory only (no timing): every column's step with 1 and 4 micro-batches, MiB beyond the
+    parameters, inputs and weight cache held before it, and each against bf16's."""
+    device = torch.device("cuda")
+    forwards, ours = _module_forwards(s, None, device)
+    x = torch.randn(s.rows, s.k, device=device, dtype=torch.bfloat16).requires_grad_()
+    ends = aligned_group_ends(s.rows, s.experts, device)
+    grad_out = torch.randn(s.rows, s.k, device=device, dtype=torch.bfloat16)
+    rows = []
+    for n in (1, 4):
+        row = {"module (D=K, H=N)": s.name, "micro-batches": n}
+        for name, (forward, params) in forwards.items():
+            step = _micro_batches(forward, x, params, ends, grad_out, n)
+            row[f"{name} peak MiB"] = _peak_mib(step, x, params)
+        for name in forwards:
+            row[f"{name} vs bf16"] = row[f"{name} peak MiB"] / row["bf16 peak MiB"]
+        row["ours weight cache MiB"] = ours.weight_cache_bytes() / 2**20
+        rows.append(row)
+    del forwards, ours, x, grad_out
+    torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0])  # --quick: the first shape only
-    add_parts_arg(parser, ("gemm", "module"))  # gemm: the op (scaled_grouped_mm) tables
+    # gemm: the op (scaled_grouped_mm) tables; peak: the module's peak memory alone (module has it too)
+    add_parts_arg(parser, ("gemm", "module", "peak"))
     args = parser.parse_args(argv)
     parts = args.parts
     if cuda_or_none("bench_moe") is None:
@@ -446,6 +472,14 @@ def main(argv: list[str] | None = None) -> int:
     for s in (MODULE_SHAPES[:1] if args.quick else MODULE_SHAPES) if "module" in parts else ():
         progress(f"SwiGLU experts fwd+bwd: {s.name}")
         modules += module_rows(s, torchao_mm, copy_gbps)
+    peaks = []
+    for s in (MODULE_SHAPES[:1] if args.quick else MODULE_SHAPES) if parts == {"peak"} else ():
+        progress(f"SwiGLU experts peak memory: {s.name}")
+        peaks += peak_rows(s)
+    if peaks:
+        peak_json, _ = output_paths(args.out, "moe_peak")
+        title = "SwiGLU experts: peak memory of a step"
+        report(peaks, list(peaks[0]), title, json_path=peak_json, panel_key=None)
     meta = {"copy_GBps": copy_gbps}
     titles = ["Grouped GEMM fwd+bwd (FP8 rowwise)", "Each GEMM alone", "x's FP8 operands: dual vs row + col"]
     for stem, title, rows in zip(("moe", "moe_gemms", "moe_passes"), titles, tables, strict=True):

@@ -139,6 +139,36 @@ def test_only_the_gradients_asked_for(device, recipe, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_backward_frees_w13s_fp8_copy_before_its_wgrad(device, monkeypatch):
+    """With the weight cache off, w13's dgrad operand (an FP8 copy of the weight) is made and dropped
+    before w13's wgrad allocates the largest gradient of the backward, so the two never hold memory
+    together (notes/expert-block.md, peak memory)."""
+    import weakref
+
+    module = _module(device, "fp8_rowwise", weight_cache=False)
+    x, grad, ends = _batch(device)
+    weights, alive_at_wgrad = [], []
+    original_weight, original_wgrad = experts.Fp8Rowwise.weight, experts.Fp8Rowwise.wgrad_mm
+
+    def weight(self, w, layout):
+        operands = original_weight(self, w, layout)
+        if layout == "dgrad":
+            weights.append(weakref.ref(operands[0]))
+        return operands
+
+    def wgrad(self, a, b, e):
+        alive_at_wgrad.append((len(weights), sum(ref() is not None for ref in weights)))
+        return original_wgrad(self, a, b, e)
+
+    monkeypatch.setattr(experts.Fp8Rowwise, "weight", weight)
+    monkeypatch.setattr(experts.Fp8Rowwise, "wgrad_mm", wgrad)
+    _run(module, x, grad, ends)
+    assert len(weights) == 2  # w2's, then w13's
+    # w2's wgrad runs before any dgrad; w13's after both dgrads, their copies gone
+    assert alive_at_wgrad == [(0, 0), (2, 0)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_weight_cache_reuses_and_invalidates(device, monkeypatch):
     """Weights quantize once per value: a second call (micro-batch, recomputation) reuses the
     operands, an in-place update (an optimizer step) recomputes them; results equal the uncached

@@ -351,12 +351,14 @@ class _ExpertsFn(torch.autograd.Function):
         del g_rows
         d_rows, d_cols = ops.swiglu_backward(grad_h, h13, ends, rows=need_x, cols=need_w13)
         del grad_h
-        if need_w13:
-            grad_w13 = ops.wgrad_mm(d_cols, x_cols, ends).to(w13.dtype)
-        del d_cols, x_cols
+        # x's dgrad before w13's wgrad: w13's FP8 copy (uncached) and grad_h13's row operand are
+        # gone before grad_w13, the largest tensor of the backward, is allocated.
         if need_x:
             grad_x = ops.dgrad_mm(d_rows, _weight(call, ops, "w13", w13, "dgrad"), ends)
             grad_x = grad_x.to(ctx.x_dtype)
+        del d_rows
+        if need_w13:
+            grad_w13 = ops.wgrad_mm(d_cols, x_cols, ends).to(w13.dtype)
         return grad_x, grad_w13, grad_w2, None, None
 
 
