@@ -169,6 +169,72 @@ def test_backward_frees_w13s_fp8_copy_before_its_wgrad(device, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ["fp8_rowwise", "mxfp8"])
+def test_w2s_gradient_and_h13_are_done_before_w13s_wgrad(device, recipe, monkeypatch):
+    """Two autograd nodes: w2's gradient is accumulated into ``.grad`` and h13 (saved by the down
+    node) is freed before w13's wgrad allocates its gradient, as bf16's per-op autograd does."""
+    import weakref
+
+    module = _module(device, recipe)
+    x, grad, ends = _batch(device)
+    cls = experts.RECIPES[recipe]
+    h13, events = [], []
+    original_forward, original_wgrad = cls.forward_mm, cls.wgrad_mm
+
+    def forward_mm(self, a, w, e):
+        out = original_forward(self, a, w, e)
+        if not h13:
+            h13.append(weakref.ref(out))  # the first forward GEMM's output is h13
+        return out
+
+    def wgrad_mm(self, a, b, e):
+        events.append(("wgrad", h13[0]() is None))
+        return original_wgrad(self, a, b, e)
+
+    monkeypatch.setattr(cls, "forward_mm", forward_mm)
+    monkeypatch.setattr(cls, "wgrad_mm", wgrad_mm)
+    module.w2.register_post_accumulate_grad_hook(lambda _: events.append(("w2 accumulated", None)))
+    got = _run(module, x, grad, ends)
+    assert events == [("wgrad", False), ("w2 accumulated", None), ("wgrad", True)]
+    monkeypatch.undo()
+    _same(got[2], _run(module, x, grad, ends)[2], "grad w13")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ["fp8_rowwise", "mxfp8"])
+def test_retained_graph_and_checkpoint_give_the_same_gradients(device, recipe):
+    """A second backward through a retained graph, and the block under torch.utils.checkpoint
+    (reentrant and not), give the plain backward's bytes: grad_h13's operands are handed between
+    the two nodes afresh every time."""
+    import torch.utils.checkpoint as checkpoint
+
+    module = _module(device, recipe)
+    x, grad, ends = _batch(device)
+    plain = _run(module, x, grad, ends)
+    xr = x.clone().requires_grad_()
+    module.zero_grad(set_to_none=True)
+    out = module(xr, ends)
+    out.backward(grad, retain_graph=True)
+    first = (xr.grad, module.w13.grad, module.w2.grad)
+    xr.grad = None
+    module.zero_grad(set_to_none=True)
+    out.backward(grad)
+    second = (xr.grad, module.w13.grad, module.w2.grad)
+    for a, b, c, what in zip(first, second, plain[1:], ("x", "w13", "w2"), strict=True):
+        _same(a, c, f"retained graph, first backward, grad {what}")
+        _same(b, c, f"retained graph, second backward, grad {what}")
+    for reentrant in (False, True):
+        xc = x.clone().requires_grad_()
+        module.zero_grad(set_to_none=True)
+        out = checkpoint.checkpoint(module, xc, ends, use_reentrant=reentrant)
+        out.backward(grad)
+        _same(out.detach(), plain[0].detach(), f"checkpoint (reentrant={reentrant}) output")
+        got = (xc.grad, module.w13.grad, module.w2.grad)
+        for a, c, what in zip(got, plain[1:], ("x", "w13", "w2"), strict=True):
+            _same(a, c, f"checkpoint (reentrant={reentrant}), grad {what}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_weight_cache_reuses_and_invalidates(device, monkeypatch):
     """Weights quantize once per value: a second call (micro-batch, recomputation) reuses the
     operands, an in-place update (an optimizer step) recomputes them; results equal the uncached

@@ -2,7 +2,7 @@
 (``torch_bindings``' quantization, padding and swizzle ops):
 
 - :mod:`.grouped_mm`: ``scaled_grouped_mm``, the low-precision grouped GEMM training op;
-- :mod:`.experts`: the SwiGLU expert block as one autograd function, and its weight cache;
+- :mod:`.experts`: the SwiGLU expert block (two autograd nodes), and its weight cache;
 - :mod:`.layer`: the ``GroupedExperts`` and ``MoELayer`` modules;
 - :mod:`.tokens`: ``QuantizedTokens``, a dispatch's quantized rows as GEMM input;
 - :mod:`.ep`: expert-parallel dispatch and combine (public as ``torch_bindings.ep``);

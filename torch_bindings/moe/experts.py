@@ -1,9 +1,11 @@
-"""The SwiGLU expert block as one autograd function (SPEC section 8; notes/expert-block.md).
+"""The SwiGLU expert block as two autograd nodes (SPEC section 8; notes/expert-block.md).
 
 ``experts_forward(x, w13, w2, ends, recipe=...)``: ``h13 = x w13[e].T`` (gate and up fused, the
 transformers ``gate_up_proj`` layout: rows ``[0, H)`` gate, ``[H, 2H)`` up), ``h = silu(gate) * up``,
-``out = h w2[e].T`` per group. Forward and backward are written once over a per-recipe set of
-operand functions (:class:`Fp8Rowwise`, :class:`Mxfp8`), so that
+``out = h w2[e].T`` per group. The gate/up GEMM is one node, SwiGLU and the down GEMM the other
+(autograd then frees h13 and accumulates w2's gradient before the gate/up backward runs); the
+down node hands grad_h13's FP8 operands to the gate/up node. Forward and backward are written once
+over a per-recipe set of operand functions (:class:`Fp8Rowwise`, :class:`Mxfp8`), so that
 
 - x is quantized once (its row operand for the forward GEMM, its column operand for w13's wgrad);
 - one GEMM computes gate and up; one dgrad GEMM gives x's gradient (no sum of two);
@@ -298,59 +300,57 @@ def _x_operands(call: ExpertsCall, ops, x: Tensor, ends: Tensor, need_cols: bool
     return ops.rows(x, ends), (ops.cols(x, ends) if need_cols else None)
 
 
-class _ExpertsFn(torch.autograd.Function):
-    """The low-precision expert block (module docstring) on aligned groups ``ends``. Saves h13 (bf16,
-    the SwiGLU backward's input), x's and h's column operands (FP8, only for the weights that need a
-    gradient, none under ``torch.no_grad``) and the weights (parameters, kept anyway). The context
-    keeps no reference to quantized input tokens: a dispatch's rows are free once the forward is
-    done (its wgrad operand is the column operand saved here). Each operand the forward or the
-    backward makes is dropped after its last GEMM, so few are alive at once."""
+@dataclass(eq=False)
+class _Handoff:
+    """grad_h13's FP8 operands, from the down node's backward to the gate/up node's: the row operand
+    (x's dgrad) when ``need_rows``, the column operand (w13's wgrad) when ``need_cols`` (both set by
+    the gate/up forward). The gate/up node receives a zero-stride placeholder as h13's gradient, so
+    the bf16 grad_h13 is freed as soon as its operands exist; it takes the operands and clears them
+    (a retained graph's next backward hands over new ones)."""
+
+    need_rows: bool = False
+    need_cols: bool = False
+    rows: Operand | None = None
+    cols: Operand | None = None
+
+
+def _placeholder_like(t: Tensor) -> Tensor:
+    """A zero of t's dtype expanded to t's shape: a gradient that holds no memory."""
+    return t.new_zeros(()).expand(t.shape)
+
+
+def _pair(q: Tensor | None, s: Tensor | None) -> Operand | None:
+    return None if q is None else Operand(q, s)
+
+
+class _GateUpFn(torch.autograd.Function):
+    """``h13 = x w13[e].T`` per aligned group ``ends`` (module docstring). Saves x's column operand
+    (FP8, only when w13 needs a gradient, none under ``torch.no_grad``) and w13. The context keeps no
+    reference to quantized input tokens: a dispatch's rows are free once the forward is done (its
+    wgrad operand is the column operand saved here). Backward: x's dgrad, then w13's wgrad, on the
+    operands :class:`_DownFn`'s backward hands over (its gradient argument is a placeholder)."""
 
     @staticmethod
-    def forward(ctx, x, w13, w2, ends, call: ExpertsCall):
+    def forward(ctx, x, w13, ends, call: ExpertsCall, handoff: _Handoff):
         ops = RECIPES[call.step.recipe](call.step)
-        _, need_w13, need_w2 = _mm.wanted_grads(ctx, 3, call.grad_enabled)
+        need_x, need_w13 = _mm.wanted_grads(ctx, 2, call.grad_enabled)
         with torch.autocast(ends.device.type, enabled=False):
             x_rows, x_cols = _x_operands(call, ops, x, ends, need_w13)
             h13 = ops.forward_mm(x_rows, _weight(call, ops, "w13", w13, "fwd"), ends)
-            del x_rows
-            h_rows, h_cols = ops.swiglu(h13, ends, cols=need_w2)
-            out = ops.forward_mm(h_rows, _weight(call, ops, "w2", w2, "fwd"), ends)
-        ctx.call = ExpertsCall(call.step, call.cache)  # without the tokens
-        ctx.x_dtype = x.dtype
-        saved = [t for op in (x_cols, h_cols) for t in ((None, None) if op is None else (op.q, op.s))]
-        ctx.save_for_backward(w13, w2, ends, h13, *saved)
-        return out
+        handoff.need_rows, handoff.need_cols = need_x, need_w13
+        ctx.call, ctx.handoff, ctx.x_dtype = ExpertsCall(call.step, call.cache), handoff, x.dtype
+        ctx.save_for_backward(w13, ends, *((None, None) if x_cols is None else (x_cols.q, x_cols.s)))
+        return h13
 
     @staticmethod
-    def backward(ctx, grad_out):
-        w13, w2, ends, h13, xq, xs, hq, hs = ctx.saved_tensors
-        x_cols = None if xq is None else Operand(xq, xs)
-        h_cols = None if hq is None else Operand(hq, hs)
-        call = ctx.call
+    def backward(ctx, _placeholder):
+        w13, ends, xq, xs = ctx.saved_tensors
+        call, handoff = ctx.call, ctx.handoff
         ops = RECIPES[call.step.recipe](call.step)
-        need_x, need_w13, need_w2 = ctx.needs_input_grad[:3]
-        grad_x = grad_w13 = grad_w2 = None
-        g = grad_out.to(torch.bfloat16).contiguous()
-        del grad_out
-        if isinstance(ops, Mxfp8):  # one dual pass where both are needed
-            g_rows, g_cols = ops.operands(g, ends, need_x or need_w13, need_w2)
-        else:
-            g_rows = g_cols = None
-            if need_w2:
-                g_cols = ops.cols(g, ends)
-        if need_w2:
-            grad_w2 = ops.wgrad_mm(g_cols, h_cols, ends).to(w2.dtype)
-        del g_cols, h_cols
-        if not (need_x or need_w13):
-            return grad_x, grad_w13, grad_w2, None, None
-        if g_rows is None:
-            g_rows = ops.rows(g, ends)
-        del g
-        grad_h = ops.dgrad_mm(g_rows, _weight(call, ops, "w2", w2, "dgrad"), ends)
-        del g_rows
-        d_rows, d_cols = ops.swiglu_backward(grad_h, h13, ends, rows=need_x, cols=need_w13)
-        del grad_h
+        need_x, need_w13 = ctx.needs_input_grad[:2]
+        d_rows, d_cols = handoff.rows, handoff.cols
+        handoff.rows = handoff.cols = None
+        grad_x = grad_w13 = None
         # x's dgrad before w13's wgrad: w13's FP8 copy (uncached) and grad_h13's row operand are
         # gone before grad_w13, the largest tensor of the backward, is allocated.
         if need_x:
@@ -358,8 +358,65 @@ class _ExpertsFn(torch.autograd.Function):
             grad_x = grad_x.to(ctx.x_dtype)
         del d_rows
         if need_w13:
-            grad_w13 = ops.wgrad_mm(d_cols, x_cols, ends).to(w13.dtype)
-        return grad_x, grad_w13, grad_w2, None, None
+            grad_w13 = ops.wgrad_mm(d_cols, _pair(xq, xs), ends).to(w13.dtype)
+        return grad_x, grad_w13, None, None, None
+
+
+class _DownFn(torch.autograd.Function):
+    """``out = silu(gate) * up`` times ``w2[e].T`` per aligned group ``ends``, from h13 (module
+    docstring). Saves h13 (bf16, SwiGLU backward's input, only when h13 needs a gradient), h's
+    column operand (FP8, only when w2 needs a gradient) and w2. Backward: w2's wgrad and dgrad,
+    the SwiGLU backward with the quantization of grad_h13 into the :class:`_Handoff`; w2's gradient
+    leaves with this node, so autograd accumulates it before the gate/up node's backward runs."""
+
+    @staticmethod
+    def forward(ctx, h13, w2, ends, call: ExpertsCall, handoff: _Handoff):
+        ops = RECIPES[call.step.recipe](call.step)
+        need_h13, need_w2 = _mm.wanted_grads(ctx, 2, call.grad_enabled)
+        with torch.autocast(ends.device.type, enabled=False):
+            h_rows, h_cols = ops.swiglu(h13, ends, cols=need_w2)
+            out = ops.forward_mm(h_rows, _weight(call, ops, "w2", w2, "fwd"), ends)
+        ctx.call, ctx.handoff = ExpertsCall(call.step, call.cache), handoff
+        saved_h = (None, None) if h_cols is None else (h_cols.q, h_cols.s)
+        ctx.save_for_backward(w2, ends, h13 if need_h13 else None, *saved_h)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        w2, ends, h13, hq, hs = ctx.saved_tensors
+        call, handoff = ctx.call, ctx.handoff
+        ops = RECIPES[call.step.recipe](call.step)
+        need_h13, need_w2 = ctx.needs_input_grad[:2]
+        grad_w2 = None
+        g = grad_out.to(torch.bfloat16).contiguous()
+        del grad_out
+        if isinstance(ops, Mxfp8):  # one dual pass where both are needed
+            g_rows, g_cols = ops.operands(g, ends, need_h13, need_w2)
+        else:
+            g_rows, g_cols = None, (ops.cols(g, ends) if need_w2 else None)
+        if need_w2:
+            grad_w2 = ops.wgrad_mm(g_cols, _pair(hq, hs), ends).to(w2.dtype)
+        del g_cols
+        if not need_h13:
+            return None, grad_w2, None, None, None
+        if g_rows is None:
+            g_rows = ops.rows(g, ends)
+        del g
+        grad_h = ops.dgrad_mm(g_rows, _weight(call, ops, "w2", w2, "dgrad"), ends)
+        del g_rows
+        handoff.rows, handoff.cols = ops.swiglu_backward(
+            grad_h, h13, ends, rows=handoff.need_rows, cols=handoff.need_cols
+        )
+        return _placeholder_like(h13), grad_w2, None, None, None
+
+
+def _low_precision_experts(x: Tensor, w13: Tensor, w2: Tensor, ends: Tensor, call: ExpertsCall) -> Tensor:
+    """The low-precision block on aligned groups as two autograd nodes (gate/up, then SwiGLU and
+    down) joined by a :class:`_Handoff`: two nodes, so that autograd frees h13 and accumulates w2's
+    gradient before the gate/up backward allocates w13's (notes/expert-block.md, peak memory)."""
+    handoff = _Handoff()
+    h13 = _GateUpFn.apply(x, w13, ends, call, handoff)
+    return _DownFn.apply(h13, w2, ends, call, handoff)
 
 
 # --- bf16 ---------------------------------------------------------------------------------------------
@@ -431,18 +488,18 @@ def experts_forward(
     if tokens is not None:
         anchor = tokens.anchor()
         dtype = output_dtype(torch.bfloat16, device)
-        out = _ExpertsFn.apply(anchor, w13, w2, ends, ExpertsCall(step, cache, tokens, grad_enabled))
+        out = _low_precision_experts(anchor, w13, w2, ends, ExpertsCall(step, cache, tokens, grad_enabled))
         return out if out.dtype == dtype else out.to(dtype)
     dtype = output_dtype(x.dtype, device)
     if step.recipe == "bf16":
         out = _bf16_experts(x, w13, w2, ends)
     elif step.aligned:
-        out = _ExpertsFn.apply(x, w13, w2, ends, ExpertsCall(step, cache, None, grad_enabled))
+        out = _low_precision_experts(x, w13, w2, ends, ExpertsCall(step, cache, None, grad_enabled))
     else:
         alignment = _mm.GROUP_ALIGNMENT[step.recipe]
         padded, start, end = _PadGroups.apply(x, ends, alignment, step.backend)
         call = ExpertsCall(replace(step, aligned=True), cache, None, grad_enabled)
-        out = _ExpertsFn.apply(padded, w13, w2, end, call)
+        out = _low_precision_experts(padded, w13, w2, end, call)
         out = _UnpadGroups.apply(out, ends, start, x.shape[0], alignment, step.backend)
     return out if out.dtype == dtype else out.to(dtype)
 
