@@ -130,8 +130,7 @@ def _quantize_fp8_col_amax() -> dict[str, list]:
 def _quantize_fp8_col_cast() -> dict[str, list]:
     from cute_kernels.quantize_fp8_col import Fp8ColCastConfig
 
-    grid = [*itertools.product((2, 3, 4), (1, 2)), (5, 1), (6, 1)]  # 5-6 CTAs: at most 96 / 80 registers
-    return {DEFAULT: [Fp8ColCastConfig(32768, c, b) for c, b in grid]}
+    return {DEFAULT: [Fp8ColCastConfig(32768, c, b) for c, b in itertools.product((2, 3, 4), (1, 2))]}
 
 
 def _grouped_gemm_sm90() -> dict[str, list]:
