@@ -164,8 +164,8 @@ def test_backward_frees_w13s_fp8_copy_before_its_wgrad(device, monkeypatch):
     monkeypatch.setattr(experts.Fp8Rowwise, "wgrad_mm", wgrad)
     _run(module, x, grad, ends)
     assert len(weights) == 2  # w2's, then w13's
-    # w2's wgrad runs before any dgrad; w13's after both dgrads, their copies gone
-    assert alive_at_wgrad == [(0, 0), (2, 0)]
+    # each wgrad after its weight's dgrad, the dgrad's copy gone
+    assert alive_at_wgrad == [(1, 0), (2, 0)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -198,6 +198,30 @@ def test_w2s_gradient_and_h13_are_done_before_w13s_wgrad(device, recipe, monkeyp
     assert events == [("wgrad", False), ("w2 accumulated", None), ("wgrad", True)]
     monkeypatch.undo()
     _same(got[2], _run(module, x, grad, ends)[2], "grad w13")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ["fp8_rowwise", "mxfp8"])
+def test_gradient_of_w2_alone_makes_no_gate_up_operands(device, recipe, monkeypatch):
+    """``torch.autograd.grad(out, [w2])`` prunes the gate/up node: the down node's backward makes no
+    grad_h13 operands (nothing would take them from the handoff) and w2's gradient is the full
+    backward's."""
+    module = _module(device, recipe)
+    x, grad, ends = _batch(device)
+    full = _run(module, x, grad, ends)
+    calls = {"swiglu_backward": 0}
+    cls = experts.RECIPES[recipe]
+    original = cls.swiglu_backward
+
+    def counted(self, *args, **kwargs):
+        calls["swiglu_backward"] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "swiglu_backward", counted)
+    out = module(x.clone().requires_grad_(), ends)
+    (grad_w2,) = torch.autograd.grad(out, [module.w2], grad)
+    assert calls["swiglu_backward"] == 0
+    _same(grad_w2, full[3], "grad w2")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -20,7 +20,7 @@ over a per-recipe set of operand functions (:class:`Fp8Rowwise`, :class:`Mxfp8`)
   input's dtype.
 
 The groups must start on the recipe's alignment (``GROUP_ALIGNMENT``): ``GroupedExperts`` pads
-unaligned groups once around this function; dispatch output and ``pad_token_groups`` output are
+unaligned groups once around these functions; dispatch output and ``pad_token_groups`` output are
 aligned already. With the project's own FP8 GEMM (``step.own_gemms == "all"``, ``gemm="cute"``:
 experimental, opt-in) the groups may be ragged: its wgrad takes them as they are, the
 column operands are quantized over the caller's groups, and nothing is padded.
@@ -259,7 +259,7 @@ class Mxfp8:
 RECIPES = {"fp8_rowwise": Fp8Rowwise, "mxfp8": Mxfp8}
 
 
-# --- The autograd function -------------------------------------------------------------------------
+# --- The autograd functions ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, eq=False)
@@ -306,7 +306,8 @@ class _Handoff:
     (x's dgrad) when ``need_rows``, the column operand (w13's wgrad) when ``need_cols`` (both set by
     the gate/up forward). The gate/up node receives a zero-stride placeholder as h13's gradient, so
     the bf16 grad_h13 is freed as soon as its operands exist; it takes the operands and clears them
-    (a retained graph's next backward hands over new ones)."""
+    (a retained graph's next backward hands over new ones). One backward pass at a time: two
+    threads running backward through one retained graph would share it."""
 
     need_rows: bool = False
     need_cols: bool = False
@@ -317,6 +318,13 @@ class _Handoff:
 def _placeholder_like(t: Tensor) -> Tensor:
     """A zero of t's dtype expanded to t's shape: a gradient that holds no memory."""
     return t.new_zeros(()).expand(t.shape)
+
+
+def _will_run_next(ctx) -> bool:
+    """Whether this backward pass will run the node that made the first input (the gate/up node):
+    not under ``torch.autograd.grad(out, [w2])`` or ``backward(inputs=[w2])``, which prune it."""
+    node = ctx.next_functions[0][0]
+    return node is not None and torch._C._will_engine_execute_node(node)
 
 
 def _pair(q: Tensor | None, s: Tensor | None) -> Operand | None:
@@ -365,9 +373,10 @@ class _GateUpFn(torch.autograd.Function):
 class _DownFn(torch.autograd.Function):
     """``out = silu(gate) * up`` times ``w2[e].T`` per aligned group ``ends``, from h13 (module
     docstring). Saves h13 (bf16, SwiGLU backward's input, only when h13 needs a gradient), h's
-    column operand (FP8, only when w2 needs a gradient) and w2. Backward: w2's wgrad and dgrad,
-    the SwiGLU backward with the quantization of grad_h13 into the :class:`_Handoff`; w2's gradient
-    leaves with this node, so autograd accumulates it before the gate/up node's backward runs."""
+    column operand (FP8, only when w2 needs a gradient) and w2. Backward: w2's dgrad and the SwiGLU
+    backward with the quantization of grad_h13 into the :class:`_Handoff` (only when the gate/up
+    node will run), then w2's wgrad; w2's gradient leaves with this node, so autograd accumulates
+    it before the gate/up node's backward runs."""
 
     @staticmethod
     def forward(ctx, h13, w2, ends, call: ExpertsCall, handoff: _Handoff):
@@ -386,28 +395,29 @@ class _DownFn(torch.autograd.Function):
         w2, ends, h13, hq, hs = ctx.saved_tensors
         call, handoff = ctx.call, ctx.handoff
         ops = RECIPES[call.step.recipe](call.step)
-        need_h13, need_w2 = ctx.needs_input_grad[:2]
-        grad_w2 = None
+        need_w2 = ctx.needs_input_grad[1]
+        need_h13 = ctx.needs_input_grad[0] and _will_run_next(ctx)
         g = grad_out.to(torch.bfloat16).contiguous()
         del grad_out
         if isinstance(ops, Mxfp8):  # one dual pass where both are needed
             g_rows, g_cols = ops.operands(g, ends, need_h13, need_w2)
         else:
             g_rows, g_cols = None, (ops.cols(g, ends) if need_w2 else None)
-        if need_w2:
-            grad_w2 = ops.wgrad_mm(g_cols, _pair(hq, hs), ends).to(w2.dtype)
-        del g_cols
-        if not need_h13:
-            return None, grad_w2, None, None, None
-        if g_rows is None:
-            g_rows = ops.rows(g, ends)
-        del g
-        grad_h = ops.dgrad_mm(g_rows, _weight(call, ops, "w2", w2, "dgrad"), ends)
-        del g_rows
-        handoff.rows, handoff.cols = ops.swiglu_backward(
-            grad_h, h13, ends, rows=handoff.need_rows, cols=handoff.need_cols
-        )
-        return _placeholder_like(h13), grad_w2, None, None, None
+        grad_h13 = None
+        if need_h13:
+            if g_rows is None:
+                g_rows = ops.rows(g, ends)
+            del g
+            grad_h = ops.dgrad_mm(g_rows, _weight(call, ops, "w2", w2, "dgrad"), ends)
+            del g_rows
+            handoff.rows, handoff.cols = ops.swiglu_backward(
+                grad_h, h13, ends, rows=handoff.need_rows, cols=handoff.need_cols
+            )
+            del grad_h
+            grad_h13 = _placeholder_like(h13)
+        # w2's wgrad last: its fresh gradient is not alive through the SwiGLU backward's tensors.
+        grad_w2 = ops.wgrad_mm(g_cols, _pair(hq, hs), ends).to(w2.dtype) if need_w2 else None
+        return grad_h13, grad_w2, None, None, None
 
 
 def _low_precision_experts(x: Tensor, w13: Tensor, w2: Tensor, ends: Tensor, call: ExpertsCall) -> Tensor:
