@@ -393,14 +393,19 @@ def _module_forwards(s: Shape, torchao_mm, device):
     return forwards, ours
 
 
+def _module_inputs(s: Shape, device):
+    """x (M, D) bf16 requiring grad, skewed aligned group ends, grad_out (M, D) bf16."""
+    x = torch.randn(s.rows, s.k, device=device, dtype=torch.bfloat16).requires_grad_()
+    ends = aligned_group_ends(s.rows, s.experts, device)
+    return x, ends, torch.randn(s.rows, s.k, device=device, dtype=torch.bfloat16)
+
+
 def module_rows(s: Shape, torchao_mm, copy_gbps: float) -> list[dict]:
     """Per micro-batch fwd+bwd µs and peak memory of every column, with 1 and 4 micro-batches per
     optimizer step; the per-kernel breakdown of ours; the bytes floor of its non-GEMM kernels."""
     device = torch.device("cuda")
     forwards, ours = _module_forwards(s, torchao_mm, device)
-    x = torch.randn(s.rows, s.k, device=device, dtype=torch.bfloat16).requires_grad_()
-    ends = aligned_group_ends(s.rows, s.experts, device)
-    grad_out = torch.randn(s.rows, s.k, device=device, dtype=torch.bfloat16)
+    x, ends, grad_out = _module_inputs(s, device)
     rows = []
     for n in (1, 4):
         steps = {name: _micro_batches(f, x, p, ends, grad_out, n) for name, (f, p) in forwards.items()}
@@ -435,9 +440,7 @@ def peak_rows(s: Shape) -> list[dict]:
     is replaced one for one), and each against bf16's."""
     device = torch.device("cuda")
     forwards, ours = _module_forwards(s, None, device)
-    x = torch.randn(s.rows, s.k, device=device, dtype=torch.bfloat16).requires_grad_()
-    ends = aligned_group_ends(s.rows, s.experts, device)
-    grad_out = torch.randn(s.rows, s.k, device=device, dtype=torch.bfloat16)
+    x, ends, grad_out = _module_inputs(s, device)
     rows = []
     for n in (1, 4):
         row = {"module (D=K, H=N)": s.name, "micro-batches": n}
