@@ -273,6 +273,15 @@ class ExpertsCall:
     tokens: QuantizedTokens | None = None
     grad_enabled: bool = True
 
+    def ops(self):
+        """The recipe's operand functions (:data:`RECIPES`) for this call's step."""
+        return RECIPES[self.step.recipe](self.step)
+
+    def for_backward(self) -> ExpertsCall:
+        """What a context keeps: the step and the cache, not the tokens (their rows are free once
+        the forward is done)."""
+        return ExpertsCall(self.step, self.cache)
+
 
 def _weight(call: ExpertsCall, ops, name: str, w: Tensor, layout: str) -> tuple:
     """w's operands for the ``layout`` GEMM (``"fwd"``: along K; ``"dgrad"``: along N). Cached: a
@@ -328,7 +337,13 @@ def _will_run_next(ctx) -> bool:
 
 
 def _pair(q: Tensor | None, s: Tensor | None) -> Operand | None:
+    """The operand saved as ``_tensors(op)``."""
     return None if q is None else Operand(q, s)
+
+
+def _tensors(op: Operand | None) -> tuple:
+    """``(q, s)`` of an operand to save for backward, ``(None, None)`` for none."""
+    return (None, None) if op is None else (op.q, op.s)
 
 
 class _GateUpFn(torch.autograd.Function):
@@ -340,21 +355,21 @@ class _GateUpFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w13, ends, call: ExpertsCall, handoff: _Handoff):
-        ops = RECIPES[call.step.recipe](call.step)
+        ops = call.ops()
         need_x, need_w13 = _mm.wanted_grads(ctx, 2, call.grad_enabled)
         with torch.autocast(ends.device.type, enabled=False):
             x_rows, x_cols = _x_operands(call, ops, x, ends, need_w13)
             h13 = ops.forward_mm(x_rows, _weight(call, ops, "w13", w13, "fwd"), ends)
         handoff.need_rows, handoff.need_cols = need_x, need_w13
-        ctx.call, ctx.handoff, ctx.x_dtype = ExpertsCall(call.step, call.cache), handoff, x.dtype
-        ctx.save_for_backward(w13, ends, *((None, None) if x_cols is None else (x_cols.q, x_cols.s)))
+        ctx.call, ctx.handoff, ctx.x_dtype = call.for_backward(), handoff, x.dtype
+        ctx.save_for_backward(w13, ends, *_tensors(x_cols))
         return h13
 
     @staticmethod
     def backward(ctx, _placeholder):
         w13, ends, xq, xs = ctx.saved_tensors
         call, handoff = ctx.call, ctx.handoff
-        ops = RECIPES[call.step.recipe](call.step)
+        ops = call.ops()
         need_x, need_w13 = ctx.needs_input_grad[:2]
         d_rows, d_cols = handoff.rows, handoff.cols
         handoff.rows = handoff.cols = None
@@ -380,21 +395,20 @@ class _DownFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h13, w2, ends, call: ExpertsCall, handoff: _Handoff):
-        ops = RECIPES[call.step.recipe](call.step)
+        ops = call.ops()
         need_h13, need_w2 = _mm.wanted_grads(ctx, 2, call.grad_enabled)
         with torch.autocast(ends.device.type, enabled=False):
             h_rows, h_cols = ops.swiglu(h13, ends, cols=need_w2)
             out = ops.forward_mm(h_rows, _weight(call, ops, "w2", w2, "fwd"), ends)
-        ctx.call, ctx.handoff = ExpertsCall(call.step, call.cache), handoff
-        saved_h = (None, None) if h_cols is None else (h_cols.q, h_cols.s)
-        ctx.save_for_backward(w2, ends, h13 if need_h13 else None, *saved_h)
+        ctx.call, ctx.handoff = call.for_backward(), handoff
+        ctx.save_for_backward(w2, ends, h13 if need_h13 else None, *_tensors(h_cols))
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         w2, ends, h13, hq, hs = ctx.saved_tensors
         call, handoff = ctx.call, ctx.handoff
-        ops = RECIPES[call.step.recipe](call.step)
+        ops = call.ops()
         need_w2 = ctx.needs_input_grad[1]
         need_h13 = ctx.needs_input_grad[0] and _will_run_next(ctx)
         g = grad_out.to(torch.bfloat16).contiguous()
