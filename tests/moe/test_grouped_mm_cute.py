@@ -361,6 +361,21 @@ def test_moe_layer_passes_gemm_through(gemm, forms, fake_kernel):
         assert sqnr_db(a, b) >= MODULE_FLOOR
 
 
+def test_moe_layer_with_cute_pads_groups_to_128_by_default(fake_kernel):
+    """``gemm="cute"`` without an alignment: the dispatch pads every group to 128 rows, so the
+    project's wgrad masks nothing; the other GEMM paths keep 32; a given alignment is kept."""
+    from torch_bindings.moe.layer import default_alignment
+
+    assert tb.MoELayer(64, 32, 4, 2, gemm="cute").alignment == 128 == default_alignment("cute")
+    for gemm in ("auto", "cute_2d3d", "emulated"):
+        assert tb.MoELayer(64, 32, 4, 2, gemm=gemm).alignment == 32 == default_alignment(gemm)
+    assert tb.MoELayer(64, 32, 4, 2, gemm="cute", alignment=16).alignment == 16
+    layer = tb.MoELayer(64, 32, 4, 2, gemm="cute")
+    layer(torch.randn(40, 64).bfloat16())
+    ends = fake_kernel.calls[0][2]
+    assert ends and all(e % 128 == 0 for e in ends), ends
+
+
 # ----------------------------------------------------------------------------------------------
 # The choice, errors, capabilities, the launcher's checks
 # ----------------------------------------------------------------------------------------------

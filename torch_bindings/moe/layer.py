@@ -160,7 +160,7 @@ def routed_experts(
     *,
     num_experts: int,
     dispatch_recipe: str,
-    alignment: int = 32,
+    alignment: int | None = None,
     group=None,
 ) -> torch.Tensor:
     """Tokens x (T, D) through their top-k experts: ``ep.dispatch`` (pairs sorted expert-major into
@@ -168,9 +168,11 @@ def routed_experts(
     sender), ``experts`` on those aligned groups (quantized tokens go in as they are), and
     ``ep.combine`` (the routing-weighted sum in fp32). Returns (T, D) in x's dtype (bf16 under
     autocast). ``group``: as :class:`MoELayer`'s (``None``: R = 1, every expert local, whatever
-    ``torch.distributed`` holds); ``experts`` holds ``num_experts / R`` experts."""
+    ``torch.distributed`` holds); ``experts`` holds ``num_experts / R`` experts. ``alignment``: as
+    :class:`MoELayer`'s (``None``: :func:`default_alignment` of ``experts``)."""
     from . import ep
 
+    alignment = default_alignment(experts.gemm) if alignment is None else alignment
     check_alignment(alignment, experts.recipe, op="routed_experts")
     group = _local_unless_given(group)
     local = experts.w13.shape[0]
@@ -213,7 +215,8 @@ class MoELayer(torch.nn.Module):
     ``"bf16"`` sends bf16 rows. ``gemm``: the experts' (:class:`GroupedExperts`; ``"cute"`` and
     ``"cute_2d3d"`` are experimental and opt-in). ``alignment``: the dispatch's padded group
     alignment, one of 16, 32, 64, 128 and a multiple of the recipe's (16 rows for fp8_rowwise, 32
-    for mxfp8; ``ValueError`` otherwise). No host sync; capturable in a CUDA graph once warm."""
+    for mxfp8; ``ValueError`` otherwise); ``None`` (the default): :func:`default_alignment` of
+    ``gemm``. No host sync; capturable in a CUDA graph once warm."""
 
     def __init__(
         self,
@@ -224,7 +227,7 @@ class MoELayer(torch.nn.Module):
         *,
         recipe: str = "fp8_rowwise",
         dispatch_recipe: str | None = None,
-        alignment: int = 32,
+        alignment: int | None = None,
         norm_topk_prob: bool = True,
         group=None,
         gemm: str = "auto",
@@ -247,6 +250,7 @@ class MoELayer(torch.nn.Module):
                 f"MoELayer: dispatch_recipe {self.dispatch_recipe!r} sends tokens the {recipe!r} experts "
                 "cannot take; use the recipe itself or 'bf16'"
             )
+        alignment = default_alignment(gemm) if alignment is None else alignment
         check_alignment(alignment, recipe, op="MoELayer")
         self.alignment, self.norm_topk_prob = alignment, norm_topk_prob
         self.router = torch.nn.Linear(dim, num_experts, bias=False, device=device, dtype=dtype)
@@ -308,6 +312,14 @@ def _local_unless_given(group):
             stacklevel=3,
         )
     return ep.LOCAL
+
+
+def default_alignment(gemm: str) -> int:
+    """The dispatch's group alignment when the caller gives none: 128 rows for ``gemm="cute"`` (the
+    project's wgrad then reads whole 128-row boxes of one group and masks nothing: faster by more
+    than the padding rows cost, notes/grouped-gemm-sm90.md), else 32 (a multiple of every recipe's
+    ``GROUP_ALIGNMENT``)."""
+    return 128 if gemm == "cute" else 32
 
 
 def check_alignment(alignment: int, recipe: str, *, op: str) -> None:
