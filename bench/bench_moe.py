@@ -385,7 +385,9 @@ def _module_forwards(s: Shape, torchao_mm, device):
         "ours unaligned path": (ours, params),
     }
     if cute_gemm_runs():
-        forwards["cute"] = (tb.GroupedExperts.from_weights(ours.w13, ours.w2, gemm="cute"), params)
+        cute = tb.GroupedExperts.from_weights(ours.w13, ours.w2, gemm="cute")
+        forwards["cute"] = (cute, params)
+        forwards[CUTE_128] = (lambda a, e: cute(a, e, groups_aligned=True), params)
         hybrid = tb.GroupedExperts.from_weights(ours.w13, ours.w2, gemm="cute_2d3d")
         forwards["cute_2d3d"] = (lambda a, e: hybrid(a, e, groups_aligned=True), params)
     if torchao_mm is not None:
@@ -393,11 +395,25 @@ def _module_forwards(s: Shape, torchao_mm, device):
     return forwards, ours
 
 
+#: The ``gemm="cute"`` block on groups padded to 128 rows, as ``MoELayer(alignment=128)`` hands them
+#: over (the dispatch or permute places each group at a multiple of 128 rows, at no extra pass): its
+#: wgrad then masks nothing. Its inputs hold the padding rows (zeros), so it does that much more work
+#: than the other columns on the same tokens.
+CUTE_128 = "cute 128-row groups"
+
+
 def _module_inputs(s: Shape, device):
-    """x (M, D) bf16 requiring grad, skewed aligned group ends, grad_out (M, D) bf16."""
+    """name -> (x (M, D) bf16 requiring grad, skewed aligned group ends, grad_out (M, D) bf16): the
+    same tokens for every column (key None), and for :data:`CUTE_128` in groups padded to 128 rows."""
     x = torch.randn(s.rows, s.k, device=device, dtype=torch.bfloat16).requires_grad_()
     ends = aligned_group_ends(s.rows, s.experts, device)
-    return x, ends, torch.randn(s.rows, s.k, device=device, dtype=torch.bfloat16)
+    grad_out = torch.randn(s.rows, s.k, device=device, dtype=torch.bfloat16)
+    padded, _, padded_ends = tb.pad_token_groups(x.detach(), ends, alignment=128)
+    rows = int(padded_ends[-1])  # setup, untimed
+    progress(f"  {CUTE_128}: {rows} rows for {s.rows} tokens ({rows / s.rows - 1:.1%} padding)")
+    padded_grad = tb.pad_token_groups(grad_out, ends, alignment=128)[0][:rows].contiguous()
+    x128 = padded[:rows].contiguous().requires_grad_()
+    return {None: (x, ends, grad_out), CUTE_128: (x128, padded_ends, padded_grad)}
 
 
 def module_rows(s: Shape, torchao_mm, copy_gbps: float) -> list[dict]:
@@ -405,12 +421,17 @@ def module_rows(s: Shape, torchao_mm, copy_gbps: float) -> list[dict]:
     optimizer step; the per-kernel breakdown of ours; the bytes floor of its non-GEMM kernels."""
     device = torch.device("cuda")
     forwards, ours = _module_forwards(s, torchao_mm, device)
-    x, ends, grad_out = _module_inputs(s, device)
+    inputs = _module_inputs(s, device)
+    x, ends, grad_out = inputs[None]
     rows = []
     for n in (1, 4):
-        steps = {name: _micro_batches(f, x, p, ends, grad_out, n) for name, (f, p) in forwards.items()}
+        steps = {name: _column_step(inputs, name, f, p, n) for name, (f, p) in forwards.items()}
         us = {name: t / n for name, t in _time_all(steps).items()}
-        peak = {name: _peak_mib(step, x, forwards[name][1]) for name, step in steps.items() if name in us}
+        peak = {
+            name: _peak_mib(step, _inputs_of(inputs, name)[0], forwards[name][1])
+            for name, step in steps.items()
+            if name in us
+        }
         best_bf16 = min(us["bf16"], us.get("bf16 compiled SwiGLU", us["bf16"]))
         row = {"module (D=K, H=N)": s.name, "micro-batches": n, "best bf16 us": best_bf16}
         for name, t in us.items():
@@ -429,9 +450,20 @@ def module_rows(s: Shape, torchao_mm, copy_gbps: float) -> list[dict]:
         f"({moved / 1e9:.2f} GB at {copy_gbps:.0f} GB/s; weights {weight_bytes(s) / 1e9:.2f} GB); "
         f"GEMM kernels {gemm_us:.0f} us"
     )
-    del forwards, ours, x, grad_out
+    del forwards, ours, x, grad_out, inputs
     torch.cuda.empty_cache()
     return rows
+
+
+def _inputs_of(inputs: dict, name: str) -> tuple:
+    """(x, ends, grad_out) of column ``name``: its own, or the shared ones."""
+    return inputs.get(name, inputs[None])
+
+
+def _column_step(inputs: dict, name: str, forward, params, n: int):
+    """:func:`_micro_batches` of column ``name`` on its inputs."""
+    x, ends, grad_out = _inputs_of(inputs, name)
+    return _micro_batches(forward, x, params, ends, grad_out, n)
 
 
 def peak_rows(s: Shape) -> list[dict]:
@@ -440,19 +472,19 @@ def peak_rows(s: Shape) -> list[dict]:
     is replaced one for one), and each against bf16's."""
     device = torch.device("cuda")
     forwards, ours = _module_forwards(s, None, device)
-    x, ends, grad_out = _module_inputs(s, device)
+    inputs = _module_inputs(s, device)
     rows = []
     for n in (1, 4):
         row = {"module (D=K, H=N)": s.name, "micro-batches": n}
         for name, (forward, params) in forwards.items():
-            step = _micro_batches(forward, x, params, ends, grad_out, n)
+            step = _column_step(inputs, name, forward, params, n)
             step()  # warm: compiled kernels, and a weight cache that holds the previous step's entries
-            row[f"{name} peak MiB"] = _peak_mib(step, x, params)
+            row[f"{name} peak MiB"] = _peak_mib(step, _inputs_of(inputs, name)[0], params)
         for name in forwards:
             row[f"{name} vs bf16"] = row[f"{name} peak MiB"] / row["bf16 peak MiB"]
         row["ours weight cache MiB"] = ours.weight_cache_bytes() / 2**20
         rows.append(row)
-    del forwards, ours, x, grad_out
+    del forwards, ours, inputs
     torch.cuda.empty_cache()
     return rows
 
