@@ -6,10 +6,10 @@ each config prints us and the ratio to a copy of the same bytes, and checks its 
 the first config's (and, where the target has one, the public ops' or the reference's); then prints,
 per shape class, the config with the best worst ratio. ``--write [FILE]`` merges those winners into
 the tuned table (default ``cute_kernels/configs/tuned.json``) under this arch and device name: only
-for the kernels configured per shape class (``quantize_fp8_row``, ``quantize_fp8_col``); the others'
-choices go to ``cute_kernels/configs/sm90.py`` by hand, with the note that measured them. Results go
-to ``bench/results/tune_KERNEL.json``. Exit status: 0, 1 when some config wrote other bytes (then
-nothing is written), 2 without a GPU.
+for the kernels configured per shape class (``quantize_fp8_row``, ``quantize_fp8_col``, ``swiglu``);
+the others' choices go to ``cute_kernels/configs/sm90.py`` by hand, with the note that measured
+them. Results go to ``bench/results/tune_KERNEL.json``. Exit status: 0, 1 when some config wrote
+other bytes (then nothing is written), 2 without a GPU.
 
 KERNEL (the options each reads):
 
@@ -25,7 +25,9 @@ KERNEL (the options each reads):
 - ``quantize_fp8_col``: the amax and cast passes per shape class (``--dual``: the dual classes;
   ``--layouts``: only these of plain, groups, experts);
 - ``grouped_gemm``: the sm_90a FP8 grouped GEMM's tile width and ring depth per GEMM of an expert
-  layer (sm_90 only; its choice goes to ``configs/sm90.py`` by hand).
+  layer (sm_90 only; its choice goes to ``configs/sm90.py`` by hand);
+- ``swiglu``: SwiGLU + FP8 rowwise per direction and H class, checked against the reference
+  (configs that spill are skipped).
 """
 
 from __future__ import annotations
@@ -47,9 +49,10 @@ TARGETS = {
     "quantize_fp8_row": ("quantize_fp8_row",),
     "quantize_fp8_col": ("quantize_fp8_col_amax", "quantize_fp8_col_cast"),
     "grouped_gemm": ("grouped_gemm_sm90",),
+    "swiglu": ("swiglu_fp8",),
 }
 #: The targets whose winners go to the tuned table (``--write``).
-TABLED = ("quantize_fp8_row", "quantize_fp8_col")
+TABLED = ("quantize_fp8_row", "quantize_fp8_col", "swiglu")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -106,7 +109,7 @@ def _harness(args: argparse.Namespace, device, arch: str):
                 progress(f"  {name} {config}: {registers} registers < {config.launch_registers()}, skipped")
                 return None
             return kernel
-        if name.startswith("quantize_fp8_col"):
+        if name.startswith("quantize_fp8_col") or name == "swiglu_fp8":
             kernel = registry.entry(name).compile(variant, arch, config=config, options=compile_options(arch))
             if any(f["local_bytes"] for f in resource_usage(cubin_of(kernel)).values()):
                 progress(f"  {name} {config}: spills, skipped")

@@ -464,3 +464,51 @@ def grouped_gemm(args: argparse.Namespace, device: torch.device) -> list[Case]:
                 )
             )
     return cases
+
+
+def swiglu(args: argparse.Namespace, device: torch.device) -> list[Case]:
+    """SwiGLU + FP8 rowwise, forward and backward, M = 16384 rows of each H class the expert blocks
+    meet (H = 2048: class 2048; 4096; 7168 and 8192: class 8192), power-of-2 scales, checked
+    against the reference's bytes; ``--quick``: H = 2048 and 8192."""
+    from cute_kernels.swiglu import SwigluVariant
+    from torch_bindings import reference as ref
+    from torch_bindings.swiglu import swiglu_shape_class
+
+    rows, cases = 16384, []
+    hidden = (2048, 8192) if args.quick else (2048, 4096, 7168, 8192)
+    for direction, half in itertools.product(("fwd", "bwd"), hidden):
+        out_cols = 2 * half if direction == "bwd" else half
+
+        def make(direction=direction, half=half, out_cols=out_cols):
+            h13 = torch.randn(rows, 2 * half, device=device, dtype=torch.bfloat16)
+            grad = (
+                torch.randn(rows, half, device=device, dtype=torch.bfloat16) if direction == "bwd" else None
+            )
+            out = torch.empty(rows, out_cols, device=device, dtype=torch.bfloat16)
+            q = torch.empty(rows, out_cols, device=device, dtype=torch.float8_e4m3fn)
+            return h13, out, q, torch.empty(rows, device=device, dtype=torch.float32), grad
+
+        def expected(_, a, direction=direction):
+            h13, grad = a[0], a[4]
+            if direction == "fwd":
+                want = ref.swiglu_quantize_fp8(h13, round_scales_to_power_of_2=True)
+            else:
+                want = ref.swiglu_backward_quantize_fp8(grad, h13, round_scales_to_power_of_2=True)
+            return [t.view(torch.uint8) for t in want]  # the sweep compares bytes
+
+        inputs = (3 if direction == "bwd" else 2) * half * 2
+        moved = rows * (inputs + out_cols * 3 + 4)  # read; bf16 out, q written; scales
+        cases.append(
+            Case(
+                f"{direction} {rows}x{half}",
+                ("swiglu_fp8",),
+                SwigluVariant(direction),
+                make,
+                lambda _, kernel, *a: kernel(*a),
+                lambda _, a: a[1:4],
+                lambda _, n=moved: n,
+                shape_class=swiglu_shape_class(direction, half),
+                expected=expected,
+            )
+        )
+    return cases

@@ -26,20 +26,34 @@ _ANY_GROUPS = 1 << 62  # the bounded kernels read only the last end: any number 
 
 class SwigluKey(NamedTuple):
     """The SwiGLU + FP8 kernel's key in a device's table: ``direction`` ("fwd" / "bwd"),
-    ``round_pow2``, ``vector`` (16-byte steps) and ``bounded`` (only the rows below the last group
-    end)."""
+    ``round_pow2``, ``vector`` (16-byte steps), ``bounded`` (only the rows below the last group
+    end) and ``half`` (H raw, one lookup per call: the kernels of one H class are one compile)."""
 
     kernel: str
     direction: str
     round_pow2: bool
     vector: bool
     bounded: bool
+    half: int
 
     def variant(self, target: targets.DeviceTarget):
         """The kernel's variant (imports the kernel module)."""
         from cute_kernels.swiglu import SwigluVariant
 
         return SwigluVariant(self.direction, self.round_pow2, self.vector, self.bounded)
+
+    def config(self, variant, target: targets.DeviceTarget):
+        """The config for the key's H class (``cute_kernels.configs.pick_for_shape``)."""
+        from cute_kernels import configs
+
+        shape_class = swiglu_shape_class(variant.direction, self.half)
+        return configs.pick_for_shape(_KERNEL, variant, target.arch, target.name, shape_class)
+
+
+def swiglu_shape_class(direction: str, half: int) -> str:
+    """The tuned table's key of a launch: ``"<direction>/h<H class>"``, the H class being the next
+    power of 2 of H, at least 256."""
+    return f"{direction}/h{1 << max(half - 1, 255).bit_length()}"
 
 
 def _launch(
@@ -65,14 +79,15 @@ def _launch(
     if rows:
         unaligned = h13.data_ptr() & 15 or (grad_h is not None and grad_h.data_ptr() & 15)
         direction, vector = "fwd" if grad_h is None else "bwd", not (half & 7 or unaligned)
-        if ends is None:
-            key = (_KERNEL, direction, round_pow2, vector, False)  # a SwigluKey's fields
-            kernel = target.kernels.get(key) or target.kernel(SwigluKey._make(key), SwigluKey.variant)
-            kernel(h13, out, q, scales, grad_h)  # outputs: fresh, 512-byte aligned
-        else:
-            key = (_KERNEL, direction, round_pow2, vector, True)  # a SwigluKey's fields
-            kernel = target.kernels.get(key) or target.kernel(SwigluKey._make(key), SwigluKey.variant)
+        bounded = ends is not None
+        key = (_KERNEL, direction, round_pow2, vector, bounded, half)  # a SwigluKey's fields
+        kernel = target.kernels.get(key) or target.kernel(
+            SwigluKey._make(key), SwigluKey.variant, SwigluKey.config
+        )
+        if bounded:
             kernel(h13, out, q, scales, grad_h, ends)
+        else:
+            kernel(h13, out, q, scales, grad_h)  # outputs: fresh, 512-byte aligned
     return out, q, scales
 
 

@@ -203,14 +203,25 @@ def quantize_fp8_col_cast_for_shape(variant, shape_class: str, tuned: dict | Non
 
 
 # --- SwiGLU + FP8 rowwise (notes/swiglu-fp8-kernel.md) ---
-# Not tuned (no GPU measured yet): a whole 256-thread CTA per row, like the FP8 row kernel at the
-# MoE widths. Forward: 4 steps per thread in flight (H = 8192: the row in one batch; 80 registers,
+# The bindings pick per direction and H class (swiglu_fp8_for_shape below, `bench.tune swiglu`);
+# without a shape (the SASS targets CI checks) the kernel takes the heuristic: a whole 256-thread
+# CTA per row. Forward: 4 steps per thread in flight (H = 8192: the row in one batch; 80 registers,
 # 3 CTAs per SM). Backward: 2 steps (three 16-byte inputs per step; 4 spilled under the 128-register
 # cap, 116 registers at 2).
 def swiglu_fp8(variant):
     from cute_kernels.swiglu import SwigluConfig
 
     return SwigluConfig(threads=256, unroll=4 if variant.direction == "fwd" else 2, ctas_per_sm=2)
+
+
+def swiglu_fp8_for_shape(variant, shape_class: str, tuned: dict | None):
+    """Per ``"<direction>/h<H class>"``: the tuned entry (measured on the vector variant: taken for
+    it only; a bounded variant takes its unbounded twin's), else :func:`swiglu_fp8`."""
+    from cute_kernels.swiglu import SwigluConfig
+
+    if tuned is not None and variant.vector:
+        return SwigluConfig(**tuned)
+    return swiglu_fp8(variant)
 
 
 # --- quantize TMA, experimental (notes/quantize-tma.md) ---

@@ -148,6 +148,19 @@ def _grouped_gemm_sm90() -> dict[str, list]:
     return {DEFAULT: default, "quick": [default[0], default[2]]}
 
 
+def _swiglu_fp8() -> dict[str, list]:
+    """Whole-CTA rows (128 to 512 threads) and warp rows, steps in flight per thread, and the CTAs
+    per SM the register cap keeps room for (configs that spill are skipped by the tuner)."""
+    from cute_kernels.swiglu import SwigluConfig
+
+    rows = [(t, u, c) for t in (128, 256, 512) for u in (1, 2, 4) for c in (2, 3, 4) if t * c <= 2048]
+    warps = [(t, u, c) for t in (128, 256) for u in (2, 4, 8) for c in (2, 4) if t * c <= 2048]
+    default = [SwigluConfig(256, 4, 2)]  # the heuristic first: the byte check compares with it
+    default += [SwigluConfig(t, u, c) for t, u, c in rows if (t, u, c) != (256, 4, 2)]
+    default += [SwigluConfig(t, u, c, row_per_cta=False) for t, u, c in warps]
+    return {DEFAULT: default, "quick": default[:4]}
+
+
 _SPACES: dict[str, Callable[[], dict[str, list]]] = {
     "swizzle": _swizzle,
     "quantize_1x32": _quantize_1x32,
@@ -160,6 +173,7 @@ _SPACES: dict[str, Callable[[], dict[str, list]]] = {
     "quantize_fp8_col_amax": _quantize_fp8_col_amax,
     "quantize_fp8_col_cast": _quantize_fp8_col_cast,
     "grouped_gemm_sm90": _grouped_gemm_sm90,
+    "swiglu_fp8": _swiglu_fp8,
 }
 
 

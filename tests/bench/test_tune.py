@@ -159,7 +159,7 @@ def test_write_winners_merges_into_the_table(tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["pad", "quantize_fp8_col"])
+@pytest.mark.parametrize("kernel", ["pad", "quantize_fp8_col", "swiglu"])
 def test_a_short_sweep_on_the_gpu(kernel, tmp_path):
     """The driver end to end on the GPU: a quick sweep with few timing samples, every config's bytes
     the same, the results written."""

@@ -11,8 +11,10 @@ import pytest
 
 from cute_kernels import configs
 
-#: shape-class formats per kernel (torch_bindings.quantize_fp8: k_class, col_shape_class)
+#: shape-class formats per kernel (torch_bindings.quantize_fp8: k_class, col_shape_class;
+#: torch_bindings.swiglu: swiglu_shape_class)
 _CLASS = {
+    "swiglu_fp8": re.compile(r"(fwd|bwd)/h(\d+)$"),
     "quantize_fp8_row": re.compile(r"(bfloat16|float32)/k(\d+)$"),
     "quantize_fp8_col_amax": re.compile(r"(bfloat16|float32)/(plain|groups|experts)(\+dual)?/k(\d+)/g(\d+)$"),
     "quantize_fp8_col_cast": re.compile(r"(bfloat16|float32)/(plain|groups|experts)(\+dual)?/k(\d+)/g(\d+)$"),
@@ -32,6 +34,10 @@ def _entries() -> list[tuple[str, str, str, str, dict]]:
 def _variant(kernel: str, shape_class: str):
     """The variant a tuned entry applies to: the tuners measure bf16 with vector loads and stores."""
     match = _CLASS[kernel].match(shape_class)
+    if kernel == "swiglu_fp8":
+        from cute_kernels.swiglu import SwigluVariant
+
+        return SwigluVariant(match[1])
     if kernel == "quantize_fp8_row":
         from cute_kernels.quantize_fp8 import Fp8RowVariant
 
@@ -43,10 +49,14 @@ def _variant(kernel: str, shape_class: str):
 
 def test_shape_classes_are_the_bindings():
     from torch_bindings.quantize_fp8 import col_shape_class, group_bucket, k_class
+    from torch_bindings.swiglu import swiglu_shape_class
 
     for kernel, _, _, shape_class, _ in _entries():
         match = _CLASS[kernel].match(shape_class)
         assert match, (kernel, shape_class)
+        if kernel == "swiglu_fp8":
+            assert swiglu_shape_class(match[1], int(match[2])) == shape_class
+            continue
         k = int(match[2] if kernel == "quantize_fp8_row" else match[4])
         assert k_class(k) == k
         if kernel != "quantize_fp8_row":

@@ -356,7 +356,8 @@ def test_launcher_variants_and_empty_shapes(backward):
     for h13, vector in ((aligned, True), (odd, False), (shifted, False)):
         out, q, scales = call(h13)
         key, args = target.kernels.calls.pop()
-        assert key == swiglu.SwigluKey("swiglu_fp8", "bwd" if backward else "fwd", True, vector, False)
+        half = h13.shape[1] // 2
+        assert key == swiglu.SwigluKey("swiglu_fp8", "bwd" if backward else "fwd", True, vector, False, half)
         assert args[0] is h13 and args[1] is out and args[2] is q and args[3] is scales
         assert (args[4] is not None) == backward
         assert out.shape == ((4, h13.shape[1]) if backward else (4, h13.shape[1] // 2)) and out.dtype == BF16
@@ -368,6 +369,28 @@ def test_launcher_variants_and_empty_shapes(backward):
     assert scales.tolist() == [1.0] * 3 and not target.kernels.calls  # rows of no columns: no launch
     out, _, scales = call(torch.zeros(0, 16, dtype=BF16))
     assert out.shape[0] == 0 and scales.shape == (0,) and not target.kernels.calls
+
+
+def test_configs_per_h_class(monkeypatch):
+    """The bindings pick a config per direction and H class: the tuned table's entry for the vector
+    variant, else the heuristic (also a bounded variant's, and the element variant's)."""
+    from cute_kernels import configs
+    from cute_kernels.swiglu import SwigluConfig, SwigluVariant
+    from torch_bindings import swiglu, targets
+
+    assert swiglu.swiglu_shape_class("fwd", 2048) == "fwd/h2048"
+    assert swiglu.swiglu_shape_class("bwd", 7168) == "bwd/h8192"
+    assert swiglu.swiglu_shape_class("fwd", 8) == "fwd/h256"
+    tuned = {"fwd/h2048": {"threads": 128, "unroll": 2, "ctas_per_sm": 4, "row_per_cta": True}}
+    monkeypatch.setattr(configs, "tuned_entry", lambda kernel, arch, device, cls: tuned.get(cls))
+    target = targets.DeviceTarget("sm_90a", 132, device=torch.device("cpu"))
+    key = swiglu.SwigluKey("swiglu_fp8", "fwd", True, True, False, 2048)
+    assert key.config(key.variant(target), target) == SwigluConfig(128, 2, 4)
+    heuristic = configs.pick("swiglu_fp8", SwigluVariant("fwd"), "sm_90a")
+    for other in (key._replace(half=8192), key._replace(vector=False), key._replace(direction="bwd")):
+        want = configs.pick("swiglu_fp8", other.variant(target), "sm_90a")
+        assert other.config(other.variant(target), target) == want
+    assert heuristic == SwigluConfig(256, 4, 2)
 
 
 def test_bench_bytes_and_exit_without_a_gpu(capsys):
@@ -557,14 +580,15 @@ def test_bounded_launcher_keys_and_arguments(backward):
     ):
         out, q, scales = call(h13, ends)
         key, args = target.kernels.calls.pop()
-        assert key == swiglu.SwigluKey("swiglu_fp8", direction, False, vector, bounded=True)
+        half = h13.shape[1] // 2
+        assert key == swiglu.SwigluKey("swiglu_fp8", direction, False, vector, bounded=True, half=half)
         assert args[0] is h13 and args[1] is out and args[2] is q and args[3] is scales and args[5] is ends
         assert len(args) == 6 and (args[4] is not None) == backward
         call(h13, None)
-        key = swiglu.SwigluKey("swiglu_fp8", direction, False, vector, False)
+        key = swiglu.SwigluKey("swiglu_fp8", direction, False, vector, False, half)
         assert target.kernels.calls.pop()[0] == key
-    assert swiglu.SwigluKey("swiglu_fp8", direction, False, True, True).variant(target).bounded
-    assert not swiglu.SwigluKey("swiglu_fp8", direction, False, True, False).variant(target).bounded
+    assert swiglu.SwigluKey("swiglu_fp8", direction, False, True, True, 64).variant(target).bounded
+    assert not swiglu.SwigluKey("swiglu_fp8", direction, False, True, False, 64).variant(target).bounded
     _, _, scales = call(torch.zeros(3, 0, dtype=BF16), ends)
     assert scales.tolist() == [1.0] * 3 and not target.kernels.calls
     out, _, scales = call(torch.zeros(0, 16, dtype=BF16), ends)

@@ -138,9 +138,26 @@ def test_unaligned_inputs_take_the_element_variant():
     _check_backward(grad[0, 1 : 1 + 64 * 40].view(64, 40), aligned)
 
 
+@pytest.mark.parametrize("half", [2048, 4096, 7168, 8192])
+def test_each_h_class_matches_reference(half):
+    """The config the bindings pick per H class (this device's tuned entry, else the heuristic)
+    writes the reference's bytes, rows of a CTA and a warp apart."""
+    h13, grad = _inputs(37, half, half)
+    _check_forward(h13)
+    _check_backward(grad, h13)
+    ends = torch.tensor([20, 30], dtype=torch.int32, device="cuda")  # the bounded twins: rows < 30
+    got = torch_bindings.swiglu_quantize_fp8(h13, group_end_offsets=ends)
+    want = reference.swiglu_quantize_fp8(h13[:30])
+    got_bwd = torch_bindings.swiglu_backward_quantize_fp8(grad, h13, group_end_offsets=ends)
+    want_bwd = reference.swiglu_backward_quantize_fp8(grad[:30], h13[:30])
+    for name, a, b in zip(("h", "q", "scales") * 2, (*got, *got_bwd), (*want, *want_bwd), strict=True):
+        assert_same_bytes(a[:30], b, f"bounded {name}")
+
+
 def test_no_recompiles_across_shapes():
-    """One compile per variant: M and H never recompile (vector H and element H are two)."""
-    for half in (8, 13):
+    """One compile per variant and H class (its config): neither M nor H within a class recompiles
+    (vector H and element H are two variants; the element variant takes one config for every H)."""
+    for half in (8, 13, 2048, 7168):
         h13, grad = _inputs(4, half, 6)
         torch_bindings.swiglu_quantize_fp8(h13)
         torch_bindings.swiglu_backward_quantize_fp8(grad, h13)
