@@ -37,7 +37,7 @@ def _variant(kernel: str, shape_class: str):
     if kernel == "swiglu_fp8":
         from cute_kernels.swiglu import SwigluVariant
 
-        return SwigluVariant(match[1])
+        return SwigluVariant(match[1])  # its twins: _twins
     if kernel == "quantize_fp8_row":
         from cute_kernels.quantize_fp8 import Fp8RowVariant
 
@@ -65,6 +65,16 @@ def test_shape_classes_are_the_bindings():
             assert col_shape_class(match[1], match[2], k, groups, bool(match[3])) == shape_class
 
 
+def _twins(variant) -> list:
+    """The variants an entry measured on ``variant`` also serves: SwiGLU's exact-scale and bounded
+    twins take the vector variant's entry."""
+    from dataclasses import replace
+
+    if type(variant).__name__ != "SwigluVariant":
+        return [variant]
+    return [replace(variant, round_pow2=p, bounded=b) for p in (True, False) for b in (False, True)]
+
+
 @pytest.mark.parametrize("kernel", sorted(_CLASS))
 def test_tuned_configs_build_without_local_memory(kernel):
     from cute_utils.sass import compile_options, cubin_of, resource_usage
@@ -76,15 +86,15 @@ def test_tuned_configs_build_without_local_memory(kernel):
     for name, arch, device, shape_class, fields in _entries():
         if name != kernel:
             continue
-        variant = _variant(kernel, shape_class)
-        config = configs.pick_for_shape(kernel, variant, arch, device, shape_class)  # what binds
-        assert config == type(config)(**fields), (device, shape_class, config, fields)
-        if (variant, config, arch) in built:
-            continue
-        cubin = cubin_of(cls.compile(variant, arch, config=config, options=compile_options(arch)))
-        usage = resource_usage(cubin)
-        built[variant, config, arch] = usage
-        assert not any(f["local_bytes"] for f in usage.values()), (device, shape_class, config, usage)
+        for variant in _twins(_variant(kernel, shape_class)):
+            config = configs.pick_for_shape(kernel, variant, arch, device, shape_class)  # what binds
+            assert config == type(config)(**fields), (device, shape_class, variant, config, fields)
+            if (variant, config, arch) in built:
+                continue
+            cubin = cubin_of(cls.compile(variant, arch, config=config, options=compile_options(arch)))
+            usage = resource_usage(cubin)
+            built[variant, config, arch] = usage
+            assert not any(f["local_bytes"] for f in usage.values()), (device, shape_class, variant, usage)
     assert built, f"no tuned entries for {kernel}"
 
 

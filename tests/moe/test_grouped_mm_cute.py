@@ -374,6 +374,14 @@ def test_moe_layer_with_cute_pads_groups_to_128_by_default(fake_kernel):
     layer(torch.randn(40, 64).bfloat16())
     ends = fake_kernel.calls[0][2]
     assert ends and all(e % 128 == 0 for e in ends), ends
+    # routed_experts takes the same default from its experts' gemm
+    from torch_bindings.moe import routed_experts
+
+    fake_kernel.calls.clear()
+    x, idx, weights = torch.randn(40, 64).bfloat16(), torch.randint(0, 4, (40, 2)), torch.rand(40, 2)
+    routed_experts(x, idx, weights, layer.experts, num_experts=4, dispatch_recipe="fp8_rowwise")
+    ends = fake_kernel.calls[0][2]
+    assert ends and all(e % 128 == 0 for e in ends), ends
 
 
 # ----------------------------------------------------------------------------------------------

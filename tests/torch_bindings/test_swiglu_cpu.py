@@ -386,6 +386,8 @@ def test_configs_per_h_class(monkeypatch):
     target = targets.DeviceTarget("sm_90a", 132, device=torch.device("cpu"))
     key = swiglu.SwigluKey("swiglu_fp8", "fwd", True, True, False, 2048)
     assert key.config(key.variant(target), target) == SwigluConfig(128, 2, 4)
+    bounded = key._replace(bounded=True)  # the bounded twin takes the tuned entry too
+    assert bounded.config(bounded.variant(target), target) == SwigluConfig(128, 2, 4)
     heuristic = configs.pick("swiglu_fp8", SwigluVariant("fwd"), "sm_90a")
     for other in (key._replace(half=8192), key._replace(vector=False), key._replace(direction="bwd")):
         want = configs.pick("swiglu_fp8", other.variant(target), "sm_90a")

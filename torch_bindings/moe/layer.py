@@ -317,8 +317,9 @@ def _local_unless_given(group):
 def default_alignment(gemm: str) -> int:
     """The dispatch's group alignment when the caller gives none: 128 rows for ``gemm="cute"`` (the
     project's wgrad then reads whole 128-row boxes of one group and masks nothing: faster by more
-    than the padding rows cost, notes/grouped-gemm-sm90.md), else 32 (a multiple of every recipe's
-    ``GROUP_ALIGNMENT``)."""
+    than the padding rows cost at 1-2k rows per expert, notes/grouped-gemm-sm90.md; with many local
+    experts and few rows each, up to 127 zero rows per expert can cost more, and a smaller
+    ``alignment`` may serve better), else 32 (a multiple of every recipe's ``GROUP_ALIGNMENT``)."""
     return 128 if gemm == "cute" else 32
 
 
