@@ -15,6 +15,7 @@ import torch
 
 from . import checks, contract, reference, targets
 from .op import KernelOp
+from .quantize_fp8 import k_class
 
 _OP_FWD, _OP_BWD = "swiglu_quantize_fp8", "swiglu_backward_quantize_fp8"
 _KERNEL = "swiglu_fp8"  # cute_kernels.registry name
@@ -51,9 +52,9 @@ class SwigluKey(NamedTuple):
 
 
 def swiglu_shape_class(direction: str, half: int) -> str:
-    """The tuned table's key of a launch: ``"<direction>/h<H class>"``, the H class being the next
-    power of 2 of H, at least 256."""
-    return f"{direction}/h{1 << max(half - 1, 255).bit_length()}"
+    """The tuned table's key of a launch: ``"<direction>/h<H class>"``, the H class being the row
+    kernel's class rule (``quantize_fp8.k_class``: the next power of 2, at least 256)."""
+    return f"{direction}/h{k_class(half)}"
 
 
 def _launch(
