@@ -41,14 +41,17 @@ no per-group tensor maps:
   ``reduction_align`` (128 by default; at least 16: a TMA box's innermost coordinate must be a
   multiple of 16 bytes, or the load is an illegal instruction); the first box then holds up to
   ``reduction_align - 1`` rows of the previous group and the last box rows of the next group.
-  Those are zeroed in shared memory (both operands, at the swizzled offsets of their logical
-  coordinates, 64-bit words masked whole) by the consumers before the wgmma (then a proxy fence and
-  a consumer barrier).
+  In those two slots only the wgmmas whose 32 reduction elements meet the group are issued, and
+  the consumers zero, in the wgmmas that hold a bound, what lies outside the group (both operands,
+  at the swizzled offsets of their logical coordinates, 64-bit words masked whole; then a proxy
+  fence and a consumer barrier).
 
-The epilogue scales in fp32 (``acc * scale_a * scale_b``, in that order), converts to bf16, stages
-the tile in shared memory and stores it as 16-byte row vectors, each predicated on its row (below
-the group's end for 2d3d) and columns; so the output's rows must be multiples of 16 bytes (N % 8
-for 2d3d, K % 8 for 2d2d).
+The epilogue scales in fp32 (``acc * scale_a * scale_b``, in that order), converts to bf16 and
+writes the tile into a 128-byte swizzled staging tile (``stmatrix``). A tile whole in its rows
+(every 2d2d tile; a 2d3d tile that ends at or before its group's end) goes out as (128, 64) TMA
+store boxes, which the next tile's mainloop overlaps; a 2d3d tile cut by its group's end goes out
+as 16-byte row vectors predicated on the row. The output's rows must be multiples of 16 bytes
+(N % 8 for 2d3d, K % 8 for 2d2d).
 """
 
 from dataclasses import dataclass
@@ -70,6 +73,7 @@ from .base import Kernel
 FORMS = ("2d3d", "2d2d")
 TILE_M = 128  # rows of a CTA tile: two consumer warpgroups of 64 rows
 TILE_K = 128  # reduction elements per stage: one 128-byte swizzle atom of e4m3
+MMA_K = 32  # reduction elements of one e4m3 wgmma
 MAX_GROUPS = 256  # groups the 2d3d tile scan holds in shared memory
 WARPGROUP = 128
 CONSUMER_WARPGROUPS = 2
@@ -79,12 +83,14 @@ _MASK_BARRIER = 1  # named barrier of the consumer threads (0 is the CTA barrier
 _CHUNK = 16  # bytes the 128-byte swizzle moves as one unit: a row's 16-byte chunks stay contiguous
 _EPILOGUE_BARRIER = 2  # named barrier of the consumer threads around the epilogue's staging tile
 VECTOR = 8  # bf16 outputs per 16-byte store; the output's row length must be a multiple of it
+EPI_N = 64  # output columns per TMA store box: one 128-byte swizzled row of bf16
+_STORE_WARPS = 1  # consumer warps that issue the TMA stores (the first one)
 
 
 @dataclass(frozen=True)
 class GroupedGemmConfig:
-    """``tile_n`` output columns per CTA tile (a multiple of 16 up to 256), ``stages`` of the shared
-    A/B ring, register caps of the producer and consumer warpgroups (``setmaxregister``), and
+    """``tile_n`` output columns per CTA tile (64, 128, 192 or 256: whole store boxes), ``stages``
+    of the shared A/B ring, register caps of the producer and consumer warpgroups (``setmaxregister``), and
     ``reduction_align``: 2d2d boxes of group g start at its first row rounded down to this (16, 32,
     64 or 128; TMA needs 16 bytes), the rows before the group's start masked in the first box."""
 
@@ -95,8 +101,8 @@ class GroupedGemmConfig:
     reduction_align: int = 128
 
     def __post_init__(self) -> None:
-        if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
-            raise ValueError(f"tile_n={self.tile_n} must be a multiple of 16 in [16, 256]")
+        if self.tile_n % EPI_N or not EPI_N <= self.tile_n <= 256:
+            raise ValueError(f"tile_n={self.tile_n} must be a multiple of {EPI_N} in [{EPI_N}, 256]")
         if not 2 <= self.stages <= 12:
             raise ValueError(f"stages={self.stages} must be in [2, 12]")
         if self.reduction_align not in (16, 32, 64, 128):
@@ -133,7 +139,8 @@ def _stage_bytes(config: GroupedGemmConfig) -> tuple[int, int]:
 
 def _shared_storage(config: GroupedGemmConfig):
     """The kernel's shared memory: ring barriers (full, empty), the 2d3d tile scan's arrays, then the
-    1024-byte aligned A and B rings (128-byte swizzled boxes)."""
+    1024-byte aligned A and B rings (128-byte swizzled boxes) and the epilogue's staging tile (bf16,
+    :func:`_staging_layouts`)."""
     a_bytes, b_bytes = _stage_bytes(config)
     stages = config.stages
 
@@ -145,15 +152,20 @@ def _shared_storage(config: GroupedGemmConfig):
         warp_totals: cute.struct.MemRange[Int32, THREADS // 32]
         ring_a: cute.struct.Align[cute.struct.MemRange[Float8E4M3FN, a_bytes * stages], 1024]
         ring_b: cute.struct.Align[cute.struct.MemRange[Float8E4M3FN, b_bytes * stages], 1024]
-        staging: cute.struct.Align[cute.struct.MemRange[BFloat16, TILE_M * _staging_stride(config)], 16]
+        staging: cute.struct.Align[cute.struct.MemRange[BFloat16, TILE_M * config.tile_n], 1024]
 
     return SharedStorage
 
 
-def _staging_stride(config: GroupedGemmConfig) -> int:
-    """Row stride (bf16 elements) of the epilogue's staging tile: ``tile_n`` plus 16 bytes, so that
-    rows are 16-byte aligned and the fragment writes (8 rows x 4 words per warp) hit 32 banks."""
-    return config.tile_n + VECTOR
+def _staging_layouts(tile_n: int):
+    """The epilogue's staging tile, two views of the same bytes: ``(tile, boxes)``, ``tile`` the
+    (TILE_M, tile_n) output tile and ``boxes`` its (TILE_M, EPI_N, tile_n // EPI_N) TMA store boxes,
+    one after the other. Rows of a box are 128 bytes, 128-byte swizzled (16-byte chunk ``c`` of row
+    ``r`` at chunk ``c XOR r % 8``): the ``stmatrix`` writes hit 32 banks and TMA reads the same
+    swizzle. Call inside a ``@cute.jit`` function."""
+    tile = sm90_utils.make_smem_layout_epi(BFloat16, LayoutEnum.ROW_MAJOR, (TILE_M, tile_n), 1)
+    boxes = sm90_utils.make_smem_layout_epi(BFloat16, LayoutEnum.ROW_MAJOR, (TILE_M, EPI_N), tile_n // EPI_N)
+    return cute.slice_(tile, (None, None, 0)), boxes
 
 
 @dataclass
@@ -280,16 +292,23 @@ class GroupedGemmSm90Kernel(Kernel):
         stream,
     ):
         tiled_mma, ring_a, ring_b = self._layouts()
+        staging_tile, staging_boxes = _staging_layouts(self.tile_n)
         if cutlass.const_expr(self.form == "2d3d"):
             b = cute.make_tensor(b.iterator, cute.select(b.layout, mode=[1, 2, 0]))  # (N, K, E)
+            out_boxes = out
+        else:
+            out_boxes = cute.make_tensor(out.iterator, cute.select(out.layout, mode=[1, 2, 0]))  # (N, K, E)
         op = cpasync.CopyBulkTensorTileG2SOp()
         box_a = cute.slice_(ring_a, (None, None, 0))
         box_b = cute.slice_(ring_b, (None, None, 0))
         atom_a, tma_a = cpasync.make_tiled_tma_atom(op, a, box_a, (TILE_M, TILE_K))
         atom_b, tma_b = cpasync.make_tiled_tma_atom(op, b, box_b, (self.tile_n, TILE_K))
-        self.kernel(
-            atom_a, tma_a, atom_b, tma_b, scale_a, scale_b, offsets, out, tiled_mma, ring_a, ring_b
-        ).launch(
+        box_out = cute.slice_(staging_boxes, (None, None, 0))
+        store = cpasync.CopyBulkTensorTileS2GOp()
+        atom_out, tma_out = cpasync.make_tiled_tma_atom(store, out_boxes, box_out, (TILE_M, EPI_N))
+        args = (atom_a, tma_a, atom_b, tma_b, scale_a, scale_b, offsets, out, atom_out, tma_out, tiled_mma,
+                ring_a, ring_b, staging_tile, staging_boxes)  # fmt: skip
+        self.kernel(*args).launch(
             grid=(num_sms, 1, 1),
             block=(THREADS, 1, 1),
             smem=_shared_storage(self.config).size_in_bytes(),
@@ -309,15 +328,20 @@ class GroupedGemmSm90Kernel(Kernel):
         scale_b: cute.Tensor,
         offsets: cute.Tensor,
         out: cute.Tensor,
+        atom_out: cute.CopyAtom,
+        tma_out: cute.Tensor,
         tiled_mma: cute.TiledMma,
         ring_a_layout: cute.ComposedLayout,
         ring_b_layout: cute.ComposedLayout,
+        staging_tile: cute.ComposedLayout,
+        staging_boxes: cute.ComposedLayout,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == 0:
             cpasync.prefetch_descriptor(atom_a)
             cpasync.prefetch_descriptor(atom_b)
+            cpasync.prefetch_descriptor(atom_out)
         storage = SmemAllocator().allocate(_shared_storage(self.config))
         ring = self._make_pipeline(storage.ring_barriers.data_ptr())
         ring_a = storage.ring_a.get_tensor(ring_a_layout.outer, swizzle=ring_a_layout.inner)
@@ -335,11 +359,10 @@ class GroupedGemmSm90Kernel(Kernel):
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_registers)
             raw = _RawRings(storage, ring_a_layout, ring_b_layout, self.config)
-            staging = storage.staging.get_tensor(
-                cute.make_layout((TILE_M, self.tile_n), stride=(_staging_stride(self.config), 1))
-            )
-            self._consume(tiled_mma, ring, ring_a, ring_b, raw, staging, scale_a, scale_b, offsets, out,
-                          prefix, ends, total_tiles, extents, tidx - WARPGROUP)  # fmt: skip
+            ctid = tidx - WARPGROUP
+            epilogue = _Staging(storage, staging_tile, staging_boxes, tiled_mma, ctid, atom_out, tma_out, out)
+            self._consume(tiled_mma, ring, ring_a, ring_b, raw, epilogue, scale_a, scale_b, offsets, prefix,
+                          ends, total_tiles, extents, ctid)  # fmt: skip
 
     def _make_pipeline(self, barriers):
         """The A/B ring's full/empty barriers: one TMA producer thread, one arrive per consumer warp."""
@@ -427,18 +450,18 @@ class GroupedGemmSm90Kernel(Kernel):
 
     @cute.jit
     def _consume(
-        self, tiled_mma, ring, ring_a, ring_b, raw, staging, scale_a, scale_b, offsets, out, prefix, ends,
+        self, tiled_mma, ring, ring_a, ring_b, raw, epilogue, scale_a, scale_b, offsets, prefix, ends,
         total_tiles, extents, ctid: Int32,
     ):  # fmt: skip
         """The consumer warpgroups (``ctid``: thread index among them): per tile, the wgmma mainloop
-        over the ring, then the scaled bf16 epilogue through the shared ``staging`` tile."""
+        over the ring, then the scaled bf16 epilogue through the shared staging tile (``epilogue``,
+        a :class:`_Staging`)."""
         thr_mma = tiled_mma.get_slice(ctid)
         frag_a = tiled_mma.make_fragment_A(thr_mma.partition_A(ring_a))
         frag_b = tiled_mma.make_fragment_B(thr_mma.partition_B(ring_b))
         coords = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, self.tile_n)))
         acc = cute.make_rmem_tensor(tiled_mma.partition_shape_C((TILE_M, self.tile_n)), Float32)
         reduction, rows, cols = extents
-        out_vectors = _vector_view(out)
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         tile = Int32(cute.arch.block_idx()[0])
@@ -447,34 +470,45 @@ class GroupedGemmSm90Kernel(Kernel):
             work = self._work(tile, offsets, prefix, ends, reduction, rows, cols)
             read, release = self._mainloop(tiled_mma, ring, acc, frag_a, frag_b, raw, work, read, release,
                                            ctid)  # fmt: skip
-            self._epilogue(acc, coords, scale_a, scale_b, staging, out_vectors, work, cols, ctid)
+            self._epilogue(acc, coords, scale_a, scale_b, epilogue, work, cols, ctid)
             tile += step
+        if ctid < 32 * _STORE_WARPS:  # the staging tile is read by the last stores before the CTA exits
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def _mainloop(self, tiled_mma, ring, acc, frag_a, frag_b, raw, work: _Work, read, release, ctid):
-        """acc = the tile's reduction: per ring slot, wait for its bytes (2d2d: zero the rows before
-        the group's start in its first slot and past its end in its last), issue its wgmmas and
-        release the slot before (one wgmma group stays in flight). Returns the advanced (read,
-        release) pipeline states."""
+        """acc = the tile's reduction: per ring slot, wait for its bytes, issue its wgmmas and release
+        the slot before (one wgmma group stays in flight). 2d2d: in a group's first and last slot,
+        only the wgmmas whose 32 reduction elements meet the group's ``[lo, hi)`` are issued, and
+        the rows of those outside it (of the previous or the next group) are zeroed first. Returns
+        the advanced (read, release) pipeline states."""
         acc.fill(0.0)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         k_blocks = cute.size(frag_a, mode=[2])
         for kt in cutlass.range(work.k_tiles, unroll=1):
             ring.consumer_wait(read)
+            lo, hi = Int32(0), Int32(TILE_K)
             if cutlass.const_expr(self.form == "2d2d"):
-                if (kt == 0 and work.head > 0) or (kt == work.k_tiles - 1 and work.tail < TILE_K):
-                    lo, hi = Int32(0), Int32(TILE_K)
-                    if kt == 0:
-                        lo = work.head
-                    if kt == work.k_tiles - 1:
-                        hi = work.tail
-                    self._zero_outside(raw, read.index, lo, hi, ctid)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(k_blocks):
-                slot = (None, None, kb, read.index)
-                cute.gemm(tiled_mma, acc, frag_a[slot], frag_b[slot], acc)
-            warpgroup.commit_group()
-            warpgroup.wait_group(1)
+                if kt == 0:
+                    lo = work.head
+                if kt == work.k_tiles - 1:
+                    hi = work.tail
+            if lo > 0 or hi < TILE_K:  # 2d2d only: a slot cut by its group's bounds
+                self._zero_outside(raw, read.index, lo, hi, ctid)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(k_blocks):
+                    if kb * MMA_K < hi and kb * MMA_K + MMA_K > lo:
+                        slot = (None, None, kb, read.index)
+                        cute.gemm(tiled_mma, acc, frag_a[slot], frag_b[slot], acc)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)
+            else:  # straight-line wgmmas (a branch around each costs a fence before it)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(k_blocks):
+                    slot = (None, None, kb, read.index)
+                    cute.gemm(tiled_mma, acc, frag_a[slot], frag_b[slot], acc)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)
             if kt > 0:
                 ring.consumer_release(release)
                 release.advance()
@@ -487,13 +521,26 @@ class GroupedGemmSm90Kernel(Kernel):
 
     @cute.jit
     def _zero_outside(self, raw, stage: Int32, lo: Int32, hi: Int32, ctid: Int32):
-        """2d2d: zero the reduction elements outside ``[lo, hi)`` of every row of slot ``stage`` of
-        both rings (rows of the previous or the next group, or TMA zeros past M). The work is (row,
-        16-byte chunk) items, a warp covering four whole rows per step; then the writes are made
-        visible to wgmma (async proxy) and every consumer thread waits for the others."""
-        chunks = TILE_K // _CHUNK
-        for item in cutlass.range(ctid, (TILE_M + self.tile_n) * chunks, CONSUMER_THREADS, unroll=1):
-            row, chunk = item // chunks, item % chunks
+        """2d2d: zero the reduction elements outside ``[lo, hi)`` (rows of the previous or the next
+        group, or TMA zeros past M) in the 32-element blocks of slot ``stage`` that ``_mainloop``
+        issues and that hold ``lo`` or ``hi`` (blocks wholly outside are not issued, blocks wholly
+        inside need nothing), in every row of both rings. The work is (row, 16-byte chunk) items of
+        those blocks; then the writes are made visible to wgmma (async proxy) and every consumer
+        thread waits for the others."""
+        per_block = MMA_K // _CHUNK
+        head_block, tail_block = lo // MMA_K, (hi - 1) // MMA_K
+        blocks, first_block = Int32(0), tail_block
+        if lo > 0:
+            blocks, first_block = Int32(1), head_block
+        if hi < TILE_K and not (lo > 0 and tail_block == head_block):
+            blocks += 1
+        per_row = per_block * blocks
+        for item in cutlass.range(ctid, (TILE_M + self.tile_n) * per_row, CONSUMER_THREADS, unroll=1):
+            row, j = item // per_row, item % per_row
+            block = first_block
+            if j >= per_block:
+                block = tail_block
+            chunk = block * per_block + j % per_block
             if row < TILE_M:
                 _zero_chunk(raw.words_a, raw.layout_a, row, chunk, stage, lo, hi)
             else:
@@ -502,42 +549,79 @@ class GroupedGemmSm90Kernel(Kernel):
         cute.arch.barrier(barrier_id=_MASK_BARRIER, number_of_threads=CONSUMER_THREADS)
 
     @cute.jit
-    def _epilogue(self, acc, coords, scale_a, scale_b, staging, out_vectors, work: _Work, cols: Int32, ctid):
+    def _epilogue(self, acc, coords, scale_a, scale_b, epilogue, work: _Work, cols: Int32, ctid: Int32):
         """Store ``bf16(acc * scale_a * scale_b)`` for the tile's elements inside the output: rows
         below ``work.row_end`` (2d3d: the group's end), columns below ``cols``. The consumer threads
-        put the values into ``staging`` in the accumulator layout, then store it as 16-byte row
-        vectors (``out_vectors``, :func:`_vector_view`). 2d2d: an empty group's tile is zeros
-        whatever its scales hold."""
-        # the previous tile's vectors are read out of staging before anyone writes this tile's
+        write the values into the staging tile (``stmatrix``); a tile whole in its rows (every 2d2d
+        tile, a 2d3d tile that ends at or before its group's end) goes out as TMA store boxes issued
+        by the first consumer warp, which the next tile's mainloop overlaps; a 2d3d tile cut by its
+        group's end goes out as 16-byte row vectors predicated on the row. 2d2d: an empty group's
+        tile is zeros whatever its scales hold."""
+        if ctid < 32 * _STORE_WARPS:  # the previous tile's store boxes have been read out of staging
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.arch.barrier(barrier_id=_EPILOGUE_BARRIER, number_of_threads=CONSUMER_THREADS)
-        self._stage_scaled(acc, coords, scale_a, scale_b, staging, work, cols)
+        self._scale(acc, coords, scale_a, scale_b, work, cols)
+        scaled = epilogue.acc_view(acc)
+        values = cute.make_rmem_tensor(epilogue.r2s_src_shape, Float32)
+        for i in cutlass.range_constexpr(cute.size(values)):
+            values[i] = scaled[i]
+        packed = cute.make_rmem_tensor(epilogue.r2s_src_shape, BFloat16)
+        packed.store(values.load().to(BFloat16))
+        cute.copy(epilogue.r2s, packed, epilogue.r2s_dst)
+        cute.arch.fence_view_async_shared()  # the stmatrix writes, visible to the TMA store's reads
         cute.arch.barrier(barrier_id=_EPILOGUE_BARRIER, number_of_threads=CONSUMER_THREADS)
-        self._store_vectors(_vector_view(staging), out_vectors, work, cols, ctid)
+        whole = True
+        if cutlass.const_expr(self.form == "2d3d"):
+            whole = work.row0 + TILE_M <= work.row_end
+        if whole:
+            if ctid < 32 * _STORE_WARPS:
+                self._store_boxes(epilogue, work, cols)
+        else:
+            self._store_vectors(epilogue, work, cols, ctid)
 
     @cute.jit
-    def _store_vectors(self, staged, out_vectors, work: _Work, cols: Int32, ctid: Int32):
-        """Each consumer thread copies 16-byte row vectors of the staged tile (``staged[r, v, None]``)
-        to the output, eight threads per 128-byte line of a row, each vector predicated on its row
-        (below ``work.row_end``) and its columns (below ``cols``, a multiple of :data:`VECTOR`)."""
-        per_row = self.tile_n // VECTOR
-        for it in cutlass.range_constexpr(TILE_M * per_row // CONSUMER_THREADS):
-            item = it * CONSUMER_THREADS + ctid
-            r, v = item // per_row, item % per_row
-            vector = cute.make_rmem_tensor(cute.make_layout(VECTOR), BFloat16)
-            cute.autovec_copy(staged[r, v, None], vector)
-            row, first = work.row0 + r, work.col0 + v * VECTOR
-            if row < work.row_end and first < cols:
-                if cutlass.const_expr(self.form == "2d3d"):
+    def _store_boxes(self, epilogue, work: _Work, cols: Int32):
+        """TMA-store the staged tile's (TILE_M, EPI_N) boxes that start inside the output (parts past
+        its rows or columns are not written) and commit them as one bulk group. One warp calls it."""
+        target = epilogue.tma_out
+        if cutlass.const_expr(self.form == "2d2d"):
+            target = epilogue.tma_out[None, None, work.g]
+        corner = cute.domain_offset((work.row0, work.col0), target)
+        boxes = cute.local_tile(corner, (TILE_M, EPI_N), (0, None))
+        src, dst = cpasync.tma_partition(
+            epilogue.atom_out, 0, cute.make_layout(1), cute.group_modes(epilogue.boxes, 0, 2),
+            cute.group_modes(boxes, 0, 2),
+        )  # fmt: skip
+        for s in cutlass.range_constexpr(self.tile_n // EPI_N):
+            if work.col0 + s * EPI_N < cols:
+                cute.copy(epilogue.atom_out, src[(None, s)], dst[(None, s)])
+        cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
+    def _store_vectors(self, epilogue, work: _Work, cols: Int32, ctid: Int32):
+        """2d3d, a tile cut by its group's end: each consumer thread copies 16-byte row vectors of
+        the staged tile (at their swizzled offsets) to the output, eight threads per 128-byte line
+        of a row, each predicated on its row (below ``work.row_end``) and its columns (below
+        ``cols``, a multiple of :data:`VECTOR`)."""
+        if cutlass.const_expr(self.form == "2d3d"):
+            per_row = self.tile_n // VECTOR
+            out_vectors = _vector_view(epilogue.out)
+            for it in cutlass.range_constexpr(TILE_M * per_row // CONSUMER_THREADS):
+                item = it * CONSUMER_THREADS + ctid
+                r, v = item // per_row, item % per_row
+                row, first = work.row0 + r, work.col0 + v * VECTOR
+                if row < work.row_end and first < cols:
+                    vector = cute.make_rmem_tensor(cute.make_layout(VECTOR), BFloat16)
+                    chunk = staged_byte(epilogue.tile_layout, r, v * VECTOR) // _CHUNK
+                    cute.autovec_copy(epilogue.chunks[chunk, None], vector)
                     cute.autovec_copy(vector, out_vectors[row, first // VECTOR, None])
-                else:
-                    cute.autovec_copy(vector, out_vectors[work.g, row, first // VECTOR, None])
 
     @cute.jit
-    def _stage_scaled(self, acc, coords, scale_a, scale_b, staging, work: _Work, cols: Int32):
-        """``staging[r, c] = bf16(acc * scale_a * scale_b)`` per accumulator element, each written as
-        it is computed (no register copy of the tile: the accumulator alone fills the registers).
-        Elements outside the output (never stored) read the scales of the last row / column, so every
-        scale load is in bounds and unconditional: the loads of one row or column are one load."""
+    def _scale(self, acc, coords, scale_a, scale_b, work: _Work, cols: Int32):
+        """``acc = acc * scale_a * scale_b`` per accumulator element, in fp32 and that order (2d2d: an
+        empty group's elements are zeros). Elements outside the output (never stored) read the
+        scales of the last row / column, so every scale load is in bounds and unconditional: the
+        loads of one row or column are one load."""
         last_row, last_col = work.row_end - 1, cols - 1
         group_scale_b = scale_b
         if cutlass.const_expr(self.form == "2d3d"):
@@ -547,12 +631,12 @@ class GroupedGemmSm90Kernel(Kernel):
             row = cutlass.min(work.row0 + r, last_row)
             col = cutlass.min(work.col0 + c, last_col)
             if cutlass.const_expr(self.form == "2d3d"):
-                staging[r, c] = (acc[i] * scale_a[row] * group_scale_b[col]).to(BFloat16)
+                acc[i] = acc[i] * scale_a[row] * group_scale_b[col]
             else:
                 value = acc[i] * scale_a[work.g * work.row_end + row] * scale_b[work.g * cols + col]
                 if work.k_tiles == 0:
                     value = Float32(0.0)
-                staging[r, c] = value.to(BFloat16)
+                acc[i] = value
 
 
 def _tma_boxes(atom, coords: cute.Tensor, slots: cute.Tensor, row: Int32, red0: Int32, rows: int):
@@ -579,11 +663,48 @@ class _RawRings:
         self.layout_a, self.layout_b = layout_a, layout_b
 
 
+class _Staging:
+    """The epilogue's staging tile as the consumer thread ``ctid`` uses it (:func:`_staging_layouts`):
+    ``r2s`` / ``r2s_dst`` the ``stmatrix`` copy of its accumulator fragment into the tile, from a
+    register tensor of shape ``r2s_src_shape`` (:meth:`acc_view`: the fragment, flat in that
+    copy's element order); ``boxes`` the TMA store boxes for
+    ``atom_out`` / ``tma_out`` (the output's coordinates; 2d2d (N, K, E)); ``tile_layout`` and
+    ``chunks`` (the bytes as 16-byte vectors) for row-vector stores into ``out``."""
+
+    def __init__(self, storage, tile_layout, boxes_layout, tiled_mma, ctid, atom_out, tma_out, out) -> None:
+        tile = storage.staging.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
+        self.boxes = storage.staging.get_tensor(boxes_layout.outer, swizzle=boxes_layout.inner)
+        atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, BFloat16, Float32)
+        self.r2s = cute.make_tiled_copy_S(atom, cute.make_tiled_copy_C_atom(atom, tiled_mma))
+        self.r2s_dst = self.r2s.get_slice(ctid).partition_D(tile)
+        self.r2s_src_shape = cute.shape(self.r2s.get_slice(ctid).partition_S(tile))
+        self.tile_layout = tile_layout
+        size = cute.cosize(tile_layout.outer)
+        vectors = cute.make_layout((size // VECTOR, VECTOR), stride=(VECTOR, 1))
+        self.chunks = storage.staging.get_tensor(vectors)
+        self.atom_out, self.tma_out, self.out = atom_out, tma_out, out
+
+    def acc_view(self, acc: cute.Tensor) -> cute.Tensor:
+        """The accumulator fragment (same registers) in the ``stmatrix`` copy's element order."""
+        return self.r2s.retile(acc)
+
+
 @cute.jit
 def ring_offset(layout: cute.ComposedLayout, row: Int32, col: Int32, stage: Int32) -> Int32:
     """Physical byte offset in a ring of the logical element (``row``, reduction element ``col``,
     slot ``stage``): the swizzled layout, where TMA puts the element and wgmma reads it."""
     return cute.crd2idx((row, col, stage), layout)
+
+
+@cute.jit
+def staged_byte(layout: cute.ComposedLayout, row: Int32, col: Int32) -> Int32:
+    """Byte offset in the staging tile (``layout``: :func:`_staging_layouts`' tile view) of output
+    element (``row``, ``col``) of the tile. The swizzle of a swizzled shared tensor acts on byte
+    addresses (the 1024-byte aligned tile's offsets), its outer layout gives bf16 elements."""
+    linear = cute.crd2idx((row, col), layout.outer) * (BFloat16.width // 8)
+    swizzle = layout.inner
+    mask = (1 << swizzle.num_bits) - 1
+    return linear ^ (((linear >> (swizzle.num_base + swizzle.num_shift)) & mask) << swizzle.num_base)
 
 
 _ALL_BYTES = 0xFFFF_FFFF_FFFF_FFFF

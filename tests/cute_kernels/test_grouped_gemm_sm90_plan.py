@@ -65,16 +65,60 @@ def test_ring_offsets_follow_the_tma_swizzle():
         assert offset == (config.stages - 1) * box + _tma_swizzle_128b(r * TILE_K + c), (name, r, c)
 
 
+@pytest.mark.parametrize("tile_n", [256, 192])
+def test_staging_views_are_the_tma_store_boxes(tile_n):
+    """The epilogue's two views of its staging tile (``_staging_layouts``): element (r, c) of the
+    (128, tile_n) tile is element (r, c % 64) of store box c // 64 (the same swizzle, byte-level),
+    and ``staged_byte`` puts it where TMA's 128-byte swizzle reads it: boxes of 128-byte rows of
+    bf16, one after the other."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from cute_kernels.grouped_gemm_sm90 import EPI_N, _staging_layouts, staged_byte
+
+    got: dict = {}
+
+    @cute.jit
+    def probe():
+        tile, boxes = _staging_layouts(tile_n)
+        assert tile.inner == boxes.inner
+        for r in cutlass.range_constexpr(0, TILE_M, 5):
+            for c in cutlass.range_constexpr(0, tile_n, 5):
+                in_boxes = cute.crd2idx((r, c % EPI_N, c // EPI_N), boxes.outer)
+                got[r, c] = (cute.crd2idx((r, c), tile.outer), in_boxes, staged_byte(tile, r, c))
+
+    cute.compile(probe, options="--gpu-arch sm_90a")
+    assert len(got) == len(range(0, TILE_M, 5)) * len(range(0, tile_n, 5))
+    box = TILE_M * EPI_N * 2
+    for (r, c), (in_tile, in_boxes, byte) in got.items():
+        assert in_tile == in_boxes == (c // EPI_N) * TILE_M * EPI_N + r * EPI_N + c % EPI_N, (r, c)
+        assert byte == (c // EPI_N) * box + _tma_swizzle_128b(r * EPI_N * 2 + (c % EPI_N) * 2), (r, c)
+
+
+MMA_K = 32  # reduction elements of one wgmma
+
+
+def _issued_blocks(lo: int, hi: int) -> set[int]:
+    """``_mainloop``'s wgmmas issued for a slot whose group elements are ``[lo, hi)``."""
+    return {kb for kb in range(TILE_K // MMA_K) if kb * MMA_K < hi and kb * MMA_K + MMA_K > lo}
+
+
 def _masked_words(lo: int, hi: int, rows: int) -> tuple[list[int], set[int]]:
     """Mirror of ``_zero_outside`` / ``_zero_chunk`` (and ``_low_bytes``) on one ring slot of
     ``rows`` rows: the physical 8-byte words written, in order, by all consumer threads, and the
     physical bytes those writes leave zero (a word stored as zero, or ANDed with the mask of the
     bytes that stay)."""
-    chunks, words, zeroed = TILE_K // 16, [], set()
+    per_block, words, zeroed = MMA_K // 16, [], set()
+    head_block, tail_block = lo // MMA_K, (hi - 1) // MMA_K
+    blocks, first_block = (1, head_block) if lo > 0 else (0, tail_block)
+    if hi < TILE_K and not (lo > 0 and tail_block == head_block):
+        blocks += 1
+    per_row = per_block * blocks
     for ctid in range(THREADS):
-        for item in range(ctid, rows * chunks, THREADS):
-            row, chunk = item // chunks, item % chunks
-            first = chunk * 16
+        for item in range(ctid, rows * per_row, THREADS):
+            row, j = item // per_row, item % per_row
+            block = first_block if j < per_block else tail_block
+            first = (block * per_block + j % per_block) * 16
             if not (first < lo or first + 16 > hi):
                 continue
             base = _tma_swizzle_128b(row * TILE_K + first)
@@ -90,13 +134,17 @@ def _masked_words(lo: int, hi: int, rows: int) -> tuple[list[int], set[int]]:
 
 
 @pytest.mark.parametrize("rows", [TILE_M + 256, TILE_M + 64])
-@pytest.mark.parametrize("lo", [0, 1, 7, 15, 16, 17, 63, 100, 127])
+@pytest.mark.parametrize("lo", [0, 1, 7, 15, 16, 17, 31, 32, 63, 100, 127])
 def test_masking_zeroes_exactly_the_elements_outside_the_group(rows, lo):
+    """In the wgmmas a slot issues (every one that meets ``[lo, hi)``, no other), exactly the
+    elements outside ``[lo, hi)`` are zeroed, each word once."""
     for hi in range(lo + 1, TILE_K + 1):
         if lo == 0 and hi == TILE_K:
             continue  # a full box: the kernel masks nothing
+        issued = _issued_blocks(lo, hi)
+        assert issued == set(range(lo // MMA_K, (hi - 1) // MMA_K + 1)), (lo, hi)
         words, zeroed = _masked_words(lo, hi, rows)
-        outside = [c for c in range(TILE_K) if c < lo or c >= hi]
+        outside = [c for c in range(TILE_K) if (c < lo or c >= hi) and c // MMA_K in issued]
         expected = {_tma_swizzle_128b(r * TILE_K + c) for r in range(rows) for c in outside}
         assert len(words) == len(set(words)), f"[{lo}, {hi}): a word written twice"
         assert zeroed == expected, f"[{lo}, {hi})"
