@@ -84,7 +84,7 @@ _CHUNK = 16  # bytes the 128-byte swizzle moves as one unit: a row's 16-byte chu
 _EPILOGUE_BARRIER = 2  # named barrier of the consumer threads around the epilogue's staging tile
 VECTOR = 8  # bf16 outputs per 16-byte store; the output's row length must be a multiple of it
 EPI_N = 64  # output columns per TMA store box: one 128-byte swizzled row of bf16
-_STORE_WARPS = 1  # consumer warps that issue the TMA stores (the first one)
+_STORE_THREADS = 32  # the consumer threads of the one warp that issues the TMA stores (the first)
 
 
 @dataclass(frozen=True)
@@ -472,7 +472,7 @@ class GroupedGemmSm90Kernel(Kernel):
                                            ctid)  # fmt: skip
             self._epilogue(acc, coords, scale_a, scale_b, epilogue, work, cols, ctid)
             tile += step
-        if ctid < 32 * _STORE_WARPS:  # the staging tile is read by the last stores before the CTA exits
+        if ctid < _STORE_THREADS:  # the staging tile is read by the last stores before the CTA exits
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
@@ -485,6 +485,7 @@ class GroupedGemmSm90Kernel(Kernel):
         acc.fill(0.0)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         k_blocks = cute.size(frag_a, mode=[2])
+        assert k_blocks * MMA_K == TILE_K, "the edge slots' block tests assume MMA_K elements a wgmma"
         for kt in cutlass.range(work.k_tiles, unroll=1):
             ring.consumer_wait(read)
             lo, hi = Int32(0), Int32(TILE_K)
@@ -557,7 +558,7 @@ class GroupedGemmSm90Kernel(Kernel):
         by the first consumer warp, which the next tile's mainloop overlaps; a 2d3d tile cut by its
         group's end goes out as 16-byte row vectors predicated on the row. 2d2d: an empty group's
         tile is zeros whatever its scales hold."""
-        if ctid < 32 * _STORE_WARPS:  # the previous tile's store boxes have been read out of staging
+        if ctid < _STORE_THREADS:  # the previous tile's store boxes have been read out of staging
             cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.arch.barrier(barrier_id=_EPILOGUE_BARRIER, number_of_threads=CONSUMER_THREADS)
         self._scale(acc, coords, scale_a, scale_b, work, cols)
@@ -574,7 +575,7 @@ class GroupedGemmSm90Kernel(Kernel):
         if cutlass.const_expr(self.form == "2d3d"):
             whole = work.row0 + TILE_M <= work.row_end
         if whole:
-            if ctid < 32 * _STORE_WARPS:
+            if ctid < _STORE_THREADS:
                 self._store_boxes(epilogue, work, cols)
         else:
             self._store_vectors(epilogue, work, cols, ctid)

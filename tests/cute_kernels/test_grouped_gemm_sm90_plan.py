@@ -6,8 +6,11 @@
   include empty groups, groups past M and garbage offsets: the tile scheduler (``_work``: every
   stored output element belongs to exactly one tile, in bounds) and the masking of a group's
   reduction boxes (``_zero_outside``: the boxes start at the group's start rounded down to the
-  config's ``reduction_align``, a multiple of 16 by the 16-byte TMA coordinate rule, and exactly the
-  elements before its start and past its end are zeroed, 64-bit words masked whole).
+  config's ``reduction_align``, a multiple of 16 by the 16-byte TMA coordinate rule; a slot issues
+  exactly the 32-element wgmma blocks that meet the group, and in those exactly the elements before
+  its start and past its end are zeroed, 64-bit words masked whole).
+- The epilogue's staging tile (``_staging_layouts``, ``staged_byte``, evaluated at trace time):
+  its tile and store-box views are the same bytes, in TMA's 128-byte swizzle.
 
 The mirrors copy the kernel's formulas; a change there must change them too."""
 
@@ -95,11 +98,10 @@ def test_staging_views_are_the_tma_store_boxes(tile_n):
         assert byte == (c // EPI_N) * box + _tma_swizzle_128b(r * EPI_N * 2 + (c % EPI_N) * 2), (r, c)
 
 
-MMA_K = 32  # reduction elements of one wgmma
-
-
 def _issued_blocks(lo: int, hi: int) -> set[int]:
     """``_mainloop``'s wgmmas issued for a slot whose group elements are ``[lo, hi)``."""
+    from cute_kernels.grouped_gemm_sm90 import MMA_K
+
     return {kb for kb in range(TILE_K // MMA_K) if kb * MMA_K < hi and kb * MMA_K + MMA_K > lo}
 
 
@@ -108,6 +110,8 @@ def _masked_words(lo: int, hi: int, rows: int) -> tuple[list[int], set[int]]:
     ``rows`` rows: the physical 8-byte words written, in order, by all consumer threads, and the
     physical bytes those writes leave zero (a word stored as zero, or ANDed with the mask of the
     bytes that stay)."""
+    from cute_kernels.grouped_gemm_sm90 import MMA_K
+
     per_block, words, zeroed = MMA_K // 16, [], set()
     head_block, tail_block = lo // MMA_K, (hi - 1) // MMA_K
     blocks, first_block = (1, head_block) if lo > 0 else (0, tail_block)
@@ -138,6 +142,8 @@ def _masked_words(lo: int, hi: int, rows: int) -> tuple[list[int], set[int]]:
 def test_masking_zeroes_exactly_the_elements_outside_the_group(rows, lo):
     """In the wgmmas a slot issues (every one that meets ``[lo, hi)``, no other), exactly the
     elements outside ``[lo, hi)`` are zeroed, each word once."""
+    from cute_kernels.grouped_gemm_sm90 import MMA_K
+
     for hi in range(lo + 1, TILE_K + 1):
         if lo == 0 and hi == TILE_K:
             continue  # a full box: the kernel masks nothing
@@ -188,13 +194,17 @@ def _tiles_2d3d(ends: list[int], n: int, tile_n: int) -> list[tuple[int, int, in
 
 
 @pytest.mark.parametrize("name", sorted(PATTERNS))
-@pytest.mark.parametrize("tile_n", [128, 48])
+@pytest.mark.parametrize("tile_n", [128, 192])
 def test_2d3d_tiles_cover_each_group_once(name, tile_n):
     ends, n = PATTERNS[name], 200
     stored: list[tuple[int, int, int]] = []
     for g, row0, row_end, col0 in _tiles_2d3d(ends, n, tile_n):
         assert 0 <= g < len(ends) and 0 <= row0 < row_end <= M and 0 <= col0 < n
-        rows, cols = range(row0, min(row0 + TILE_M, row_end)), range(col0, min(col0 + tile_n, n))
+        # ``_epilogue``: a tile whole in its rows goes out as TMA boxes (all TILE_M rows, columns
+        # clipped at n), a tile cut by its group's end as row stores below the end
+        whole = row0 + TILE_M <= row_end
+        rows = range(row0, row0 + TILE_M) if whole else range(row0, row_end)
+        cols = range(col0, min(col0 + tile_n, n))
         stored += [(g, r, c) for r in rows for c in cols]
     expected = [(g, r, c) for g, (s, e) in enumerate(_bounds(ends, M)) for r in range(s, e) for c in range(n)]
     assert sorted(stored) == sorted(expected)
