@@ -32,7 +32,7 @@ KERNEL_OPS = (
 )
 GEMM_RECIPES = ("fp8_rowwise", "mxfp8", "bf16")
 #: ``Capabilities.cute_gemm`` values: ``gemm="cute"`` (and ``"cute_2d3d"``) runs here when asked
-#: for, but ``gemm="auto"`` does not pick it (measured on an H200 only:
+#: for, but ``gemm="auto"`` does not pick it (not yet measured on every sm_90 part:
 #: notes/grouped-gemm-sm90.md); or it cannot run here.
 CUTE_OPT_IN, CUTE_UNAVAILABLE = "opt-in", "unavailable"
 

@@ -70,7 +70,9 @@ def _twins(variant) -> list:
     twins take the vector variant's entry."""
     from dataclasses import replace
 
-    if type(variant).__name__ != "SwigluVariant":
+    from cute_kernels.swiglu import SwigluVariant
+
+    if not isinstance(variant, SwigluVariant):
         return [variant]
     return [replace(variant, round_pow2=p, bounded=b) for p in (True, False) for b in (False, True)]
 
