@@ -619,25 +619,39 @@ class GroupedGemmSm90Kernel(Kernel):
 
     @cute.jit
     def _scale(self, acc, coords, scale_a, scale_b, work: _Work, cols: Int32):
-        """``acc = acc * scale_a * scale_b`` per accumulator element, in fp32 and that order (2d2d: an
-        empty group's elements are zeros). Elements outside the output (never stored) read the
-        scales of the last row / column, so every scale load is in bounds and unconditional: the
-        loads of one row or column are one load."""
-        last_row, last_col = work.row_end - 1, cols - 1
-        group_scale_b = scale_b
+        """``acc = acc * scale_a * scale_b`` per accumulator element, in fp32 and that order. A 2d2d
+        tile of an empty group is left as the mainloop left it, zeros (its scales may hold anything).
+        A tile inside the output (rows below ``work.row_end``, columns below ``cols``) indexes the
+        scales without clamps; elsewhere the elements outside the output (never stored) read the
+        scales of the last row / column, so every scale load is in bounds and unconditional."""
+        group_scale_a, group_scale_b = scale_a, scale_b
         if cutlass.const_expr(self.form == "2d3d"):
             group_scale_b = scale_b[work.g, None]
+        else:
+            group_scale_a = cute.domain_offset((work.g * work.row_end,), scale_a)
+            group_scale_b = cute.domain_offset((work.g * cols,), scale_b)
+        inside = work.row0 + TILE_M <= work.row_end and work.col0 + self.tile_n <= cols
+        if work.k_tiles > 0:
+            if inside:
+                self._scale_elements(acc, coords, group_scale_a, group_scale_b, work, cols, False)
+            else:
+                self._scale_elements(acc, coords, group_scale_a, group_scale_b, work, cols, True)
+
+    @cute.jit
+    def _scale_elements(
+        self, acc, coords, scale_a, scale_b, work: _Work, cols: Int32, clamp: cutlass.Constexpr
+    ):
+        """The multiply of :meth:`_scale` over the fragment (``scale_a`` by output row, ``scale_b`` by
+        output column, both the group's); ``clamp``: row and column indices capped at the output's
+        last (a tile not inside the output), else used as they are (the loads fold the element's
+        constant offset into the address)."""
+        last_row, last_col = work.row_end - 1, cols - 1
         for i in cutlass.range_constexpr(cute.size(acc)):
             r, c = coords[i]
-            row = cutlass.min(work.row0 + r, last_row)
-            col = cutlass.min(work.col0 + c, last_col)
-            if cutlass.const_expr(self.form == "2d3d"):
-                acc[i] = acc[i] * scale_a[row] * group_scale_b[col]
-            else:
-                value = acc[i] * scale_a[work.g * work.row_end + row] * scale_b[work.g * cols + col]
-                if work.k_tiles == 0:
-                    value = Float32(0.0)
-                acc[i] = value
+            row, col = work.row0 + r, work.col0 + c
+            if cutlass.const_expr(clamp):
+                row, col = cutlass.min(row, last_row), cutlass.min(col, last_col)
+            acc[i] = acc[i] * scale_a[row] * scale_b[col]
 
 
 def _tma_boxes(atom, coords: cute.Tensor, slots: cute.Tensor, row: Int32, red0: Int32, rows: int):
