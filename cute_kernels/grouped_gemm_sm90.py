@@ -29,8 +29,11 @@ producer warp (of a producer warpgroup) streams TMA boxes of A (128 rows) and B 
 128 bytes of the reduction each, into a
 ``stages``-deep shared ring guarded by mbarriers (``cutlass.pipeline.PipelineTmaAsync``), and two
 consumer warpgroups run wgmma on a (128, ``tile_n``) tile, 64 rows each; ``setmaxregister`` moves
-registers from the producer to the consumers. Ragged groups are handled by predicated tiles, with
-no per-group tensor maps:
+registers from the producer to the consumers. With ``cluster=2`` (config) CTAs pair up: the two
+tiles of a cluster share one operand's box (2d3d: A, the row block; 2d2d: B, the column block),
+each CTA loads half of it and multicasts it to both, and a ring slot is refilled only once the
+consumers of both CTAs released it. Ragged groups are handled by predicated tiles, with no
+per-group tensor maps:
 
 - 2d3d: each group's M-tiles start at the group's own first row (a 128-row TMA box may read rows of
   the next group, or zeros past M); they only feed output rows that the epilogue does not store
@@ -92,13 +95,18 @@ class GroupedGemmConfig:
     """``tile_n`` output columns per CTA tile (64, 128, 192 or 256: whole store boxes), ``stages``
     of the shared A/B ring, register caps of the producer and consumer warpgroups (``setmaxregister``), and
     ``reduction_align``: 2d2d boxes of group g start at its first row rounded down to this (16, 32,
-    64 or 128; TMA needs 16 bytes), the rows before the group's start masked in the first box."""
+    64 or 128; TMA needs 16 bytes), the rows before the group's start masked in the first box.
+    ``cluster``: CTAs per cluster (1 or 2). With 2, the two CTAs of a cluster take neighbouring
+    tiles that read the same box of one operand (2d2d: output row blocks 2p and 2p + 1, sharing
+    B; 2d3d: column blocks 2p and 2p + 1, sharing A), and each loads half of that box and
+    multicasts it to both: a third (2d2d) or a sixth (2d3d) fewer bytes read from L2 a slot."""
 
     tile_n: int = 256
     stages: int = 3
     producer_registers: int = 40
     consumer_registers: int = 232
     reduction_align: int = 128
+    cluster: int = 1
 
     def __post_init__(self) -> None:
         if self.tile_n % EPI_N or not EPI_N <= self.tile_n <= 256:
@@ -107,6 +115,8 @@ class GroupedGemmConfig:
             raise ValueError(f"stages={self.stages} must be in [2, 12]")
         if self.reduction_align not in (16, 32, 64, 128):
             raise ValueError(f"reduction_align={self.reduction_align} must be 16, 32, 64 or 128")
+        if self.cluster not in (1, 2):
+            raise ValueError(f"cluster={self.cluster} must be 1 or 2")
         total = WARPGROUP * self.producer_registers + CONSUMER_THREADS * self.consumer_registers
         if total > 65536 or self.producer_registers % 8 or self.consumer_registers % 8:
             raise ValueError("register caps must be multiples of 8 and fit 65536 registers per CTA")
@@ -298,22 +308,32 @@ class GroupedGemmSm90Kernel(Kernel):
             out_boxes = out
         else:
             out_boxes = cute.make_tensor(out.iterator, cute.select(out.layout, mode=[1, 2, 0]))  # (N, K, E)
-        op = cpasync.CopyBulkTensorTileG2SOp()
         box_a = cute.slice_(ring_a, (None, None, 0))
         box_b = cute.slice_(ring_b, (None, None, 0))
-        atom_a, tma_a = cpasync.make_tiled_tma_atom(op, a, box_a, (TILE_M, TILE_K))
-        atom_b, tma_b = cpasync.make_tiled_tma_atom(op, b, box_b, (self.tile_n, TILE_K))
+        shared_a, shared_b = self._shared_operands()
+        atom_a, tma_a = _load_atom(a, box_a, (TILE_M, TILE_K), self.config.cluster if shared_a else 1)
+        atom_b, tma_b = _load_atom(b, box_b, (self.tile_n, TILE_K), self.config.cluster if shared_b else 1)
         box_out = cute.slice_(staging_boxes, (None, None, 0))
         store = cpasync.CopyBulkTensorTileS2GOp()
         atom_out, tma_out = cpasync.make_tiled_tma_atom(store, out_boxes, box_out, (TILE_M, EPI_N))
         args = (atom_a, tma_a, atom_b, tma_b, scale_a, scale_b, offsets, out, atom_out, tma_out, tiled_mma,
                 ring_a, ring_b, staging_tile, staging_boxes)  # fmt: skip
+        cluster = self.config.cluster
+        launch = {"cluster": (cluster, 1, 1)} if cluster > 1 else {}
         self.kernel(*args).launch(
-            grid=(num_sms, 1, 1),
+            grid=(num_sms - num_sms % cluster, 1, 1),
             block=(THREADS, 1, 1),
             smem=_shared_storage(self.config).size_in_bytes(),
             stream=stream,
+            **launch,
         )
+
+    def _shared_operands(self) -> tuple[bool, bool]:
+        """(A shared, B shared) by the two CTAs of a cluster (config ``cluster`` = 2): 2d3d pairs
+        column blocks of one row block (the same A box), 2d2d row blocks of one group and column
+        block (the same B box)."""
+        clustered = self.config.cluster > 1
+        return clustered and self.form == "2d3d", clustered and self.form == "2d2d"
 
     # ---- device --------------------------------------------------------------------------------
 
@@ -344,6 +364,11 @@ class GroupedGemmSm90Kernel(Kernel):
             cpasync.prefetch_descriptor(atom_out)
         storage = SmemAllocator().allocate(_shared_storage(self.config))
         ring = self._make_pipeline(storage.ring_barriers.data_ptr())
+        cluster = self.config.cluster
+        rank = Int32(0)
+        if cutlass.const_expr(cluster > 1):
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            pipeline.pipeline_init_arrive(cluster_shape_mn=(cluster, 1), is_relaxed=True)
         ring_a = storage.ring_a.get_tensor(ring_a_layout.outer, swizzle=ring_a_layout.inner)
         ring_b = storage.ring_b.get_tensor(ring_b_layout.outer, swizzle=ring_b_layout.inner)
         prefix = storage.prefix.get_tensor(cute.make_layout(MAX_GROUPS + 1))
@@ -351,61 +376,91 @@ class GroupedGemmSm90Kernel(Kernel):
         num_groups = offsets.shape[0]
         total_tiles = self._scan_tiles(storage, offsets, num_groups, out, prefix, ends, tidx)
         extents = self._extents(tma_a, tma_b)
+        if cutlass.const_expr(cluster > 1):
+            pipeline.pipeline_init_wait(cluster_shape_mn=(cluster, 1))
         if warp < WARPGROUP // 32:
             cute.arch.setmaxregister_decrease(self.config.producer_registers)
             if warp == 0:
                 self._produce(atom_a, tma_a, atom_b, tma_b, ring, ring_a, ring_b, offsets, prefix, ends,
-                              total_tiles, extents)  # fmt: skip
+                              total_tiles, extents, rank)  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_registers)
             raw = _RawRings(storage, ring_a_layout, ring_b_layout, self.config)
             ctid = tidx - WARPGROUP
             epilogue = _Staging(storage, staging_tile, staging_boxes, tiled_mma, ctid, atom_out, tma_out, out)
             self._consume(tiled_mma, ring, ring_a, ring_b, raw, epilogue, scale_a, scale_b, offsets, prefix,
-                          ends, total_tiles, extents, ctid)  # fmt: skip
+                          ends, total_tiles, extents, rank, ctid)  # fmt: skip
 
     def _make_pipeline(self, barriers):
-        """The A/B ring's full/empty barriers: one TMA producer thread, one arrive per consumer warp."""
+        """The A/B ring's full/empty barriers: one TMA producer thread; one arrive per consumer warp
+        and CTA of the cluster (a slot is refilled by both CTAs' multicasts, so each consumer warp
+        releases it in both). A cluster's barriers are made visible to the other CTA by the
+        caller (``pipeline_init_arrive`` / ``pipeline_init_wait``)."""
         a_bytes, b_bytes = _stage_bytes(self.config)
+        cluster = self.config.cluster
+        ctas = (1, cluster, 1, 1) if self.form == "2d2d" else (1, 1, cluster, 1)  # (v, m, n, l)
         return pipeline.PipelineTmaAsync.create(
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, CONSUMER_THREADS // 32),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, CONSUMER_THREADS // 32 * cluster),
             tx_count=a_bytes + b_bytes,
             barrier_storage=barriers,
+            cta_layout_vmnk=cute.make_layout(ctas),
+            defer_sync=cluster > 1,
         )
 
     @cute.jit
     def _scan_tiles(self, storage, offsets, num_groups, out, prefix, ends, tidx) -> Int32:
-        """Output tiles of the problem (every thread calls it). 2d3d: the CTA-wide scan of the groups'
-        128-row tile counts into ``prefix`` / ``ends`` (ends with a CTA barrier), times the N tiles;
-        2d2d: E x (N tiles) x (K tiles)."""
+        """Work units of the problem, one a cluster (every thread calls it): a unit is ``cluster``
+        neighbouring output tiles (:meth:`_work`). 2d3d: the CTA-wide scan of the groups' 128-row
+        tile counts into ``prefix`` / ``ends`` (ends with a CTA barrier), times the N units; 2d2d:
+        E x (N units) x (K tiles)."""
         total = Int32(0)
+        cluster = self.config.cluster
         if cutlass.const_expr(self.form == "2d3d"):
             rows, cols = out.shape
             warp_totals = storage.warp_totals.get_tensor(cute.make_layout(THREADS // 32))
             scan_group_sizes(offsets, num_groups, rows, TILE_M, prefix, warp_totals, tidx, THREADS, ends)
-            total = prefix[num_groups] * cute.ceil_div(cols, self.tile_n)
+            total = prefix[num_groups] * cute.ceil_div(cute.ceil_div(cols, self.tile_n), cluster)
         else:
             _, rows, cols = out.shape
-            total = num_groups * cute.ceil_div(rows, TILE_M) * cute.ceil_div(cols, self.tile_n)
+            total = (
+                num_groups
+                * cute.ceil_div(cute.ceil_div(rows, TILE_M), cluster)
+                * cute.ceil_div(cols, self.tile_n)
+            )
         return total
 
     @cute.jit
-    def _work(self, tile: Int32, offsets, prefix, ends, reduction: Int32, out_rows: Int32, out_cols: Int32):
-        """The :class:`_Work` of output tile ``tile``; ``reduction`` is K (2d3d) or M (2d2d)."""
+    def _work(
+        self,
+        unit: Int32,
+        rank: Int32,
+        offsets,
+        prefix,
+        ends,
+        reduction: Int32,
+        out_rows: Int32,
+        out_cols: Int32,
+    ):
+        """The :class:`_Work` of the output tile of CTA ``rank`` of its cluster in work unit ``unit``;
+        ``reduction`` is K (2d3d) or M (2d2d). A unit's tiles are neighbours that share a box of
+        the shared operand (:meth:`_shared_operands`); a tile past the output (an odd count of
+        blocks) still loads its half of that box, and stores nothing."""
+        cluster = self.config.cluster
         n_tiles = cute.ceil_div(out_cols, self.tile_n)
         if cutlass.const_expr(self.form == "2d3d"):
-            row_block, n_block = tile // n_tiles, tile % n_tiles
+            n_units = cute.ceil_div(n_tiles, cluster)
+            row_block, n_block = unit // n_units, unit % n_units * cluster + rank
             steps = search_steps(MAX_GROUPS)
             g, row0, end = group_tile(prefix, ends, offsets.shape[0], row_block, TILE_M, steps)
             k_tiles = cute.ceil_div(reduction, TILE_K)
             work = _Work(g, row0, n_block * self.tile_n, Int32(0), k_tiles, Int32(0), Int32(TILE_K), row0,
                          end, n_block * self.tile_n)  # fmt: skip
         else:
-            m_tiles = cute.ceil_div(out_rows, TILE_M)
-            g, rest = tile // (m_tiles * n_tiles), tile % (m_tiles * n_tiles)
-            m_block, n_block = rest // n_tiles, rest % n_tiles
+            m_units = cute.ceil_div(cute.ceil_div(out_rows, TILE_M), cluster)
+            g, rest = unit // (m_units * n_tiles), unit % (m_units * n_tiles)
+            m_block, n_block = rest // n_tiles * cluster + rank, rest % n_tiles
             start, end = group_bounds(offsets, g, reduction)
             red0 = start - start % self.reduction_align  # TMA: a box's innermost coordinate: 16 bytes
             k_tiles = Int32(0)
@@ -423,35 +478,41 @@ class GroupedGemmSm90Kernel(Kernel):
 
     @cute.jit
     def _produce(
-        self, atom_a, tma_a, atom_b, tma_b, ring, ring_a, ring_b, offsets, prefix, ends, total_tiles, extents
-    ):
+        self, atom_a, tma_a, atom_b, tma_b, ring, ring_a, ring_b, offsets, prefix, ends, total_tiles, extents,
+        rank: Int32,
+    ):  # fmt: skip
         """The producer warp: for each of this CTA's tiles, TMA the A and B boxes of its reduction
-        into the ring (a slot is taken once the consumers released it)."""
+        into the ring (a slot is taken once the consumers released it; a shared operand's half box
+        is multicast to both CTAs of the cluster)."""
         reduction, rows, cols = extents
+        shared_a, shared_b = self._shared_operands()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        tile = Int32(cute.arch.block_idx()[0])
-        step = Int32(cute.arch.grid_dim()[0])
-        while tile < total_tiles:
-            work = self._work(tile, offsets, prefix, ends, reduction, rows, cols)
-            src_a, dst_a = _tma_boxes(atom_a, tma_a, ring_a, work.a_row, work.red0, TILE_M)
+        unit, step = _first_unit(self.config.cluster)
+        while unit < total_tiles:
+            work = self._work(unit, rank, offsets, prefix, ends, reduction, rows, cols)
+            split_a = self.config.cluster if shared_a else 1
+            split_b = self.config.cluster if shared_b else 1
+            src_a, dst_a = _tma_boxes(atom_a, tma_a, ring_a, work.a_row, work.red0, TILE_M, rank, split_a)
             coords_b = tma_b
             if cutlass.const_expr(self.form == "2d3d"):
                 coords_b = tma_b[None, None, work.g]
-            src_b, dst_b = _tma_boxes(atom_b, coords_b, ring_b, work.b_row, work.red0, self.tile_n)
+            src_b, dst_b = _tma_boxes(
+                atom_b, coords_b, ring_b, work.b_row, work.red0, self.tile_n, rank, split_b
+            )
             for kt in cutlass.range(work.k_tiles, unroll=1):
                 ring.producer_acquire(state)
                 barrier = ring.producer_get_barrier(state)
-                cute.copy(atom_a, src_a[(None, kt)], dst_a[(None, state.index)], tma_bar_ptr=barrier)
-                cute.copy(atom_b, src_b[(None, kt)], dst_b[(None, state.index)], tma_bar_ptr=barrier)
+                _load(atom_a, src_a[(None, kt)], dst_a[(None, state.index)], barrier, split_a)
+                _load(atom_b, src_b[(None, kt)], dst_b[(None, state.index)], barrier, split_b)
                 ring.producer_commit(state)
                 state.advance()
-            tile += step
+            unit += step
         ring.producer_tail(state)
 
     @cute.jit
     def _consume(
         self, tiled_mma, ring, ring_a, ring_b, raw, epilogue, scale_a, scale_b, offsets, prefix, ends,
-        total_tiles, extents, ctid: Int32,
+        total_tiles, extents, rank: Int32, ctid: Int32,
     ):  # fmt: skip
         """The consumer warpgroups (``ctid``: thread index among them): per tile, the wgmma mainloop
         over the ring, then the scaled bf16 epilogue through the shared staging tile (``epilogue``,
@@ -464,14 +525,13 @@ class GroupedGemmSm90Kernel(Kernel):
         reduction, rows, cols = extents
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        tile = Int32(cute.arch.block_idx()[0])
-        step = Int32(cute.arch.grid_dim()[0])
-        while tile < total_tiles:
-            work = self._work(tile, offsets, prefix, ends, reduction, rows, cols)
+        unit, step = _first_unit(self.config.cluster)
+        while unit < total_tiles:
+            work = self._work(unit, rank, offsets, prefix, ends, reduction, rows, cols)
             read, release = self._mainloop(tiled_mma, ring, acc, frag_a, frag_b, raw, work, read, release,
                                            ctid)  # fmt: skip
             self._epilogue(acc, coords, scale_a, scale_b, epilogue, work, cols, ctid)
-            tile += step
+            unit += step
         if ctid < _STORE_THREADS:  # the staging tile is read by the last stores before the CTA exits
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
@@ -654,15 +714,46 @@ class GroupedGemmSm90Kernel(Kernel):
             acc[i] = acc[i] * scale_a[row] * scale_b[col]
 
 
-def _tma_boxes(atom, coords: cute.Tensor, slots: cute.Tensor, row: Int32, red0: Int32, rows: int):
+def _load_atom(tensor: cute.Tensor, box: cute.ComposedLayout, tiler: tuple, ctas: int):
+    """The TMA load atom and coordinate tensor of an operand whose (rows, TILE_K) boxes ``ctas`` CTAs
+    of a cluster share (1: a plain load; more: each CTA loads a slice and multicasts it)."""
+    if ctas == 1:
+        return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), tensor, box, tiler)
+    op = cpasync.CopyBulkTensorTileG2SMulticastOp()
+    return cpasync.make_tiled_tma_atom(op, tensor, box, tiler, num_multicast=ctas)
+
+
+def _tma_boxes(
+    atom, coords: cute.Tensor, slots: cute.Tensor, row: Int32, red0: Int32, rows: int, rank: Int32, ctas: int
+):
     """``(src, dst)`` TMA views: ``src[(None, kt)]`` is the (rows, TILE_K) box of ``coords`` at row
     ``row``, reduction ``red0 + kt * TILE_K`` (any offsets: parts past the tensor are zero-filled);
-    ``dst[(None, s)]`` is ring slot ``s``."""
+    ``dst[(None, s)]`` is ring slot ``s``. With ``ctas`` > 1 (a multicast atom), the views are CTA
+    ``rank``'s slice of the box."""
     boxes = cute.local_tile(cute.domain_offset((row, red0), coords), (rows, TILE_K), (0, None))
     dst, src = cpasync.tma_partition(
-        atom, 0, cute.make_layout(1), cute.group_modes(slots, 0, 2), cute.group_modes(boxes, 0, 2)
+        atom, rank, cute.make_layout(ctas), cute.group_modes(slots, 0, 2), cute.group_modes(boxes, 0, 2)
     )
     return src, dst
+
+
+@cute.jit
+def _load(atom, src: cute.Tensor, dst: cute.Tensor, barrier, ctas: cutlass.Constexpr):
+    """One TMA load of a ring slot's box (or, ``ctas`` > 1, of this CTA's slice, multicast to the
+    ``ctas`` CTAs of the cluster) signalling ``barrier``."""
+    if cutlass.const_expr(ctas == 1):
+        cute.copy(atom, src, dst, tma_bar_ptr=barrier)
+    else:
+        cute.copy(atom, src, dst, tma_bar_ptr=barrier, mcast_mask=cutlass.Int16((1 << ctas) - 1))
+
+
+@cute.jit
+def _first_unit(cluster: cutlass.Constexpr) -> tuple:
+    """(first work unit, stride) of this CTA's cluster in the persistent loop: units are dealt to
+    clusters round-robin (a cluster is ``cluster`` consecutive CTAs of the grid)."""
+    unit = Int32(cute.arch.block_idx()[0]) // cluster
+    step = Int32(cute.arch.grid_dim()[0]) // cluster
+    return unit, step
 
 
 class _RawRings:

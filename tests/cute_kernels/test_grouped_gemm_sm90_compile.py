@@ -113,3 +113,37 @@ def test_reduction_align_must_be_a_multiple_of_16_within_a_box(align):
     with pytest.raises(ValueError, match="reduction_align"):
         GroupedGemmConfig(reduction_align=align)
     assert GroupedGemmConfig().reduction_align == 128
+
+
+@pytest.mark.parametrize("cluster", [0, 3, 4])
+def test_cluster_is_one_or_two_ctas(cluster):
+    from cute_kernels.grouped_gemm_sm90 import GroupedGemmConfig
+
+    with pytest.raises(ValueError, match="cluster"):
+        GroupedGemmConfig(cluster=cluster)
+
+
+@pytest.mark.parametrize("form", ["2d3d", "2d2d"])
+def test_cluster_of_two_multicasts_the_shared_operand(form):
+    """``cluster=2``: one of the two TMA loads is a multicast (2d3d: A, 2d2d: B), the consumers
+    release slots in both CTAs (remote arrives), the CTAs meet at a cluster barrier after the ring's
+    barriers are made, and the build still spills nothing."""
+    from dataclasses import replace
+
+    from cute_kernels import registry
+    from cute_kernels.grouped_gemm_sm90 import GroupedGemmSm90Kernel, GroupedGemmVariant
+    from cute_utils import sass
+
+    variant = GroupedGemmVariant(form)
+    config = replace(GroupedGemmSm90Kernel.default_config(variant, ARCH), cluster=2)
+    build = registry.entry("grouped_gemm_sm90").compile(variant, ARCH, config=config,
+                                                         options=sass.compile_options(ARCH))  # fmt: skip
+    cubin = sass.cubin_of(build)
+    (kernel,) = sass.summarize(cubin, sass=sass.disassemble(cubin))
+    text = kernel.format()
+    assert kernel.local_bytes == 0 and kernel.local_stores == 0, text
+    multicast = {op: n for op, n in kernel.tma.items() if op.startswith("UTMALDG") and "MULTICAST" in op}
+    plain = {op: n for op, n in kernel.tma.items() if op.startswith("UTMALDG") and "MULTICAST" not in op}
+    assert sum(multicast.values()) == 1 and sum(plain.values()) == 1, kernel.tma
+    assert any(op.startswith("SYNCS.ARRIVE.TRANS64.RED") for op in kernel.counts), kernel.counts
+    assert kernel.opcode("UCGABAR_ARV") == 1 and kernel.opcode("UCGABAR_WAIT") == 1, kernel.counts

@@ -59,13 +59,18 @@ def _run(form: str, args, poison) -> torch.Tensor:
     so their unwritten rows would hold stale data rather than POISON."""
     from torch_bindings.grouped_gemm_sm90 import grouped_gemm_fp8_rowwise_sm90
 
+    out = _poisoned_out(form, args, poison)
+    with no_sync():
+        return grouped_gemm_fp8_rowwise_sm90(form, *args, out=out)
+
+
+def _poisoned_out(form: str, args, poison) -> torch.Tensor:
+    """The bf16 output of ``form`` for ``args``, every byte POISON (after ``poison``)."""
     a, b, offsets = args[0], args[1], args[4]
     shape = (a.shape[0], b.shape[1]) if form == "2d3d" else (offsets.shape[0], a.shape[0], b.shape[0])
     poison()
     out = torch.full((*shape[:-1], 2 * shape[-1]), POISON, dtype=torch.uint8, device="cuda")
-    out = out.view(torch.bfloat16)
-    with no_sync():
-        return grouped_gemm_fp8_rowwise_sm90(form, *args, out=out)
+    return out.view(torch.bfloat16)
 
 
 def _valid(form: str, out: torch.Tensor, ends) -> torch.Tensor:
@@ -151,3 +156,32 @@ def test_garbage_offsets_stay_in_bounds(form, name, poison_cuda_allocator):
     out = _run(form, args, poison_cuda_allocator)
     torch.cuda.synchronize()
     assert out.shape == ((1008, 256) if form == "2d3d" else (4, 256, 384))
+
+
+@pytest.mark.parametrize("form", ["2d3d", "2d2d"])
+@pytest.mark.parametrize("name", ["ragged", "empty first and last", "one-row groups"])
+def test_cluster_of_two_writes_the_same_bytes(form, name, poison_cuda_allocator):
+    """The ``cluster=2`` build (a shared operand's boxes multicast to two CTAs) writes the bytes of
+    the default build. Three tile blocks along the paired dimension (2d3d: N = 576 is three column
+    blocks; 2d2d: N = 320 three row blocks), so one cluster's second tile lies past the output: it
+    still loads its half of the shared box and stores nothing."""
+    from dataclasses import replace
+
+    from cute_kernels import registry
+    from cute_kernels.grouped_gemm_sm90 import GroupedGemmSm90Kernel, GroupedGemmVariant
+    from torch_bindings import backend
+
+    _sm90()
+    ends = PATTERNS[name]
+    args, _ = _operands(form, 1008, 576 if form == "2d3d" else 320, 384, ends, seed=11)
+    variant = GroupedGemmVariant(form)
+    base = GroupedGemmSm90Kernel.default_config(variant, "sm_90a")
+    entry = registry.entry("grouped_gemm_sm90")
+    outs = []
+    for cluster in (1, 2):
+        kernel = entry.compile(variant, "sm_90a", config=replace(base, cluster=cluster))
+        out = _poisoned_out(form, args, poison_cuda_allocator)
+        with no_sync():
+            kernel(*args, out, backend.num_sms(torch.cuda.current_device()))
+        outs.append(_valid(form, out, ends))
+    assert_same_bytes(outs[1], outs[0], f"{form} {name}")
