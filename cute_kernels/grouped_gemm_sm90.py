@@ -160,6 +160,7 @@ def _shared_storage(config: GroupedGemmConfig):
         prefix: cute.struct.MemRange[Int32, MAX_GROUPS + 1]
         ends: cute.struct.MemRange[Int32, MAX_GROUPS + 1]
         warp_totals: cute.struct.MemRange[Int32, THREADS // 32]
+        tile_scales: cute.struct.MemRange[Float32, TILE_M + config.tile_n]
         ring_a: cute.struct.Align[cute.struct.MemRange[Float8E4M3FN, a_bytes * stages], 1024]
         ring_b: cute.struct.Align[cute.struct.MemRange[Float8E4M3FN, b_bytes * stages], 1024]
         staging: cute.struct.Align[cute.struct.MemRange[BFloat16, TILE_M * config.tile_n], 1024]
@@ -528,9 +529,10 @@ class GroupedGemmSm90Kernel(Kernel):
         unit, step = _first_unit(self.config.cluster)
         while unit < total_tiles:
             work = self._work(unit, rank, offsets, prefix, ends, reduction, rows, cols)
+            fetched = self._fetch_scales(scale_a, scale_b, work, cols, ctid)
             read, release = self._mainloop(tiled_mma, ring, acc, frag_a, frag_b, raw, work, read, release,
                                            ctid)  # fmt: skip
-            self._epilogue(acc, coords, scale_a, scale_b, epilogue, work, cols, ctid)
+            self._epilogue(acc, coords, fetched, epilogue, work, cols, ctid)
             unit += step
         if ctid < _STORE_THREADS:  # the staging tile is read by the last stores before the CTA exits
             cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -610,18 +612,25 @@ class GroupedGemmSm90Kernel(Kernel):
         cute.arch.barrier(barrier_id=_MASK_BARRIER, number_of_threads=CONSUMER_THREADS)
 
     @cute.jit
-    def _epilogue(self, acc, coords, scale_a, scale_b, epilogue, work: _Work, cols: Int32, ctid: Int32):
+    def _epilogue(self, acc, coords, fetched, epilogue, work: _Work, cols: Int32, ctid: Int32):
         """Store ``bf16(acc * scale_a * scale_b)`` for the tile's elements inside the output: rows
         below ``work.row_end`` (2d3d: the group's end), columns below ``cols``. The consumer threads
         write the values into the staging tile (``stmatrix``); a tile whole in its rows (every 2d2d
         tile, a 2d3d tile that ends at or before its group's end) goes out as TMA store boxes issued
         by the first consumer warp, which the next tile's mainloop overlaps; a 2d3d tile cut by its
         group's end goes out as 16-byte row vectors predicated on the row. 2d2d: an empty group's
-        tile is zeros whatever its scales hold."""
+        tile is zeros whatever its scales hold. ``fetched``: this thread's share of the tile's scales
+        (:meth:`_fetch_scales`), stored into ``epilogue.scales`` before the first barrier (the last
+        tile's reads of it ended before the last barrier)."""
+        entries, tile_scales = TILE_M + self.tile_n, epilogue.scales
+        if ctid < entries:
+            tile_scales[ctid] = fetched[0]
+        if ctid + CONSUMER_THREADS < entries:
+            tile_scales[ctid + CONSUMER_THREADS] = fetched[1]
         if ctid < _STORE_THREADS:  # the previous tile's store boxes have been read out of staging
             cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.arch.barrier(barrier_id=_EPILOGUE_BARRIER, number_of_threads=CONSUMER_THREADS)
-        self._scale(acc, coords, scale_a, scale_b, work, cols)
+        self._scale(acc, coords, tile_scales, work)
         scaled = epilogue.acc_view(acc)
         values = cute.make_rmem_tensor(epilogue.r2s_src_shape, Float32)
         for i in cutlass.range_constexpr(cute.size(values)):
@@ -678,40 +687,38 @@ class GroupedGemmSm90Kernel(Kernel):
                     cute.autovec_copy(vector, out_vectors[row, first // VECTOR, None])
 
     @cute.jit
-    def _scale(self, acc, coords, scale_a, scale_b, work: _Work, cols: Int32):
-        """``acc = acc * scale_a * scale_b`` per accumulator element, in fp32 and that order. A 2d2d
-        tile of an empty group is left as the mainloop left it, zeros (its scales may hold anything).
-        A tile inside the output (rows below ``work.row_end``, columns below ``cols``) indexes the
-        scales without clamps; elsewhere the elements outside the output (never stored) read the
-        scales of the last row / column, so every scale load is in bounds and unconditional."""
+    def _fetch_scales(self, scale_a, scale_b, work: _Work, cols: Int32, ctid: Int32) -> tuple:
+        """This consumer thread's share of the tile's scales, loaded at the tile's start so that the
+        loads complete under the mainloop: entry ``e`` of the tile's (TILE_M + tile_n) scales is
+        the row scale of output row ``row0 + e`` for ``e < TILE_M``, else the column scale of
+        column ``col0 + e - TILE_M`` (the group's, in both forms); this thread holds entries
+        ``ctid`` and ``ctid + CONSUMER_THREADS`` (a column scale; unused past the entries). Indices
+        past the output read the last row's / column's scale (those elements are never stored), so
+        every load is in bounds."""
         group_scale_a, group_scale_b = scale_a, scale_b
         if cutlass.const_expr(self.form == "2d3d"):
             group_scale_b = scale_b[work.g, None]
         else:
             group_scale_a = cute.domain_offset((work.g * work.row_end,), scale_a)
             group_scale_b = cute.domain_offset((work.g * cols,), scale_b)
-        inside = work.row0 + TILE_M <= work.row_end and work.col0 + self.tile_n <= cols
-        if work.k_tiles > 0:
-            if inside:
-                self._scale_elements(acc, coords, group_scale_a, group_scale_b, work, cols, False)
-            else:
-                self._scale_elements(acc, coords, group_scale_a, group_scale_b, work, cols, True)
+        last_row, last_col = work.row_end - 1, cols - 1
+        first = Float32(0.0)
+        if ctid < TILE_M:
+            first = group_scale_a[cutlass.min(work.row0 + ctid, last_row)]
+        else:
+            first = group_scale_b[cutlass.min(work.col0 + ctid - TILE_M, last_col)]
+        second = group_scale_b[cutlass.min(work.col0 + ctid + CONSUMER_THREADS - TILE_M, last_col)]
+        return first, second
 
     @cute.jit
-    def _scale_elements(
-        self, acc, coords, scale_a, scale_b, work: _Work, cols: Int32, clamp: cutlass.Constexpr
-    ):
-        """The multiply of :meth:`_scale` over the fragment (``scale_a`` by output row, ``scale_b`` by
-        output column, both the group's); ``clamp``: row and column indices capped at the output's
-        last (a tile not inside the output), else used as they are (the loads fold the element's
-        constant offset into the address)."""
-        last_row, last_col = work.row_end - 1, cols - 1
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            r, c = coords[i]
-            row, col = work.row0 + r, work.col0 + c
-            if cutlass.const_expr(clamp):
-                row, col = cutlass.min(row, last_row), cutlass.min(col, last_col)
-            acc[i] = acc[i] * scale_a[row] * scale_b[col]
+    def _scale(self, acc, coords, tile_scales: cute.Tensor, work: _Work):
+        """``acc = acc * scale_a * scale_b`` per accumulator element, in fp32 and that order, the
+        scales read from ``tile_scales`` (:meth:`_fetch_scales`' entries, in shared memory). A 2d2d
+        tile of an empty group is left as the mainloop left it, zeros (its scales may hold anything)."""
+        if work.k_tiles > 0:
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                r, c = coords[i]
+                acc[i] = acc[i] * tile_scales[r] * tile_scales[TILE_M + c]
 
 
 def _load_atom(tensor: cute.Tensor, box: cute.ComposedLayout, tiler: tuple, ctas: int):
@@ -775,7 +782,8 @@ class _Staging:
     register tensor of shape ``r2s_src_shape`` (:meth:`acc_view`: the fragment, flat in that
     copy's element order); ``boxes`` the TMA store boxes for
     ``atom_out`` / ``tma_out`` (the output's coordinates; 2d2d (N, K, E)); ``tile_layout`` and
-    ``chunks`` (the bytes as 16-byte vectors) for row-vector stores into ``out``."""
+    ``chunks`` (the bytes as 16-byte vectors) for row-vector stores into ``out``; ``scales`` the
+    tile's (TILE_M + tile_n) fp32 scales (``GroupedGemmSm90Kernel._fetch_scales``)."""
 
     def __init__(self, storage, tile_layout, boxes_layout, tiled_mma, ctid, atom_out, tma_out, out) -> None:
         tile = storage.staging.get_tensor(tile_layout.outer, swizzle=tile_layout.inner)
@@ -789,6 +797,9 @@ class _Staging:
         vectors = cute.make_layout((size // VECTOR, VECTOR), stride=(VECTOR, 1))
         self.chunks = storage.staging.get_tensor(vectors)
         self.atom_out, self.tma_out, self.out = atom_out, tma_out, out
+        self.scales = storage.tile_scales.get_tensor(
+            cute.make_layout(TILE_M + cute.size(tile_layout.outer, mode=[1]))
+        )
 
     def acc_view(self, acc: cute.Tensor) -> cute.Tensor:
         """The accumulator fragment (same registers) in the ``stmatrix`` copy's element order."""
