@@ -81,3 +81,27 @@ def num_sms(index: int) -> int:
     if sms is None:
         sms = _sms_by_index[index] = torch.cuda.get_device_properties(index).multi_processor_count
     return sms
+
+
+_resident_by_cluster: dict[tuple[int, int], int] = {}
+
+
+def resident_ctas(index: int, cluster: int) -> int:
+    """CTAs of ``cluster``-CTA clusters that CUDA device ``index`` holds at once, at one CTA per SM
+    (cached): the persistent grid of a clustered kernel. ``num_sms`` for ``cluster`` = 1; else
+    ``cluster`` x the driver's count of co-resident clusters (``cuOccupancyMaxActiveClusters``
+    through ``cutlass.utils.HardwareInfo``, asked once per device and size), which can be fewer
+    than ``num_sms / cluster`` where a GPC's SM count is not a multiple of the cluster size. A
+    grid past it would leave clusters waiting for others to finish: a persistent kernel's slow
+    tail."""
+    if cluster == 1:
+        return num_sms(index)
+    key = (index, cluster)
+    ctas = _resident_by_cluster.get(key)
+    if ctas is None:
+        from cutlass.utils import HardwareInfo
+
+        with torch.cuda.device(index):
+            clusters = HardwareInfo(index).get_max_active_clusters(cluster)
+        ctas = _resident_by_cluster[key] = min(num_sms(index), cluster * clusters)
+    return ctas

@@ -11,6 +11,8 @@ as one ``torch.library`` custom op under ``torch.compile`` (an opaque node with 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import backend as _backend
@@ -52,8 +54,18 @@ def _launch_kernel(form: str, *operands: torch.Tensor) -> None:
 
     device = operands[0].device
     index = device.index if device.index is not None else torch.cuda.current_device()
-    kernel = compiled(GroupedGemmSm90Kernel.name, GroupedGemmVariant(form), _ARCH)
-    kernel(*operands, _backend.num_sms(index))
+    variant = GroupedGemmVariant(form)
+    kernel = compiled(GroupedGemmSm90Kernel.name, variant, _ARCH)
+    kernel(*operands, _backend.resident_ctas(index, _cluster(form)))
+
+
+@functools.cache
+def _cluster(form: str) -> int:
+    """CTAs per cluster of ``form``'s compiled config (the persistent grid is a whole number of
+    co-resident clusters)."""
+    from cute_kernels.grouped_gemm_sm90 import GroupedGemmSm90Kernel, GroupedGemmVariant
+
+    return GroupedGemmSm90Kernel.default_config(GroupedGemmVariant(form), _ARCH).cluster
 
 
 def _problem(form: str, a: torch.Tensor, b: torch.Tensor, groups: int) -> tuple:

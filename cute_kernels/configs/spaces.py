@@ -140,12 +140,13 @@ def _grouped_gemm_sm90() -> dict[str, list]:
     group, so its fp32 sums round differently and the tuner's same-bytes check cannot hold (16 was
     slower as well: notes/grouped-gemm-sm90.md). Each compiles for sm_90a at the 168 registers
     the split needs (``GroupedGemmConfig.launch_registers``; tile_n = 64 builds at 77 and would hang
-    in ``setmaxregister``: left out)."""
+    in ``setmaxregister``: left out). Clusters of two, and the default tile without a cluster."""
     from cute_kernels.grouped_gemm_sm90 import GroupedGemmConfig
 
     grid = [(256, 3), (192, 4), (128, 4), (128, 5), (128, 3)]
-    default = [GroupedGemmConfig(tile_n=n, stages=s) for n, s in grid]
-    return {DEFAULT: default, "quick": [default[0], default[2]]}
+    default = [GroupedGemmConfig(tile_n=n, stages=s, cluster=2) for n, s in grid]
+    default.append(GroupedGemmConfig(cluster=1))
+    return {DEFAULT: default, "quick": [default[0], default[-1]]}
 
 
 def _swiglu_fp8() -> dict[str, list]:

@@ -91,7 +91,7 @@ def test_shared_memory_and_limits():
 
     kernel = GroupedGemmSm90Kernel
     config = kernel.default_config(kernel.variants()[0], ARCH)
-    assert config == GroupedGemmConfig()
+    assert config == GroupedGemmConfig(cluster=2)
     ring = config.stages * (128 + config.tile_n) * 128
     assert ring < kernel.shared_bytes(kernel.variants()[0], config) <= 232448
     assert kernel.can_implement("2d3d", 17, 2048, 7168, 8)
@@ -123,11 +123,12 @@ def test_cluster_is_one_or_two_ctas(cluster):
         GroupedGemmConfig(cluster=cluster)
 
 
+@pytest.mark.parametrize("cluster", [1, 2])
 @pytest.mark.parametrize("form", ["2d3d", "2d2d"])
-def test_cluster_of_two_multicasts_the_shared_operand(form):
-    """``cluster=2``: one of the two TMA loads is a multicast (2d3d: A, 2d2d: B), the consumers
-    release slots in both CTAs (remote arrives), the CTAs meet at a cluster barrier after the ring's
-    barriers are made, and the build still spills nothing."""
+def test_cluster_multicasts_the_shared_operand(form, cluster):
+    """``cluster=2`` (the default): one of the two TMA loads is a multicast (2d3d: A, 2d2d: B), the
+    consumers release slots in both CTAs (remote arrives), the CTAs meet at a cluster barrier after
+    the ring's barriers are made. ``cluster=1``: plain loads, no cluster barrier. Neither spills."""
     from dataclasses import replace
 
     from cute_kernels import registry
@@ -135,15 +136,16 @@ def test_cluster_of_two_multicasts_the_shared_operand(form):
     from cute_utils import sass
 
     variant = GroupedGemmVariant(form)
-    config = replace(GroupedGemmSm90Kernel.default_config(variant, ARCH), cluster=2)
+    config = replace(GroupedGemmSm90Kernel.default_config(variant, ARCH), cluster=cluster)
     build = registry.entry("grouped_gemm_sm90").compile(variant, ARCH, config=config,
                                                          options=sass.compile_options(ARCH))  # fmt: skip
     cubin = sass.cubin_of(build)
     (kernel,) = sass.summarize(cubin, sass=sass.disassemble(cubin))
     text = kernel.format()
     assert kernel.local_bytes == 0 and kernel.local_stores == 0, text
-    multicast = {op: n for op, n in kernel.tma.items() if op.startswith("UTMALDG") and "MULTICAST" in op}
-    plain = {op: n for op, n in kernel.tma.items() if op.startswith("UTMALDG") and "MULTICAST" not in op}
-    assert sum(multicast.values()) == 1 and sum(plain.values()) == 1, kernel.tma
-    assert any(op.startswith("SYNCS.ARRIVE.TRANS64.RED") for op in kernel.counts), kernel.counts
-    assert kernel.opcode("UCGABAR_ARV") == 1 and kernel.opcode("UCGABAR_WAIT") == 1, kernel.counts
+    loads = {op: n for op, n in kernel.tma.items() if op.startswith("UTMALDG")}
+    multicast = sum(n for op, n in loads.items() if "MULTICAST" in op)
+    assert multicast == cluster - 1 and sum(loads.values()) == 2, kernel.tma
+    remote = any(op.startswith("SYNCS.ARRIVE.TRANS64.RED") for op in kernel.counts)
+    assert remote == (cluster == 2), kernel.counts
+    assert kernel.opcode("UCGABAR_ARV") == kernel.opcode("UCGABAR_WAIT") == cluster - 1, kernel.counts
