@@ -148,9 +148,9 @@ def _stage_bytes(config: GroupedGemmConfig) -> tuple[int, int]:
 
 
 def _shared_storage(config: GroupedGemmConfig):
-    """The kernel's shared memory: ring barriers (full, empty), the 2d3d tile scan's arrays, then the
-    1024-byte aligned A and B rings (128-byte swizzled boxes) and the epilogue's staging tile (bf16,
-    :func:`_staging_layouts`)."""
+    """The kernel's shared memory: ring barriers (full, empty), the 2d3d tile scan's arrays, the
+    tile's fp32 scales (``_fetch_scales``), then the 1024-byte aligned A and B rings (128-byte
+    swizzled boxes) and the epilogue's staging tile (bf16, :func:`_staging_layouts`)."""
     a_bytes, b_bytes = _stage_bytes(config)
     stages = config.stages
 
