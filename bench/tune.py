@@ -24,8 +24,9 @@ KERNEL (the options each reads):
 - ``quantize_fp8_row``: per K class;
 - ``quantize_fp8_col``: the amax and cast passes per shape class (``--dual``: the dual classes;
   ``--layouts``: only these of plain, groups, experts);
-- ``grouped_gemm``: the sm_90a FP8 grouped GEMM's tile width and ring depth per GEMM of an expert
-  layer (sm_90 only; its choice goes to ``configs/sm90.py`` by hand);
+- ``grouped_gemm``: the sm_90a FP8 grouped GEMM's tile width and ring depth (clusters of two, and
+  the default tile without a cluster) per GEMM of an expert layer (sm_90 only; its choice goes to
+  ``configs/sm90.py`` by hand);
 - ``swiglu``: SwiGLU + FP8 rowwise per direction and H class, checked against the reference
   (configs that spill are skipped).
 """

@@ -24,7 +24,7 @@ empty groups, no padding, no host sync; ends are clamped as in ``cute_utils.grou
   same for x; ``scale_a`` (G N,), ``scale_b`` (G K,) fp32 group-major (SPEC section 7);
 - ``out`` (E, N, K) bf16 row-major; an empty group's slice is zeros.
 
-Design (notes/grouped-gemm-sm90.md): persistent CTAs (``num_sms`` of them, a launch argument), one
+Design (notes/grouped-gemm-sm90.md): persistent CTAs (``ctas`` of them, a launch argument), one
 producer warp (of a producer warpgroup) streams TMA boxes of A (128 rows) and B (``tile_n`` rows),
 128 bytes of the reduction each, into a
 ``stages``-deep shared ring guarded by mbarriers (``cutlass.pipeline.PipelineTmaAsync``), and two
@@ -99,7 +99,10 @@ class GroupedGemmConfig:
     ``cluster``: CTAs per cluster (1 or 2). With 2, the two CTAs of a cluster take neighbouring
     tiles that read the same box of one operand (2d2d: output row blocks 2p and 2p + 1, sharing
     B; 2d3d: column blocks 2p and 2p + 1, sharing A), and each loads half of that box and
-    multicasts it to both: a third (2d2d) or a sixth (2d3d) fewer bytes read from L2 a slot."""
+    multicasts it to both: half of that box's bytes fewer read from L2 a slot (at tile_n = 256, a
+    third of the slot's bytes for 2d2d, a sixth for 2d3d). Both CTAs derive the same work units,
+    hence the same group and k-tiles: each CTA's full barrier waits for the other's half of every
+    slot, so a per-tile reduction range that differed between them would hang."""
 
     tile_n: int = 256
     stages: int = 3
@@ -202,9 +205,10 @@ class GroupedGemmSm90Kernel(Kernel):
     """The grouped GEMM of the module docstring for one :class:`GroupedGemmVariant` and
     :class:`GroupedGemmConfig`.
 
-    Launch: ``kernel(a, b, scale_a, scale_b, offsets, out, num_sms)`` with the operands of the
-    variant's form (module docstring); ``offsets`` int32 (E,) group end offsets; ``num_sms`` the
-    persistent grid (the device's SM count).
+    Launch: ``kernel(a, b, scale_a, scale_b, offsets, out, ctas)`` with the operands of the
+    variant's form (module docstring); ``offsets`` int32 (E,) group end offsets; ``ctas`` the
+    persistent grid, rounded down to whole clusters: the CTAs resident at once (the SM count, or
+    with clusters ``torch_bindings.backend.resident_ctas``).
     """
 
     name = "grouped_gemm_sm90"
@@ -299,7 +303,7 @@ class GroupedGemmSm90Kernel(Kernel):
         scale_b: cute.Tensor,
         offsets: cute.Tensor,
         out: cute.Tensor,
-        num_sms: Int32,
+        ctas: Int32,
         stream,
     ):
         tiled_mma, ring_a, ring_b = self._layouts()
@@ -322,7 +326,7 @@ class GroupedGemmSm90Kernel(Kernel):
         cluster = self.config.cluster
         launch = {"cluster": (cluster, 1, 1)} if cluster > 1 else {}
         self.kernel(*args).launch(
-            grid=(num_sms - num_sms % cluster, 1, 1),
+            grid=(ctas - ctas % cluster, 1, 1),
             block=(THREADS, 1, 1),
             smem=_shared_storage(self.config).size_in_bytes(),
             stream=stream,
@@ -375,7 +379,7 @@ class GroupedGemmSm90Kernel(Kernel):
         prefix = storage.prefix.get_tensor(cute.make_layout(MAX_GROUPS + 1))
         ends = storage.ends.get_tensor(cute.make_layout(MAX_GROUPS + 1))
         num_groups = offsets.shape[0]
-        total_tiles = self._scan_tiles(storage, offsets, num_groups, out, prefix, ends, tidx)
+        total_units = self._scan_tiles(storage, offsets, num_groups, out, prefix, ends, tidx)
         extents = self._extents(tma_a, tma_b)
         if cutlass.const_expr(cluster > 1):
             pipeline.pipeline_init_wait(cluster_shape_mn=(cluster, 1))
@@ -383,14 +387,14 @@ class GroupedGemmSm90Kernel(Kernel):
             cute.arch.setmaxregister_decrease(self.config.producer_registers)
             if warp == 0:
                 self._produce(atom_a, tma_a, atom_b, tma_b, ring, ring_a, ring_b, offsets, prefix, ends,
-                              total_tiles, extents, rank)  # fmt: skip
+                              total_units, extents, rank)  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_registers)
             raw = _RawRings(storage, ring_a_layout, ring_b_layout, self.config)
             ctid = tidx - WARPGROUP
             epilogue = _Staging(storage, staging_tile, staging_boxes, tiled_mma, ctid, atom_out, tma_out, out)
             self._consume(tiled_mma, ring, ring_a, ring_b, raw, epilogue, scale_a, scale_b, offsets, prefix,
-                          ends, total_tiles, extents, rank, ctid)  # fmt: skip
+                          ends, total_units, extents, rank, ctid)  # fmt: skip
 
     def _make_pipeline(self, barriers):
         """The A/B ring's full/empty barriers: one TMA producer thread; one arrive per consumer warp
@@ -479,7 +483,7 @@ class GroupedGemmSm90Kernel(Kernel):
 
     @cute.jit
     def _produce(
-        self, atom_a, tma_a, atom_b, tma_b, ring, ring_a, ring_b, offsets, prefix, ends, total_tiles, extents,
+        self, atom_a, tma_a, atom_b, tma_b, ring, ring_a, ring_b, offsets, prefix, ends, total_units, extents,
         rank: Int32,
     ):  # fmt: skip
         """The producer warp: for each of this CTA's tiles, TMA the A and B boxes of its reduction
@@ -489,7 +493,7 @@ class GroupedGemmSm90Kernel(Kernel):
         shared_a, shared_b = self._shared_operands()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         unit, step = _first_unit(self.config.cluster)
-        while unit < total_tiles:
+        while unit < total_units:
             work = self._work(unit, rank, offsets, prefix, ends, reduction, rows, cols)
             split_a = self.config.cluster if shared_a else 1
             split_b = self.config.cluster if shared_b else 1
@@ -513,7 +517,7 @@ class GroupedGemmSm90Kernel(Kernel):
     @cute.jit
     def _consume(
         self, tiled_mma, ring, ring_a, ring_b, raw, epilogue, scale_a, scale_b, offsets, prefix, ends,
-        total_tiles, extents, rank: Int32, ctid: Int32,
+        total_units, extents, rank: Int32, ctid: Int32,
     ):  # fmt: skip
         """The consumer warpgroups (``ctid``: thread index among them): per tile, the wgmma mainloop
         over the ring, then the scaled bf16 epilogue through the shared staging tile (``epilogue``,
@@ -527,7 +531,7 @@ class GroupedGemmSm90Kernel(Kernel):
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         unit, step = _first_unit(self.config.cluster)
-        while unit < total_tiles:
+        while unit < total_units:
             work = self._work(unit, rank, offsets, prefix, ends, reduction, rows, cols)
             fetched = self._fetch_scales(scale_a, scale_b, work, cols, ctid)
             read, release = self._mainloop(tiled_mma, ring, acc, frag_a, frag_b, raw, work, read, release,

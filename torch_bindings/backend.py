@@ -9,6 +9,8 @@ reference is a slow path that may synchronize the host, so it runs on a GPU only
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 BACKENDS = ("auto", "cute", "reference")
@@ -99,9 +101,29 @@ def resident_ctas(index: int, cluster: int) -> int:
     key = (index, cluster)
     ctas = _resident_by_cluster.get(key)
     if ctas is None:
+        ctas = _resident_by_cluster[key] = _ask_resident_ctas(index, cluster)
+    return ctas
+
+
+def _ask_resident_ctas(index: int, cluster: int) -> int:
+    """:func:`resident_ctas` from the driver (a dummy kernel's occupancy at one CTA per SM, compiled
+    once per process). ``RuntimeError`` if no cluster of this size fits; where the driver cannot
+    be asked, a warning and the SM count rounded down to whole clusters (correct, but clusters
+    past the resident ones wait for others to finish)."""
+    sms = num_sms(index)
+    try:
         from cutlass.utils import HardwareInfo
 
         with torch.cuda.device(index):
             clusters = HardwareInfo(index).get_max_active_clusters(cluster)
-        ctas = _resident_by_cluster[key] = min(num_sms(index), cluster * clusters)
-    return ctas
+    except Exception as exc:  # noqa: BLE001 - any failure of the query: warn, and the safe grid
+        warnings.warn(
+            f"could not ask the driver how many {cluster}-CTA clusters device {index} holds "
+            f"({type(exc).__name__}: {exc}); the persistent grid is the SM count rounded down to "
+            "whole clusters, which may be slower if fewer are resident",
+            stacklevel=3,
+        )
+        return sms - sms % cluster
+    if clusters < 1:
+        raise RuntimeError(f"device {index} holds no cluster of {cluster} CTAs at one CTA per SM")
+    return min(sms - sms % cluster, cluster * clusters)

@@ -11,8 +11,6 @@ as one ``torch.library`` custom op under ``torch.compile`` (an opaque node with 
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from . import backend as _backend
@@ -59,13 +57,19 @@ def _launch_kernel(form: str, *operands: torch.Tensor) -> None:
     kernel(*operands, _backend.resident_ctas(index, _cluster(form)))
 
 
-@functools.cache
-def _cluster(form: str) -> int:
-    """CTAs per cluster of ``form``'s compiled config (the persistent grid is a whole number of
-    co-resident clusters)."""
-    from cute_kernels.grouped_gemm_sm90 import GroupedGemmSm90Kernel, GroupedGemmVariant
+_cluster_by_form: dict[str, int] = {}
 
-    return GroupedGemmSm90Kernel.default_config(GroupedGemmVariant(form), _ARCH).cluster
+
+def _cluster(form: str) -> int:
+    """CTAs per cluster of ``form``'s compiled config (cached; the persistent grid is a whole
+    number of co-resident clusters)."""
+    cluster = _cluster_by_form.get(form)
+    if cluster is None:
+        from cute_kernels.grouped_gemm_sm90 import GroupedGemmSm90Kernel, GroupedGemmVariant
+
+        variant = GroupedGemmVariant(form)
+        cluster = _cluster_by_form[form] = GroupedGemmSm90Kernel.default_config(variant, _ARCH).cluster
+    return cluster
 
 
 def _problem(form: str, a: torch.Tensor, b: torch.Tensor, groups: int) -> tuple:

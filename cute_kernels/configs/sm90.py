@@ -237,8 +237,8 @@ def quantize_tma(variant):
 # A (128, 256) tile and a 3-deep ring (144 KiB), CUTLASS's Hopper register split (40 producer / 232
 # consumer registers), 2d2d boxes from 128-row multiples: chosen with `python -m bench.tune
 # grouped_gemm` and `python -m bench.bench_grouped_gemm --probe` (the note's tuning section).
-# Clusters of two CTAs multicasting the shared box: same bytes, faster wgrad and dgrad, the
-# forward level (the note's cluster section).
+# Clusters of two CTAs multicasting the shared box (same bytes; measured in the note's "Clusters of
+# two" section).
 def grouped_gemm_sm90(variant):
     from cute_kernels.grouped_gemm_sm90 import GroupedGemmConfig
 

@@ -146,6 +146,8 @@ def test_cluster_multicasts_the_shared_operand(form, cluster):
     loads = {op: n for op, n in kernel.tma.items() if op.startswith("UTMALDG")}
     multicast = sum(n for op, n in loads.items() if "MULTICAST" in op)
     assert multicast == cluster - 1 and sum(loads.values()) == 2, kernel.tma
+    if form == "2d3d" and cluster == 2:  # A (M, K) is the 2-D load, B (N, K, E) the 3-D one
+        assert loads.get("UTMALDG.2D.MULTICAST") == 1 and loads.get("UTMALDG.3D") == 1, kernel.tma
     remote = any(op.startswith("SYNCS.ARRIVE.TRANS64.RED") for op in kernel.counts)
     assert remote == (cluster == 2), kernel.counts
     assert kernel.opcode("UCGABAR_ARV") == kernel.opcode("UCGABAR_WAIT") == cluster - 1, kernel.counts

@@ -177,39 +177,75 @@ def _find_group(prefix: list[int], groups: int, key: int, steps: int = 9) -> int
     return pos
 
 
-def _tiles_2d3d(ends: list[int], n: int, tile_n: int) -> list[tuple[int, int, int, int]]:
-    """Mirror of ``_scan_tiles`` + ``_work`` (2d3d): ``(g, row0, row_end, col0)`` per tile index."""
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _tiles_2d3d(ends: list[int], n: int, tile_n: int, cluster: int) -> list[tuple[int, int, int, int, int]]:
+    """Mirror of ``_scan_tiles`` + ``_work`` (2d3d): ``(unit, g, row0, row_end, col0)`` per tile, a
+    work unit being ``cluster`` column blocks of one row block (``rank`` picks the block)."""
     bounds = _bounds(ends, M)
     prefix = [0]
     for start, end in bounds:
         prefix.append(prefix[-1] + (end - start + TILE_M - 1) // TILE_M)
-    n_tiles = -(-n // tile_n)
+    n_units = _ceil(_ceil(n, tile_n), cluster)
     tiles = []
-    for tile in range(prefix[-1] * n_tiles):
-        row_block, n_block = tile // n_tiles, tile % n_tiles
-        g = _find_group(prefix, len(ends), row_block)
-        start, end = bounds[g]
-        tiles.append((g, start + (row_block - prefix[g]) * TILE_M, end, n_block * tile_n))
+    for unit in range(prefix[-1] * n_units):
+        for rank in range(cluster):
+            row_block, n_block = unit // n_units, unit % n_units * cluster + rank
+            g = _find_group(prefix, len(ends), row_block)
+            start, end = bounds[g]
+            tiles.append((unit, g, start + (row_block - prefix[g]) * TILE_M, end, n_block * tile_n))
     return tiles
 
 
 @pytest.mark.parametrize("name", sorted(PATTERNS))
-@pytest.mark.parametrize("tile_n", [128, 192])
-def test_2d3d_tiles_cover_each_group_once(name, tile_n):
-    ends, n = PATTERNS[name], 200
+@pytest.mark.parametrize(
+    ("tile_n", "n", "cluster"), [(128, 200, 1), (192, 200, 1), (256, 200, 2), (128, 320, 2)]
+)
+def test_2d3d_tiles_cover_each_group_once(name, tile_n, n, cluster):
+    """Every element of every group is stored once; a cluster's tiles share the row block (the A
+    box they multicast), so the same group and reduction; a tile past the output stores nothing."""
     stored: list[tuple[int, int, int]] = []
-    for g, row0, row_end, col0 in _tiles_2d3d(ends, n, tile_n):
-        assert 0 <= g < len(ends) and 0 <= row0 < row_end <= M and 0 <= col0 < n
+    units: dict[int, set] = {}
+    for unit, g, row0, row_end, col0 in _tiles_2d3d(ends := PATTERNS[name], n, tile_n, cluster):
+        assert 0 <= g < len(ends) and 0 <= row0 < row_end <= M and col0 >= 0
+        units.setdefault(unit, set()).add((g, row0))
         # ``_epilogue``: a tile whole in its rows goes out as TMA boxes (all TILE_M rows, columns
         # clipped at n), a tile cut by its group's end as row stores below the end
         whole = row0 + TILE_M <= row_end
         rows = range(row0, row0 + TILE_M) if whole else range(row0, row_end)
         cols = range(col0, min(col0 + tile_n, n))
         stored += [(g, r, c) for r in rows for c in cols]
+    assert all(len(shared) == 1 for shared in units.values()), "a cluster's tiles in two row blocks"
     expected = [(g, r, c) for g, (s, e) in enumerate(_bounds(ends, M)) for r in range(s, e) for c in range(n)]
     assert sorted(stored) == sorted(expected)
     if not name.startswith("garbage"):  # clamped garbage ends that fall may overlap: in bounds only
         assert len({(r, c) for _, r, c in stored}) == len(stored), "an element stored twice"
+
+
+@pytest.mark.parametrize(("rows", "cols", "cluster"), [(200, 300, 1), (320, 512, 2), (256, 200, 2)])
+def test_2d2d_tiles_cover_each_output_once(rows, cols, cluster):
+    """Mirror of ``_scan_tiles`` + ``_work`` (2d2d, tile_n = 256): every (g, row, col) of the (E, N,
+    K) output is stored once; a cluster's tiles share the group and column block (the B box they
+    multicast, so the same reduction and k-tiles); a row block past N stores nothing (TMA clips)."""
+    groups, tile_n = 3, 256
+    m_units = _ceil(_ceil(rows, TILE_M), cluster)
+    n_tiles = _ceil(cols, tile_n)
+    stored, units = [], {}
+    for unit in range(groups * m_units * n_tiles):
+        for rank in range(cluster):
+            g, rest = unit // (m_units * n_tiles), unit % (m_units * n_tiles)
+            m_block, n_block = rest // n_tiles * cluster + rank, rest % n_tiles
+            units.setdefault(unit, set()).add((g, n_block))
+            row0, col0 = m_block * TILE_M, n_block * tile_n
+            stored += [
+                (g, r, c)
+                for r in range(row0, min(row0 + TILE_M, rows))
+                for c in range(col0, min(col0 + tile_n, cols))
+            ]
+    assert all(len(shared) == 1 for shared in units.values())
+    assert sorted(stored) == [(g, r, c) for g in range(groups) for r in range(rows) for c in range(cols)]
 
 
 @pytest.mark.parametrize("name", sorted(PATTERNS))

@@ -2,8 +2,8 @@
 reference (``reference.grouped_gemm_fp8_rowwise_reference``, the same operands): SQNR at least
 torch._scaled_grouped_mm's on the same operands, bytes equal run to run, a fuzz of group patterns
 (empty first / last, runs of empties, one-row groups, all rows in one group, sizes around the
-128-row tile) on poisoned memory (2d3d: the rows past the last end stay unwritten), and no host
-sync (notes/grouped-gemm-sm90.md)."""
+128-row tile) on poisoned memory (2d3d: the rows past the last end stay unwritten), the same bytes
+from the one-CTA and the two-CTA cluster builds, and no host sync (notes/grouped-gemm-sm90.md)."""
 
 from __future__ import annotations
 
@@ -164,7 +164,8 @@ def test_cluster_of_two_writes_the_same_bytes(form, name, poison_cuda_allocator)
     """The ``cluster=2`` build (the default: a shared operand's boxes multicast to two CTAs) writes
     the bytes of the ``cluster=1`` build. Three tile blocks along the paired dimension (2d3d: N =
     576 is three column blocks; 2d2d: N = 320 three row blocks), so one cluster's second tile lies
-    past the output: it still loads its half of the shared box and stores nothing."""
+    past the output: it still loads its half of the shared box and stores nothing (2d3d: rows past
+    the last end stay POISON)."""
     from dataclasses import replace
 
     from cute_kernels import registry
@@ -184,4 +185,6 @@ def test_cluster_of_two_writes_the_same_bytes(form, name, poison_cuda_allocator)
         with no_sync():
             kernel(*args, out, backend.num_sms(torch.cuda.current_device()))
         outs.append(_valid(form, out, ends))
+        if form == "2d3d" and ends[-1] < out.shape[0]:
+            assert (out[ends[-1] :].view(torch.uint8) == POISON).all(), "rows past the last end unwritten"
     assert_same_bytes(outs[1], outs[0], f"{form} {name}")
