@@ -315,9 +315,9 @@ class GroupedGemmSm90Kernel(Kernel):
             out_boxes = cute.make_tensor(out.iterator, cute.select(out.layout, mode=[1, 2, 0]))  # (N, K, E)
         box_a = cute.slice_(ring_a, (None, None, 0))
         box_b = cute.slice_(ring_b, (None, None, 0))
-        shared_a, shared_b = self._shared_operands()
-        atom_a, tma_a = _load_atom(a, box_a, (TILE_M, TILE_K), self.config.cluster if shared_a else 1)
-        atom_b, tma_b = _load_atom(b, box_b, (self.tile_n, TILE_K), self.config.cluster if shared_b else 1)
+        split_a, split_b = self._box_splits()
+        atom_a, tma_a = _load_atom(a, box_a, (TILE_M, TILE_K), split_a)
+        atom_b, tma_b = _load_atom(b, box_b, (self.tile_n, TILE_K), split_b)
         box_out = cute.slice_(staging_boxes, (None, None, 0))
         store = cpasync.CopyBulkTensorTileS2GOp()
         atom_out, tma_out = cpasync.make_tiled_tma_atom(store, out_boxes, box_out, (TILE_M, EPI_N))
@@ -333,12 +333,12 @@ class GroupedGemmSm90Kernel(Kernel):
             **launch,
         )
 
-    def _shared_operands(self) -> tuple[bool, bool]:
-        """(A shared, B shared) by the two CTAs of a cluster (config ``cluster`` = 2): 2d3d pairs
+    def _box_splits(self) -> tuple[int, int]:
+        """(CTAs sharing an A box, CTAs sharing a B box): with config ``cluster`` = 2, 2d3d pairs
         column blocks of one row block (the same A box), 2d2d row blocks of one group and column
-        block (the same B box)."""
-        clustered = self.config.cluster > 1
-        return clustered and self.form == "2d3d", clustered and self.form == "2d2d"
+        block (the same B box); each of the sharing CTAs loads its slice and multicasts it."""
+        cluster = self.config.cluster
+        return (cluster, 1) if self.form == "2d3d" else (1, cluster)
 
     # ---- device --------------------------------------------------------------------------------
 
@@ -450,7 +450,7 @@ class GroupedGemmSm90Kernel(Kernel):
     ):
         """The :class:`_Work` of the output tile of CTA ``rank`` of its cluster in work unit ``unit``;
         ``reduction`` is K (2d3d) or M (2d2d). A unit's tiles are neighbours that share a box of
-        the shared operand (:meth:`_shared_operands`); a tile past the output (an odd count of
+        the shared operand (:meth:`_box_splits`); a tile past the output (an odd count of
         blocks) still loads its half of that box, and stores nothing."""
         cluster = self.config.cluster
         n_tiles = cute.ceil_div(out_cols, self.tile_n)
@@ -490,13 +490,11 @@ class GroupedGemmSm90Kernel(Kernel):
         into the ring (a slot is taken once the consumers released it; a shared operand's half box
         is multicast to both CTAs of the cluster)."""
         reduction, rows, cols = extents
-        shared_a, shared_b = self._shared_operands()
+        split_a, split_b = self._box_splits()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         unit, step = _first_unit(self.config.cluster)
         while unit < total_units:
             work = self._work(unit, rank, offsets, prefix, ends, reduction, rows, cols)
-            split_a = self.config.cluster if shared_a else 1
-            split_b = self.config.cluster if shared_b else 1
             src_a, dst_a = _tma_boxes(atom_a, tma_a, ring_a, work.a_row, work.red0, TILE_M, rank, split_a)
             coords_b = tma_b
             if cutlass.const_expr(self.form == "2d3d"):
