@@ -459,6 +459,21 @@ QUANTIZE_FP8_2D = OpSpec(
 )
 
 
+def _fp8_padded_cols_outputs(a: dict) -> tuple[Out, ...]:
+    rows, cols = a["x"].shape
+    groups = a["group_end_offsets"].shape[0]
+    prows = padded_rows(rows, groups, a["alignment"])
+    ends = Out((groups,), "int32")
+    return *_fp8_col_outputs_2d((prows, cols), groups), ends, ends
+
+
+PAD_AND_QUANTIZE_FP8_2D_COLS = OpSpec(
+    "pad_and_quantize_fp8_2d_cols",
+    (Operand("x", (2,), QUANT_DTYPES), Offsets("group_end_offsets", of="x"), _ALIGNMENT, _POW2),
+    _fp8_padded_cols_outputs,
+)
+
+
 def _fp8_dual_outputs(a: dict) -> tuple[Out, ...]:
     shape = tuple(a["x"].shape)
     return (*_fp8_row_outputs(shape), *_fp8_col_outputs_2d(shape, _groups(a)))

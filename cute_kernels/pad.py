@@ -61,6 +61,7 @@ from cute_utils.groups import (
     prefix_smem_words,
     scan_group_sizes,
     smem_group_bounds,
+    store_padded_offsets,
 )
 from cute_utils.rows import chunk_fragment, load_row_chunk, row_vector_view, store_row_chunk
 from cute_utils.scan import WARP
@@ -328,9 +329,7 @@ class PadKernel(RowGatherKernel):
         rows_out = out.shape[0]
         prefix, ends = self._scan(offsets, x.shape[0], alignment, tid)
         if cta == 0:
-            for g in cutlass.range(tid, num_groups, self.threads):
-                padded_start[g] = prefix[g] * alignment
-                padded_end[g] = prefix[g + 1] * alignment
+            store_padded_offsets(prefix, num_groups, alignment, padded_start, padded_end, tid, self.threads)
         self._move_rows(
             x, out, tid, lambda row: _pad_segment(prefix, ends, num_groups, alignment, rows_out, row)
         )

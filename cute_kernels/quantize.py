@@ -67,6 +67,7 @@ from cute_utils.groups import (
     scan_padded_group_sizes,
     scan_padded_group_sizes_small,
     search_steps,
+    store_padded_offsets,
 )
 from cute_utils.mx import (
     BLOCK_SIZE,
@@ -249,17 +250,6 @@ def _zero_padding_rows(q_vec, q_zero, q_first_row, warp, warp_tiles: cutlass.Con
                 r = warp.lane // LANES_PER_ROW + step * ROWS_PER_STEP
                 if (zero_mask >> r) & 1 and vec * VECTOR < warp.cols:
                     cute.autovec_copy(zeros, q_vec[q_first_row + r, vec, None])
-
-
-@cute.jit
-def _store_padded_offsets(
-    aligned, num_groups, alignment, padded_start, padded_end, tid, threads: cutlass.Constexpr
-):
-    """``padded_start[g] = A * aligned[g]``, ``padded_end[g] = A * aligned[g + 1]`` (the CTA's
-    threads take the groups round-robin)."""
-    for g in cutlass.range(tid, num_groups, threads):
-        padded_start[g] = aligned[g] * alignment
-        padded_end[g] = aligned[g + 1] * alignment
 
 
 # --- The kernel's per-thread state (DSL values, bundled to keep argument lists short) ------------
@@ -571,7 +561,7 @@ class Quantize1x32Kernel(Kernel):
             )
             bx, by, bz = cute.arch.block_idx()
             if bx == 0 and by == 0 and bz == 0:  # CTA 0 (grid z > 1 beyond 65535 row units)
-                _store_padded_offsets(
+                store_padded_offsets(
                     aligned, num_groups, alignment, groups.padded_start, groups.padded_end, tid, self.threads
                 )
         return data_row, zero_row, q_row, q_zero

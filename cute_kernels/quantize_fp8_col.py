@@ -79,13 +79,17 @@ BLOCK = 32  # rows per block (one 32-byte run of q^T per column)
 TILE_M = 4 * BLOCK  # rows per cast row tile
 DTYPES = {"bfloat16": BFloat16, "float32": Float32}
 LAYOUTS = ("plain", "groups", "experts")
+#: The cast pass's layout that writes q^T into padded token groups (``quantize_fp8_col_pad``); its
+#: amax pass is the ``groups`` one.
+PADDED = "padded"
 
 
 @dataclass(frozen=True)
 class Fp8ColVariant:
     """``dtype`` (a :data:`DTYPES` name); ``layout``: ``"plain"`` (x (M, K), scales (K,)),
-    ``"groups"`` (x (M, K), int32 end offsets (G,), scales (G K,) group-major) or ``"experts"``
-    (w (E, N, K), scales (E, K)); ``vector_loads``: K even and x aligned to a column pair (4 bytes
+    ``"groups"`` (x (M, K), int32 end offsets (G,), scales (G K,) group-major), ``"experts"``
+    (w (E, N, K), scales (E, K)) or :data:`PADDED` (``"groups"`` with q in padded token groups:
+    ``quantize_fp8_col_pad``); ``vector_loads``: K even and x aligned to a column pair (4 bytes
     bf16, 8 bytes fp32); ``vector_stores`` (cast pass): R % 16 == 0 (R = M, or N for experts);
     ``dual``: also one scale per row (``quantize_fp8_2d_dual``; for experts ``quantize_fp8_3d_dual``,
     a row being (e, n)): the amax pass folds each row's max into row words after the column words,
@@ -99,14 +103,15 @@ class Fp8ColVariant:
     dual: bool = False
 
     def __post_init__(self) -> None:
-        if self.layout not in LAYOUTS or self.dtype not in DTYPES:
+        layouts = (*LAYOUTS, PADDED)
+        if self.layout not in layouts or self.dtype not in DTYPES:
             raise ValueError(
-                f"layout {self.layout!r} / dtype {self.dtype!r}: not one of {LAYOUTS} / {tuple(DTYPES)}"
+                f"layout {self.layout!r} / dtype {self.dtype!r}: not one of {layouts} / {tuple(DTYPES)}"
             )
 
     @property
     def grouped(self) -> bool:
-        return self.layout == "groups"
+        return self.layout in ("groups", PADDED)
 
     @property
     def rank(self) -> int:
@@ -607,10 +612,7 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
         x = _as_experts(x)
         experts, rows, cols = x.shape
         row_tiles = cutlass.max(ceil_div(rows, TILE_M), 1)
-        col_tiles = ceil_div(cols, TILE_K)
-        chunks = cutlass.min(col_tiles, cutlass.max(self.config.target_ctas // (row_tiles * experts), 1))
-        tiles_per_cta = ceil_div(col_tiles, chunks)
-        chunks = ceil_div(col_tiles, tiles_per_cta)
+        chunks, tiles_per_cta = self._column_chunks(row_tiles * experts, cols)
         scales = _flat(scales)
         self.kernel(x, qt, amax, scales, offsets, mask, steps, tiles_per_cta, q_rows, row_scales).launch(
             grid=[row_tiles, chunks, experts],
@@ -619,6 +621,14 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
             min_blocks_per_mp=self.config.min_ctas_per_sm,
             preferred_smem_carveout=0,
         )
+
+    def _column_chunks(self, row_ctas, cols):
+        """``(chunks, tiles_per_cta)``: the column tiles of K split into runs of ``tiles_per_cta``,
+        as many runs as bring the grid (``row_ctas`` x chunks) near ``config.target_ctas``."""
+        col_tiles = ceil_div(cols, TILE_K)
+        chunks = cutlass.min(col_tiles, cutlass.max(self.config.target_ctas // row_ctas, 1))
+        tiles_per_cta = ceil_div(col_tiles, chunks)
+        return ceil_div(col_tiles, tiles_per_cta), tiles_per_cta
 
     @cute.kernel
     def kernel(self, x, qt, amax, scales, offsets, mask, steps, tiles_per_cta: Int32, q_rows, row_scales):
@@ -800,6 +810,7 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
 __all__ = [
     "DTYPES",
     "LAYOUTS",
+    "PADDED",
     "Columns",
     "Fp8ColAmaxConfig",
     "Fp8ColAmaxKernel",

@@ -131,6 +131,24 @@ def scan_group_sizes(
 
 
 @cute.jit
+def store_padded_offsets(
+    aligned: cute.Tensor,
+    num_groups: Int32,
+    alignment,
+    padded_start: cute.Tensor,
+    padded_end: cute.Tensor,
+    tid: Int32,
+    threads: cutlass.Constexpr,
+):
+    """``padded_start[g] = A * aligned[g]``, ``padded_end[g] = A * aligned[g + 1]`` from the prefix
+    of :func:`scan_padded_group_sizes` in units of the alignment A (SPEC section 4's padded
+    offsets); the ``threads`` threads calling it take the groups round-robin."""
+    for g in cutlass.range(tid, num_groups, threads):
+        padded_start[g] = aligned[g] * alignment
+        padded_end[g] = aligned[g + 1] * alignment
+
+
+@cute.jit
 def find_group(
     prefix: cute.Tensor, num_groups: Int32, key: Int32, steps: cutlass.Constexpr = SEARCH_STEPS
 ) -> Int32:

@@ -26,6 +26,8 @@ _OP_2D, _OP_DUAL, _OP_3D = "quantize_fp8_2d", "quantize_fp8_2d_dual", "quantize_
 _OP_DUAL_3D = "quantize_fp8_3d_dual"
 _KERNEL = "quantize_fp8_row"  # cute_kernels.registry names
 _COL_AMAX, _COL_CAST = "quantize_fp8_col_amax", "quantize_fp8_col_cast"
+_COL_PAD_CAST = "quantize_fp8_col_pad_cast"  # the cast into padded groups (its amax: "groups")
+PADDED = "padded"  # cute_kernels.quantize_fp8_col.PADDED, without importing the DSL
 _E4M3 = torch.float8_e4m3fn
 _QUANT_DTYPES = contract.QUANTIZE_FP8_2D.dtypes("x")  # every FP8 quantization op's (test_contract)
 _ANY_GROUPS = 1 << 62  # the column kernels take any number of row groups
@@ -91,9 +93,8 @@ class ColKey(NamedTuple):
         """The pass's config for the key's shape class (``cute_kernels.configs.pick_for_shape``)."""
         from cute_kernels import configs
 
-        shape_class = col_shape_class(
-            variant.dtype, variant.layout, self.k_class, self.group_bucket, variant.dual
-        )
+        layout = "groups" if variant.layout == PADDED else variant.layout  # the same work per element
+        shape_class = col_shape_class(variant.dtype, layout, self.k_class, self.group_bucket, variant.dual)
         return configs.pick_for_shape(self.kernel, variant, target.arch, target.name, shape_class)
 
 
@@ -145,13 +146,16 @@ def _col_outputs(
 def _col_passes(target: targets.DeviceTarget, key: tuple) -> tuple:
     """``(amax kernel, cast kernel)`` for ``key`` (a :class:`ColPassesKey`'s fields), found with one
     lookup; a miss classes K and G and takes each pass from ``target.kernel`` (one compile per
-    distinct config)."""
+    distinct config). Layout :data:`PADDED`: the ``groups`` amax pass and the cast into padded
+    groups."""
     passes = target.kernels.get(key)
     if passes is None:
         k = ColPassesKey._make(key)
         k_cls, bucket = k_class(k.cols), group_bucket(k.groups)
-        amax = ColKey(_COL_AMAX, k.dtype, k.layout, k.vector_loads, True, k.dual, k_cls, bucket)
-        cast = ColKey(_COL_CAST, k.dtype, k.layout, k.vector_loads, k.vector_stores, k.dual, k_cls, bucket)
+        padded = k.layout == PADDED
+        amax_layout, cast_name = ("groups", _COL_PAD_CAST) if padded else (k.layout, _COL_CAST)
+        amax = ColKey(_COL_AMAX, k.dtype, amax_layout, k.vector_loads, True, k.dual, k_cls, bucket)
+        cast = ColKey(cast_name, k.dtype, k.layout, k.vector_loads, k.vector_stores, k.dual, k_cls, bucket)
         passes = target.kernels[k] = tuple(
             target.kernel(p, ColKey.variant, ColKey.config) for p in (amax, cast)
         )

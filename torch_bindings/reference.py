@@ -776,6 +776,28 @@ def quantize_fp8_2d_dual(
     return q_row, s_row, q_col, s_col
 
 
+def pad_and_quantize_fp8_2d_cols(
+    x: Tensor, group_end_offsets: Tensor, *, alignment: int = 16, round_scales_to_power_of_2: bool = True
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Token-group padding fused into the grouped FP8 column quantization of x (M, K), bf16/fp32:
+    exactly ``quantize_fp8_2d(pad_token_groups(x, offs, alignment=A)[0], axis="col",
+    group_end_offsets=padded_end)``. q (padded_rows(M, G, A), K) with strides (1, rows): group g's
+    rows at ``[padded_start[g], padded_start[g] + n_g)``, its padding rows quantized as the zeros
+    they are (0; 0x7F in a column whose group amax is NaN), rows past the last padded group 0;
+    scales (G*K,) group-major, as for the unpadded groups. Returns (q, scales, padded_start,
+    padded_end)."""
+    contract.PAD_AND_QUANTIZE_FP8_2D_COLS.check(x, group_end_offsets, alignment, round_scales_to_power_of_2)
+    check_group_end_offsets(group_end_offsets, x.shape[0], op="pad_and_quantize_fp8_2d_cols")
+    padded, padded_start, padded_end = pad_token_groups(x, group_end_offsets, alignment=alignment)
+    q, scales = quantize_fp8_2d(
+        padded,
+        axis="col",
+        group_end_offsets=padded_end,
+        round_scales_to_power_of_2=round_scales_to_power_of_2,
+    )
+    return q, scales, padded_start, padded_end
+
+
 def quantize_fp8_3d(
     w: Tensor, *, axis: str = "K", round_scales_to_power_of_2: bool = True
 ) -> tuple[Tensor, Tensor]:

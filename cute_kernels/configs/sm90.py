@@ -202,6 +202,17 @@ def quantize_fp8_col_cast_for_shape(variant, shape_class: str, tuned: dict | Non
     return quantize_fp8_col_cast(variant)
 
 
+# The cast into padded token groups does the unpadded grouped cast's work per element (plus a
+# group scan per CTA): the same configs, tuned entries included (its shape class names the
+# ``groups`` layout).
+def quantize_fp8_col_pad_cast(variant):
+    return quantize_fp8_col_cast(variant)
+
+
+def quantize_fp8_col_pad_cast_for_shape(variant, shape_class: str, tuned: dict | None):
+    return quantize_fp8_col_cast_for_shape(variant, shape_class, tuned)
+
+
 # --- SwiGLU + FP8 rowwise (notes/swiglu-fp8-kernel.md) ---
 # The bindings pick per direction and H class (swiglu_fp8_for_shape below, `bench.tune swiglu`);
 # without a shape (the SASS targets CI checks) the kernel takes the heuristic: a whole 256-thread

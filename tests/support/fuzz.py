@@ -342,6 +342,16 @@ def _fp8_cols_case(draw, limits: Limits, op: str) -> Case:
 
 
 @st.composite
+def _fp8_cols_padded_case(draw, limits: Limits) -> Case:
+    """FP8 column scales into padded groups: x (M, K) of any K, group sizes around the alignment."""
+    alignment = draw(_ALIGNMENTS)
+    rows, cols = draw(matrix_shape(limits, col_multiple=1))
+    ends = tuple(draw(group_ends(rows, tile=alignment)))
+    kwargs = (("alignment", alignment), ("round_scales_to_power_of_2", draw(st.booleans())))
+    return Case("fp8_cols_padded", (rows, cols), draw(_QUANT_DTYPES), draw(_SEEDS), ends, kwargs)
+
+
+@st.composite
 def _fp8_rows_bounded_case(draw, limits: Limits) -> Case:
     """FP8 row scales of the rows below the last group end: x (M, K) of any K, row groups of any
     sizes, power-of-2 or exact scales; x sometimes a few elements into its allocation (element
@@ -401,6 +411,7 @@ def case_strategy(op: str, limits: Limits = Limits()) -> st.SearchStrategy[Case]
         "quantize_3d": lambda: _quantize_3d_case(limits),
         "fp8_cols": lambda: _fp8_cols_case(limits, "fp8_cols"),
         "fp8_dual": lambda: _fp8_cols_case(limits, "fp8_dual"),
+        "fp8_cols_padded": lambda: _fp8_cols_padded_case(limits),
         "fp8_3d": lambda: _fp8_3d_case(limits, "fp8_3d"),
         "fp8_3d_dual": lambda: _fp8_3d_case(limits, "fp8_3d_dual"),
         "fp8_rows_bounded": lambda: _fp8_rows_bounded_case(limits),
@@ -490,6 +501,8 @@ def _call(module, case: Case, inputs: Inputs, backend: dict) -> tuple:
         return module.pad_and_quantize_mxfp8_2d(x, offsets, **kw, **backend)
     if case.op == "fp8_cols":
         return module.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets, **kw, **backend)
+    if case.op == "fp8_cols_padded":
+        return module.pad_and_quantize_fp8_2d_cols(x, offsets, **kw, **backend)
     if case.op == "fp8_dual":
         return module.quantize_fp8_2d_dual(x, group_end_offsets=offsets, **kw, **backend)
     if case.op == "fp8_3d":
@@ -583,6 +596,8 @@ def _garbage_kwargs(op: str) -> tuple:
     kw = {"swizzle_m": {"groups": "M"}, "swizzle_k": {"groups": "K"}}.get(op, {})
     if op in ("pad", "unpad", "pad_and_quantize"):
         kw = {"alignment": 32}
+    if op == "fp8_cols_padded":
+        kw = {"alignment": 128}
     return tuple(kw.items())  # fp8_cols / fp8_dual / fp8_rows_bounded / fp8_dequant: the defaults
 
 
@@ -599,6 +614,7 @@ OPS = (
     "quantize_3d",
     "fp8_cols",
     "fp8_dual",
+    "fp8_cols_padded",
     "fp8_3d",
     "fp8_3d_dual",
     "fp8_rows_bounded",

@@ -24,6 +24,7 @@ from torch_bindings import (
     dequantize_fp8,
     pad,
     pad_quantize,
+    pad_quantize_fp8,
     quantize,
     quantize_3d,
     quantize_dual,
@@ -326,6 +327,12 @@ OPS: dict[str, tuple[Any, Callable[[], list[list[Any]]], Callable[[tuple], bool]
         pad_quantize._PAD_QUANTIZE,
         lambda: [quant_x(), offsets(), ALIGNMENTS, MODES],
         lambda args: isinstance(args[0], torch.Tensor) and args[0].shape[-1] == 0,  # K = 0: no launch
+    ),
+    "pad_and_quantize_fp8_2d_cols": (
+        pad_quantize_fp8._PAD_COLS,
+        lambda: [quant_x(), offsets(), ALIGNMENTS, FLAGS],
+        # no rows or no columns: the outputs from PyTorch ops, no launch
+        lambda args: isinstance(args[0], torch.Tensor) and _empty(args[0]),
     ),
     "quantize_fp8_2d": (
         quantize_fp8._QUANTIZE_2D,
