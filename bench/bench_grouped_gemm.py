@@ -5,8 +5,10 @@ the three GEMMs of an expert layer: forward (y = x w^T, 2d3d), dgrad (grad_x = g
 w quantized along N) and wgrad (grad_w = grad_y^T x per group, 2d2d). The FP8 operands are
 quantized once, outside the timing (SPEC section 7 layouts). torch's wgrad (FP8 and bf16) needs
 groups of 16 rows but the last: its wgrad runs on groups rounded down to 16 (the same M), ours
-takes the skewed groups as they are. Needs an sm_90 GPU (the cute kernel is sm_90a only); without a
-CUDA GPU it exits 2.
+takes the skewed groups as they are. ``wgrad_padded``: ours on the column operands ``gemm="cute"``
+gives it, written into 128-row padded groups (``pad_and_quantize_fp8_2d_cols``: no group bound in
+a reduction box), against the same torch rows (FLOPs at the real M). Needs an sm_90 GPU (the
+cute kernel is sm_90a only); without a CUDA GPU it exits 2.
 
     python -m bench.bench_grouped_gemm [--quick] [--out DIR]
     python -m bench.bench_grouped_gemm --once wgrad   # two launches of ours per shape, for ncu
@@ -66,9 +68,12 @@ def _operands(s: Shape, device: torch.device, ends: list[int], torch_ends: list[
     qc_x, sc_x = ref.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets)
     tc_gy, tsc_gy = ref.quantize_fp8_2d(grad_y, axis="col", group_end_offsets=torch_offsets)
     tc_x, tsc_x = ref.quantize_fp8_2d(x, axis="col", group_end_offsets=torch_offsets)
+    pc_gy, psc_gy, _, padded_end = ref.pad_and_quantize_fp8_2d_cols(grad_y, offsets, alignment=128)
+    pc_x, psc_x, _, _ = ref.pad_and_quantize_fp8_2d_cols(x, offsets, alignment=128)
     return dict(x=x, w=w, grad_y=grad_y, offsets=offsets, torch_offsets=torch_offsets,
                 fwd=(q_x, q_w, s_x, s_w), dgrad=(q_gy, q_wn, s_gy, s_wn), wgrad=(qc_gy, qc_x, sc_gy, sc_x),
-                torch_wgrad=(tc_gy, tc_x, tsc_gy, tsc_x))  # fmt: skip
+                torch_wgrad=(tc_gy, tc_x, tsc_gy, tsc_x), padded_wgrad=(pc_gy, pc_x, psc_gy, psc_x),
+                padded_end=padded_end)  # fmt: skip
 
 
 def _calls(ops: dict) -> dict:
@@ -87,6 +92,11 @@ def _calls(ops: dict) -> dict:
     q_gy, q_wn, s_gy, s_wn = ops["dgrad"]
     qc_gy, qc_x, sc_gy, sc_x = ops["wgrad"]
     tc_gy, tc_x, tsc_gy, tsc_x = ops["torch_wgrad"]
+    torch_wgrad = {
+        "torch_fp8": fp8(tc_gy.t(), tc_x, tsc_gy, tsc_x, ops["torch_offsets"]),
+        "torch_bf16": lambda: torch._grouped_mm(gy.t(), x, ops["torch_offsets"]),
+    }
+    pc_gy, pc_x, psc_gy, psc_x = ops["padded_wgrad"]
     return {
         "forward": {
             "cute": lambda: ours("2d3d", q_x, q_w, s_x, s_w, off),
@@ -98,10 +108,10 @@ def _calls(ops: dict) -> dict:
             "torch_fp8": fp8(q_gy, q_wn, s_gy, s_wn, off),
             "torch_bf16": lambda: torch._grouped_mm(gy, w, off),
         },
-        "wgrad": {
-            "cute": lambda: ours("2d2d", qc_gy.t(), qc_x.t(), sc_gy, sc_x, off),
-            "torch_fp8": fp8(tc_gy.t(), tc_x, tsc_gy, tsc_x, ops["torch_offsets"]),
-            "torch_bf16": lambda: torch._grouped_mm(gy.t(), x, ops["torch_offsets"]),
+        "wgrad": {"cute": lambda: ours("2d2d", qc_gy.t(), qc_x.t(), sc_gy, sc_x, off), **torch_wgrad},
+        "wgrad_padded": {
+            "cute": lambda: ours("2d2d", pc_gy.t(), pc_x.t(), psc_gy, psc_x, ops["padded_end"]),
+            **torch_wgrad,
         },
     }
 
@@ -202,9 +212,8 @@ def probe_rows(s: Shape, device: torch.device) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0])
-    parser.add_argument(
-        "--once", choices=("forward", "dgrad", "wgrad"), help="two launches of ours per shape, untimed (ncu)"
-    )
+    gemms = ("forward", "dgrad", "wgrad", "wgrad_padded")
+    parser.add_argument("--once", choices=gemms, help="two launches of ours per shape, untimed (ncu)")
     parser.add_argument("--probe", action="store_true", help="where our wgrad's time goes")
     args = parser.parse_args(argv)
     device = cuda_or_none("bench_grouped_gemm")

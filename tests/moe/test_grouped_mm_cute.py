@@ -7,8 +7,8 @@ CPU tests replace the kernel launch (``torch_bindings.grouped_gemm_sm90._launch_
 require (dtypes, compact row-major layouts, 16-byte alignment, shared sizes, the 2d2d reduction a
 multiple of 16) and writes the fp32 reference (``grouped_gemm_fp8_rowwise_reference``) on the same
 operands; the launcher's own size checks and empty-problem paths run for real. They test the
-wiring: numerics against fp32 math, no padding on any group layout, the gradients asked for, no
-wgrad operands without grad. GPU tests (marked; not run where no sm_90 GPU is) compare the kernel
+wiring: numerics against fp32 math, no pad pass on any group layout (the column operands come
+padded from their quantizer), the gradients asked for, no wgrad operands without grad. GPU tests (marked; not run where no sm_90 GPU is) compare the kernel
 with ``gemm="native"`` on the same inputs, bit-determinism, no host sync, CUDA graphs and
 ``torch.compile``.
 """
@@ -159,8 +159,12 @@ def test_op_matches_fp32_math_without_padding(layout, fake_kernel, pad_calls):
     assert pad_calls == []
     forward, dgrad, wgrad = fake_kernel.calls
     assert [forward[0], dgrad[0], wgrad[0]] == ["2d3d", "2d3d", "2d2d"]
-    assert forward[2] == dgrad[2] == wgrad[2] == ends, "every GEMM takes the caller's own groups"
-    assert wgrad[1] == (96, rows + (-rows) % 16), "grad_y's columns (N, M rounded up to 16)"
+    assert forward[2] == dgrad[2] == ends, "the 2d x 3d GEMMs take the caller's own groups"
+    alignment = grouped_mm.CUTE_WGRAD_ALIGNMENT
+    padded_end = reference.padded_group_offsets(ends_t, alignment)[1].tolist()
+    assert wgrad[2] == padded_end, "the wgrad takes the column operands' padded groups"
+    prows = reference.padded_rows(rows, groups, alignment)
+    assert wgrad[1] == (96, prows), "grad_y's columns (N, rows of the 128-row padded groups)"
 
 
 @pytest.mark.parametrize("layout", CUTE_LAYOUTS[:4], ids=[case[0] for case in CUTE_LAYOUTS[:4]])
@@ -280,8 +284,10 @@ def test_experts_match_fp32_math_without_padding(rows, sizes, fake_kernel, pad_c
     assert sqnr_db(got[2], want[2]) >= MODULE_FLOOR and sqnr_db(got[3], want[3]) >= MODULE_FLOOR
     assert pad_calls == []
     assert fake_kernel.forms() == Counter({"2d3d": 4, "2d2d": 2})
-    assert all(offsets == ends.tolist() for _, _, offsets in fake_kernel.calls)
-    # groups_aligned changes nothing on this path (nothing is padded either way)
+    padded_end = reference.padded_group_offsets(ends, grouped_mm.CUTE_WGRAD_ALIGNMENT)[1].tolist()
+    for form, _, offsets in fake_kernel.calls:  # the wgrads on the column operands' padded groups
+        assert offsets == (ends.tolist() if form == "2d3d" else padded_end), form
+    # groups_aligned changes nothing on this path (no pad pass either way)
     again = _run(module, x, grad, ends, groups_aligned=True)
     for a, b in zip(got, again, strict=True):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))

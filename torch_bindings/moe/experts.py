@@ -22,8 +22,9 @@ over a per-recipe set of operand functions (:class:`Fp8Rowwise`, :class:`Mxfp8`)
 The groups must start on the recipe's alignment (``GROUP_ALIGNMENT``): ``GroupedExperts`` pads
 unaligned groups once around these functions; dispatch output and ``pad_token_groups`` output are
 aligned already. With the project's own FP8 GEMM (``step.own_gemms == "all"``, ``gemm="cute"``:
-experimental, opt-in) the groups may be ragged: its wgrad takes them as they are, the
-column operands are quantized over the caller's groups, and nothing is padded.
+experimental, opt-in) the groups may be ragged: its GEMMs take them as they are, and only the
+column (wgrad) operands are written into padded groups, by the column quantizer itself
+(``grouped_mm.fp8_wgrad_cols``).
 ``step.own_gemms == "2d3d"`` (``gemm="cute_2d3d"``) runs that kernel for the 2d x 3d GEMMs only,
 with the default padding. x may also arrive quantized (:class:`QuantizedTokens`, from
 ``ep.dispatch``): its forward operand is used as it is and its column operand is made from the
@@ -124,10 +125,13 @@ class WeightCache:
 
 @dataclass(frozen=True)
 class Operand:
-    """A quantized GEMM operand: ``q`` and its scales ``s`` (layouts per recipe, see the functions)."""
+    """A quantized GEMM operand: ``q`` and its scales ``s`` (layouts per recipe, see the functions);
+    ``ends``: for a column (wgrad) operand written into padded groups, their end offsets, which the
+    wgrad GEMM takes (None: the call's groups)."""
 
     q: Tensor
     s: Tensor
+    ends: Tensor | None = None
 
 
 def _swiglu_torch(h13: Tensor) -> Tensor:
@@ -163,7 +167,10 @@ class Fp8Rowwise:
         return Operand(*quantize_fp8_2d(t, axis="row", group_end_offsets=ends, backend=self.step.backend))
 
     def cols(self, t: Tensor, ends: Tensor) -> Operand:
-        return Operand(*quantize_fp8_2d(t, axis="col", group_end_offsets=ends, backend=self.step.backend))
+        """t's column (wgrad) operand, in padded groups for the project's wgrad
+        (``grouped_mm.fp8_wgrad_cols``)."""
+        q, s, wgrad_ends = _mm.fp8_wgrad_cols(t, ends, self.step)
+        return Operand(q, s, None if wgrad_ends is ends else wgrad_ends)
 
     def tokens_rows(self, tokens: QuantizedTokens) -> Operand:
         return Operand(tokens.q, tokens.scales)
@@ -182,7 +189,10 @@ class Fp8Rowwise:
         return _mm._fp8_gemm(a.q, w[0], a.s, w[1], ends, self.step)
 
     def wgrad_mm(self, a: Operand, b: Operand, ends: Tensor) -> Tensor:
-        return _mm._fp8_gemm(a.q.t(), b.q, a.s, b.s, ends, self.step)
+        """``a`` (fresh) and ``b`` (saved) come from :meth:`cols` with the same groups, so ``b``'s
+        layout is ``a``'s (its padded ends are not saved)."""
+        wgrad_ends = ends if a.ends is None else a.ends
+        return _mm._fp8_gemm(a.q.t(), b.q, a.s, b.s, wgrad_ends, self.step)
 
     def swiglu(self, h13: Tensor, ends: Tensor, cols: bool) -> tuple[Operand, Operand | None]:
         """h's row operand from the fused ``swiglu_quantize_fp8`` (one pass over h13's rows up to the

@@ -22,10 +22,11 @@ and otherwise the emulation *with a one-time warning*; ``gemm="native"`` raises 
 
 ``gemm="cute"`` (fp8_rowwise on sm_90 only; experimental, opt-in: its wgrad is slower than
 torch's, so ``"auto"`` never picks it) runs the project's own grouped GEMM
-(``torch_bindings.grouped_gemm_sm90``) for all three GEMMs. Its wgrad takes ragged groups, so
-nothing is padded: the column (wgrad) operands are quantized over the caller's own groups
-(:func:`_cute_gemm` gives the layouts). ``gemm="cute_2d3d"`` (the same limits; experimental,
-opt-in) runs the project's GEMM for the forward and the dgrad only, the 2d x 3d GEMMs where it is
+(``torch_bindings.grouped_gemm_sm90``) for all three GEMMs. Its GEMMs take ragged groups, so
+nothing is padded but the column (wgrad) operands, which the column quantizer writes straight into
+groups padded to :data:`CUTE_WGRAD_ALIGNMENT` rows (:func:`fp8_wgrad_cols`): the wgrad then has no
+group bound inside a reduction box (:func:`_cute_gemm` gives the layouts). ``gemm="cute_2d3d"``
+(the same limits; experimental, opt-in) runs the project's GEMM for the forward and the dgrad only, the 2d x 3d GEMMs where it is
 faster than torch's (notes/grouped-gemm-sm90.md), and torch's wgrad on padded groups, as ``"auto"``
 would.
 """
@@ -42,6 +43,7 @@ from .. import backend as _backend
 from .. import checks, reference
 from ..checks import CUTE_GEMMS
 from ..pad import pad_token_groups, unpad_token_groups
+from ..pad_quantize_fp8 import pad_and_quantize_fp8_2d_cols
 from ..quantize_3d import quantize_mxfp8_3d
 from ..quantize_dual import quantize_mxfp8_2d_dual
 from ..quantize_fp8 import quantize_fp8_2d, quantize_fp8_3d
@@ -51,6 +53,10 @@ RECIPES = checks.GROUPED_MM_RECIPES
 # Token-group alignment each recipe's wgrad GEMM needs (its group starts must be 16-byte aligned
 # along the token dimension; MXFP8's 32-row scale blocks must not straddle groups).
 GROUP_ALIGNMENT = {"fp8_rowwise": 16, "mxfp8": 32, "bf16": 1}
+# The groups of the column operands the project's 2d x 2d GEMM (gemm="cute") takes: its reduction
+# boxes' 128 rows (GroupedGemmConfig.reduction_align), so that no box holds a group bound
+# (notes/grouped-gemm-sm90.md, "Column operands in 128-row padded groups").
+CUTE_WGRAD_ALIGNMENT = 128
 # GPU major versions where torch._scaled_grouped_mm runs the recipe.
 _NATIVE_MAJORS = {"fp8_rowwise": (9, 10), "mxfp8": (10,)}
 _warned: set[tuple[str, str]] = set()
@@ -290,8 +296,23 @@ def _fp8_gemm(a, b, scale_a, scale_b, ends, step: _Step) -> torch.Tensor:
     return wgrad_mm(a_dq, _dequant_group_cols_fp8(b, scale_b, ends), ends)
 
 
+def fp8_wgrad_cols(t: torch.Tensor, ends: torch.Tensor, step: _Step):
+    """``(q, s, wgrad_ends)``: the grouped FP8 column (wgrad) operand of t (M, C) over the groups
+    ``ends``, and the group ends the wgrad GEMM takes with it. For the project's 2d x 2d GEMM
+    (``step.own_gemms == "all"``) q is written into groups padded to :data:`CUTE_WGRAD_ALIGNMENT`
+    rows (``pad_and_quantize_fp8_2d_cols``; ``wgrad_ends`` the padded ends); else q has t's rows
+    and ``wgrad_ends`` is ``ends``."""
+    if step.own_gemms == "all":
+        q, s, _, padded_end = pad_and_quantize_fp8_2d_cols(
+            t, ends, alignment=CUTE_WGRAD_ALIGNMENT, backend=step.backend
+        )
+        return q, s, padded_end
+    q, s = quantize_fp8_2d(t, axis="col", group_end_offsets=ends, backend=step.backend)
+    return q, s, ends
+
+
 def _fp8_cols(t_aligned: torch.Tensor, groups: _Groups, step: _Step):
-    return quantize_fp8_2d(t_aligned, axis="col", group_end_offsets=groups.padded_end, backend=step.backend)
+    return fp8_wgrad_cols(t_aligned, groups.padded_end, step)
 
 
 def _fp8_forward(x, w, groups: _Groups, x_aligned, step: _Step, need_w: bool, tokens):
@@ -301,12 +322,12 @@ def _fp8_forward(x, w, groups: _Groups, x_aligned, step: _Step, need_w: bool, to
     q_w, s_w = quantize_fp8_3d(w, axis="K", backend=step.backend)
     if tokens is not None:
         q, s = tokens.q, tokens.scales
-        cols = _fp8_cols(tokens.dequantized(backend=step.backend), groups, step) if need_w else (None, None)
+        cols = _fp8_cols(tokens.dequantized(backend=step.backend), groups, step) if need_w else (None,) * 3
     else:
         q, s = quantize_fp8_2d(x, axis="row", group_end_offsets=groups.ends, backend=step.backend)
-        cols = _fp8_cols(x_aligned, groups, step) if need_w else (None, None)
+        cols = _fp8_cols(x_aligned, groups, step) if need_w else (None,) * 3
     y = _fp8_gemm(q, q_w.transpose(-2, -1), s, s_w, groups.ends, step)
-    return y, cols
+    return y, cols[:2]
 
 
 def _fp8_backward(grad_y, w, groups: _Groups, saved, step: _Step, need_x: bool, need_w: bool):
@@ -321,8 +342,9 @@ def _fp8_backward(grad_y, w, groups: _Groups, saved, step: _Step, need_x: bool, 
         q_w, s_w = quantize_fp8_3d(w, axis="N", backend=step.backend)
         grad_x = _fp8_gemm(q, q_w, s, s_w, groups.ends, step)
     if need_w:
-        q_col, s_col = _fp8_cols(_aligned(grad_y, groups, step), groups, step)
-        grad_w = _fp8_gemm(q_col.t(), q_col_x, s_col, s_col_x, groups.padded_end, step)
+        # x's column operand (saved) has the layout of grad_y's, made by the same function
+        q_col, s_col, wgrad_ends = _fp8_cols(_aligned(grad_y, groups, step), groups, step)
+        grad_w = _fp8_gemm(q_col.t(), q_col_x, s_col, s_col_x, wgrad_ends, step)
     return grad_x, grad_w
 
 
