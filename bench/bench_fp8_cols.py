@@ -22,9 +22,14 @@ us; beside it ``singles_us``: ``quantize_fp8_3d(axis="K")`` then ``(axis="N")`` 
 times), ``speedup`` = singles_us / us, and ``same_bytes``: the dual's four outputs against the two
 single calls'. Its shapes add the expert block's two weights at ``bench_moe``'s module shapes.
 
+The padded column operand (``pad_and_quantize_fp8_2d_cols``, part ``padded``, the 2-D shapes at
+G in (8, 64), alignments 16 and 128): bytes moved = 2 reads of x + q (its padded rows) + scales;
+beside it ``unpadded_us``, the same groups' ``quantize_fp8_2d(axis="col")`` (q of M rows), and
+``slowdown`` = us / unpadded_us.
+
 Run (GPU machine, project root on PYTHONPATH; exits 2 without a GPU)::
 
-    python -m bench.bench_fp8_cols [--quick] [--rows M ...] [--parts cols,3d,dual,3d_dual] [--out DIR]
+    python -m bench.bench_fp8_cols [--quick] [--rows M ...] [--parts cols,3d,dual,3d_dual,padded] [--out DIR]
     python -m bench.bench_fp8_cols --once   # the 3-D dual and its N single call, untimed (ncu)
 """
 
@@ -105,6 +110,25 @@ def bench_2d(rows: int, cols: int, groups: int, torchao_fn) -> dict:
         ao_us = time_cuda(lambda x: torchao_fn(x, ends, round_scales_to_power_of_2=True), sets)
         row.update({"torchao_us": ao_us, "speedup": ao_us / us, "same_bytes": _same((q, s), ao)})
     return row
+
+
+def bench_padded(rows: int, cols: int, groups: int, alignment: int) -> dict:
+    """``pad_and_quantize_fp8_2d_cols`` beside the unpadded column op on the same groups."""
+    device, ends, _, sets = _inputs_2d(rows, cols, groups, 3 * rows * cols)
+
+    def run(x):
+        return torch_bindings.pad_and_quantize_fp8_2d_cols(x, ends, alignment=alignment)
+
+    x0 = sets[0][0]
+    q, s, _, _ = run(x0)
+    moved = 2 * x0.numel() * x0.element_size() + q.numel() + s.numel() * 4
+    us = time_cuda(run, sets)
+    copy_us = copy_baseline_best(moved, device)[0].us
+    unpadded_us = time_cuda(
+        lambda x: torch_bindings.quantize_fp8_2d(x, axis="col", group_end_offsets=ends), sets
+    )
+    return {"shape": f"{rows}x{cols}", "G": groups, "A": alignment, "us": us, "GB/s": gbps(moved, us),
+            "ratio": copy_us / us, "unpadded_us": unpadded_us, "slowdown": us / unpadded_us}  # fmt: skip
 
 
 def bench_dual(rows: int, cols: int, groups: int, anchors: tuple) -> dict:
@@ -221,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: 0, or 2 without a GPU."""
     parser = make_parser(__doc__.splitlines()[0])  # --quick: K = 7168, M = 16384, 131072
     parser.add_argument("--rows", type=int, nargs="+", help="these M only (default: all, or --quick's)")
-    add_parts_arg(parser, ("cols", "3d", "dual", "3d_dual"))
+    add_parts_arg(parser, ("cols", "3d", "dual", "3d_dual", "padded"))
     parser.add_argument("--once", action="store_true", help="the 3-D dual at 16 x 8192 x 5120, untimed (ncu)")
     args = parser.parse_args(argv)
     if cuda_or_none("bench_fp8_cols") is None:
@@ -256,11 +280,19 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"3d dual {shape}")
         duals_3d.append(bench_3d_dual(shape))
         torch.cuda.empty_cache()
+    padded = []
+    for rows in rows_list if "padded" in parts else ():
+        for cols in cols_list:
+            for groups, alignment in ((8, 16), (8, 128), (64, 16), (64, 128)):
+                progress(f"padded {rows}x{cols} G={groups} A={alignment}")
+                padded.append(bench_padded(rows, cols, groups, alignment))
+                torch.cuda.empty_cache()
     print(f"device: {torch.cuda.get_device_name()}")
     for title, stem, rows_ in (
         ("FP8 column scales, two passes (bf16, power-of-2 scales)", "fp8_cols", results),
         ("FP8 dual (row and column scales), two passes (bf16, power-of-2 scales)", "fp8_dual", duals),
         ("FP8 3-D dual (K and N scales of w), two passes (bf16, power-of-2 scales)", "fp8_dual_3d", duals_3d),
+        ("FP8 column scales into padded groups (bf16, power-of-2 scales)", "fp8_cols_padded", padded),
     ):
         if not rows_:
             continue

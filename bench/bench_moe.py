@@ -7,8 +7,9 @@ wgrad), ``ours`` (``scaled_grouped_mm(recipe="fp8_rowwise", gemm="native")``) an
 sets ``.grad = None`` first (fresh gradients, no accumulation). Group sizes are skewed and
 multiples of 16 (torchao needs that; ours does not know it and pads as always). On an sm_90 GPU a
 ``cute`` column runs ``gemm="cute"`` (the project's own FP8 grouped GEMM, experimental, opt-in:
-no pad pass, the column operands come padded from their quantizer) in the op and module tables, and a ``cute_2d3d`` column ``gemm="cute_2d3d"``
-(the project's GEMM for the forward and the dgrad, torch's for the wgrad).
+no pad pass, the column operands come padded from their quantizer) in the op and module
+tables, and a ``cute_2d3d`` column ``gemm="cute_2d3d"`` (the project's GEMM for the forward and
+the dgrad, torch's for the wgrad).
 
 Also: the kernel time per step by kernel (``torch.profiler``), split into GEMMs and the rest
 (quantization, padding, layout, glue), and the rest against the copy-bandwidth floor of the bytes

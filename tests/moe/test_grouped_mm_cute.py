@@ -1,16 +1,15 @@
 """``gemm="cute"``: the project's own sm_90a FP8 grouped GEMM under ``scaled_grouped_mm``,
 ``GroupedExperts`` and ``MoELayer`` (fp8_rowwise only; experimental, opt-in, never picked by
-``"auto"``).
-
-CPU tests replace the kernel launch (``torch_bindings.grouped_gemm_sm90._launch_kernel``) with
-:class:`FakeKernel`, which checks every operand as the compiled kernel and its ``can_implement``
-require (dtypes, compact row-major layouts, 16-byte alignment, shared sizes, the 2d2d reduction a
-multiple of 16) and writes the fp32 reference (``grouped_gemm_fp8_rowwise_reference``) on the same
-operands; the launcher's own size checks and empty-problem paths run for real. They test the
-wiring: numerics against fp32 math, no pad pass on any group layout (the column operands come
-padded from their quantizer), the gradients asked for, no wgrad operands without grad. GPU tests (marked; not run where no sm_90 GPU is) compare the kernel
-with ``gemm="native"`` on the same inputs, bit-determinism, no host sync, CUDA graphs and
-``torch.compile``.
+``"auto"``). CPU tests replace the kernel launch
+(``torch_bindings.grouped_gemm_sm90._launch_kernel``) with :class:`FakeKernel`, which checks every
+operand as the compiled kernel and its ``can_implement`` require (dtypes, compact row-major
+layouts, 16-byte alignment, shared sizes, the 2d2d reduction a multiple of 16) and writes the fp32
+reference (``grouped_gemm_fp8_rowwise_reference``) on the same operands; the launcher's own size
+checks and empty-problem paths run for real. They test the wiring: numerics against fp32 math, no
+pad pass on any group layout (the column operands come padded from their quantizer), the gradients
+asked for, no wgrad operands without grad. GPU tests (marked; not run where no sm_90 GPU is)
+compare the kernel with ``gemm="native"`` on the same inputs, bit-determinism, no host sync, CUDA
+graphs and ``torch.compile``.
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ torch's, so ``"auto"`` never picks it) runs the project's own grouped GEMM
 nothing is padded but the column (wgrad) operands, which the column quantizer writes straight into
 groups padded to :data:`CUTE_WGRAD_ALIGNMENT` rows (:func:`fp8_wgrad_cols`): the wgrad then has no
 group bound inside a reduction box (:func:`_cute_gemm` gives the layouts). ``gemm="cute_2d3d"``
-(the same limits; experimental, opt-in) runs the project's GEMM for the forward and the dgrad only, the 2d x 3d GEMMs where it is
-faster than torch's (notes/grouped-gemm-sm90.md), and torch's wgrad on padded groups, as ``"auto"``
-would.
+(the same limits; experimental, opt-in) runs the project's GEMM for the forward and the dgrad
+only, the 2d x 3d GEMMs where it is faster than torch's (notes/grouped-gemm-sm90.md), and torch's
+wgrad on padded groups, as ``"auto"`` would.
 """
 
 from __future__ import annotations
