@@ -336,22 +336,33 @@ def test_cpu_no_grad_makes_no_wgrad_operand(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "gemm,own,aligned,forward,wgrad",
+    "gemm,own,cols_alignment,forward,wgrad",
     [
-        ("native", "", False, False, False),
-        ("cute", "all", True, True, True),
-        ("cute_2d3d", "2d3d", False, True, False),
+        ("native", "", 16, False, False),
+        ("cute", "all", 128, True, True),
+        ("cute_2d3d", "2d3d", 16, True, False),
     ],
 )
-def test_step_names_the_gemms_that_are_ours(monkeypatch, gemm, own, aligned, forward, wgrad):
+def test_step_names_the_gemms_that_are_ours(monkeypatch, gemm, own, cols_alignment, forward, wgrad):
     """``make_step``: which GEMMs run the project's kernel (forward and dgrad: a 3-D right operand;
-    wgrad: 2-D), and that only ``gemm="cute"`` takes ragged groups (no padding)."""
+    wgrad: 2-D); fp8_rowwise never pads (its 2d x 3d GEMMs take any groups), only its column
+    operands come in padded groups (torch's wgrad: 16 rows, none for groups the caller aligned;
+    ``gemm="cute"``: 128 rows whatever the caller says); mxfp8 pads unaligned groups."""
     monkeypatch.setattr(grouped_mm, "gemm_path", lambda recipe, device, choice: gemm)
     monkeypatch.setattr(grouped_mm, "gemm_path_quiet", lambda recipe, device: "native")
     ends = torch.tensor([4, 8], dtype=torch.int32)
     step = grouped_mm.make_step("fp8_rowwise", gemm, ends, False, "auto", op="test")
-    assert (step.own_gemms, step.aligned, step.emulated) == (own, aligned, False)
+    assert (step.own_gemms, step.aligned, step.emulated, step.cols_alignment) == (
+        own,
+        True,
+        False,
+        cols_alignment,
+    )
     assert (step.runs_own_gemm(3), step.runs_own_gemm(2)) == (forward, wgrad)
+    aligned = grouped_mm.make_step("fp8_rowwise", gemm, ends, True, "auto", op="test")
+    assert aligned.cols_alignment == (128 if gemm == "cute" else 0)
+    if gemm == "native":
+        assert not grouped_mm.make_step("mxfp8", gemm, ends, False, "auto", op="test").aligned
 
 
 def test_step_2d3d_keeps_the_wgrads_torch_path(monkeypatch):

@@ -19,16 +19,15 @@ over a per-recipe set of operand functions (:class:`Fp8Rowwise`, :class:`Mxfp8`)
 - x and the weights may be bf16 or fp32 (the quantizers read either); gradients come back in each
   input's dtype.
 
-The groups must start on the recipe's alignment (``GROUP_ALIGNMENT``): ``GroupedExperts`` pads
-unaligned groups once around these functions; dispatch output and ``pad_token_groups`` output are
-aligned already. With the project's own FP8 GEMM (``step.own_gemms == "all"``, ``gemm="cute"``:
-experimental, opt-in) the groups may be ragged: its GEMMs take them as they are, and only the
-column (wgrad) operands are written into padded groups, by the column quantizer itself
-(``grouped_mm.fp8_wgrad_cols``).
-``step.own_gemms == "2d3d"`` (``gemm="cute_2d3d"``) runs that kernel for the 2d x 3d GEMMs only,
-with the default padding. x may also arrive quantized (:class:`QuantizedTokens`, from
-``ep.dispatch``): its forward operand is used as it is and its column operand is made from the
-dequantized rows.
+FP8 rowwise takes groups of any sizes and pads nothing: its 2d x 3d GEMMs take them as they are,
+and the column (wgrad) operands are written into padded groups by the column quantizer itself where
+the wgrad GEMM needs it (``grouped_mm.fp8_wgrad_cols``: 16 rows for torch's wgrad unless the
+caller's groups are aligned, 128 rows for the project's own, ``gemm="cute"``, experimental,
+opt-in; ``gemm="cute_2d3d"`` runs that kernel for the 2d x 3d GEMMs only). MXFP8's groups must
+start on its alignment (``GROUP_ALIGNMENT``): :func:`experts_forward` pads unaligned groups once
+around the block; dispatch output and ``pad_token_groups`` output are aligned already. x may also
+arrive quantized (:class:`QuantizedTokens`, from ``ep.dispatch``): its forward operand is used as
+it is and its column operand is made from the dequantized rows.
 """
 
 from __future__ import annotations
@@ -514,8 +513,8 @@ def experts_forward(
     """The expert block (module docstring) without checks: x (M, D) bf16/fp32 or
     :class:`QuantizedTokens`; w13 (E, 2H, D), w2 (E, D, H) bf16/fp32; ``ends`` (E,) int32; ``step``
     the recipe, GEMM path and backend, ``step.aligned`` whether the groups need no padding (they
-    start on the recipe's alignment, as ``QuantizedTokens`` always do, or ``gemm="cute"``). Returns
-    (M, D) in :func:`output_dtype`."""
+    start on the recipe's alignment, as ``QuantizedTokens`` always do, or the recipe is
+    fp8_rowwise, which never pads). Returns (M, D) in :func:`output_dtype`."""
     tokens = x if isinstance(x, QuantizedTokens) else None
     device = ends.device
     grad_enabled = torch.is_grad_enabled()

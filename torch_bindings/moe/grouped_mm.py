@@ -8,11 +8,12 @@ quantize with this package's kernels and run three grouped GEMMs:
 - dgrad ``grad_x = grad_y @ w`` (2d x 3d);
 - wgrad ``grad_w[g] = grad_y[g].T @ x[g]`` (2d x 2d, token groups along the contraction).
 
-torch's FP8 wgrad GEMM needs every token group to start on a 16-row boundary (32 for MXFP8): the op
-pads x and grad_y with :func:`pad_token_groups` and quantizes the padded copies for it, so any group
-sizes work and nothing syncs. FP8 rowwise quantizes the rows of x and grad_y unpadded (its 2d x 3d
-GEMM takes any group sizes); MXFP8 runs every GEMM on the padded copies and unpads the outputs
-(notes/grouped-gemm-op.md).
+torch's FP8 wgrad GEMM needs every token group to start on a 16-row boundary (32 for MXFP8), so any
+group sizes work and nothing syncs: FP8 rowwise quantizes the rows of x and grad_y unpadded (its 2d
+x 3d GEMM takes any group sizes) and writes their column (wgrad) operands straight into 16-row
+padded groups (:func:`fp8_wgrad_cols`: ``pad_and_quantize_fp8_2d_cols``; no pad pass); MXFP8 pads
+x and grad_y with :func:`pad_token_groups`, runs every GEMM on the padded copies and unpads the
+outputs (notes/grouped-gemm-op.md).
 
 GEMM paths: ``"native"`` runs ``torch._scaled_grouped_mm`` (FP8 rowwise on sm_90 / sm_100, MXFP8 on
 sm_100); ``"emulated"`` dequantizes the exact quantized operands to bf16 and runs
@@ -143,6 +144,9 @@ class _Step:
     aligned: bool
     backend: str = "auto"
     own_gemms: Literal["", "all", "2d3d"] = ""
+    #: fp8_rowwise: the group alignment the column (wgrad) operands are written in by their quantizer
+    #: (:func:`fp8_wgrad_cols`; 0: the caller's groups as they are).
+    cols_alignment: int = 0
 
     @property
     def alignment(self) -> int:
@@ -156,10 +160,12 @@ class _Step:
 
 def make_step(recipe: str, gemm: str, ends: torch.Tensor, aligned: bool, backend: str, *, op: str) -> _Step:
     """The :class:`_Step` of a call with these options (:func:`gemm_path` on ``ends``' device;
-    ``aligned``: the caller's groups start on the recipe's alignment). ``gemm="cute"`` takes ragged
-    groups (nothing is padded); ``"cute_2d3d"`` pads as ``"auto"`` does, for torch's wgrad (native,
-    or the emulation where it is missing, then without the warning). Both take at most
-    ``MAX_GROUPS`` experts (``ValueError`` naming ``group_end_offsets`` otherwise)."""
+    ``aligned``: the caller's groups start on the recipe's alignment). fp8_rowwise pads nothing:
+    its column (wgrad) operands come in padded groups from their quantizer (``cols_alignment``:
+    128 rows for ``gemm="cute"``, else 16 unless the caller's groups are aligned); mxfp8 pads
+    unaligned groups. ``"cute_2d3d"`` keeps torch's wgrad (native, or the emulation where it is
+    missing, then without the warning). Both cute paths take at most ``MAX_GROUPS`` experts
+    (``ValueError`` naming ``group_end_offsets`` otherwise)."""
     path = gemm_path(recipe, ends.device, gemm)
     if path in CUTE_GEMMS:
         from cute_kernels.grouped_gemm_sm90 import MAX_GROUPS
@@ -171,6 +177,9 @@ def make_step(recipe: str, gemm: str, ends: torch.Tensor, aligned: bool, backend
             )
     torch_path = gemm_path_quiet(recipe, ends.device) if path == "cute_2d3d" else path  # the wgrad's
     own_gemms = {"cute": "all", "cute_2d3d": "2d3d"}.get(path, "")
+    if recipe == "fp8_rowwise":  # no pad pass: only the wgrad operands are padded, by their quantizer
+        cols_alignment = CUTE_WGRAD_ALIGNMENT if path == "cute" else 0 if aligned else GROUP_ALIGNMENT[recipe]
+        return _Step(recipe, torch_path == "emulated", True, backend, own_gemms, cols_alignment)
     return _Step(recipe, torch_path == "emulated", aligned or path == "cute", backend, own_gemms)
 
 
@@ -298,13 +307,14 @@ def _fp8_gemm(a, b, scale_a, scale_b, ends, step: _Step) -> torch.Tensor:
 
 def fp8_wgrad_cols(t: torch.Tensor, ends: torch.Tensor, step: _Step):
     """``(q, s, wgrad_ends)``: the grouped FP8 column (wgrad) operand of t (M, C) over the groups
-    ``ends``, and the group ends the wgrad GEMM takes with it. For the project's 2d x 2d GEMM
-    (``step.own_gemms == "all"``) q is written into groups padded to :data:`CUTE_WGRAD_ALIGNMENT`
-    rows (``pad_and_quantize_fp8_2d_cols``; ``wgrad_ends`` the padded ends); else q has t's rows
-    and ``wgrad_ends`` is ``ends``."""
-    if step.own_gemms == "all":
+    ``ends``, and the group ends the wgrad GEMM takes with it. With ``step.cols_alignment`` A
+    (torch's wgrad on groups that may not start on 16 rows: 16; the project's 2d x 2d GEMM:
+    :data:`CUTE_WGRAD_ALIGNMENT`) q is written into groups padded to A rows
+    (``pad_and_quantize_fp8_2d_cols``; ``wgrad_ends`` the padded ends); else q has t's rows and
+    ``wgrad_ends`` is ``ends``."""
+    if step.cols_alignment:
         q, s, _, padded_end = pad_and_quantize_fp8_2d_cols(
-            t, ends, alignment=CUTE_WGRAD_ALIGNMENT, backend=step.backend
+            t, ends, alignment=step.cols_alignment, backend=step.backend
         )
         return q, s, padded_end
     q, s = quantize_fp8_2d(t, axis="col", group_end_offsets=ends, backend=step.backend)

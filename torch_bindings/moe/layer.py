@@ -7,12 +7,13 @@ offsets (E,), to ``out[rows of e] = (silu(x w13[e, :H].T) * (x w13[e, H:].T)) w2
 itself is :func:`torch_bindings.moe.experts.experts_forward` (one GEMM for gate and up, x quantized
 once, SwiGLU fused with the quantization around it, a weight cache, only the gradients asked for).
 
-Unaligned groups are padded once to the recipe's alignment around the block and unpadded once;
-groups that start on the alignment already (``groups_aligned=True``: the output of
-``pad_token_groups`` or of a dispatch) skip both passes, and quantized tokens from an FP8 dispatch
-(``DispatchResult.tokens``) skip x's quantization too. With ``gemm="cute"`` (fp8_rowwise on sm_90;
-experimental, opt-in) the GEMMs take ragged groups and nothing is padded; ``gemm="cute_2d3d"`` runs
-the project's GEMM for the 2d x 3d GEMMs only and pads as the default does.
+fp8_rowwise takes groups of any sizes with no pad pass: only its column (wgrad) operands are
+written into padded groups, by their quantizer (16 rows for torch's wgrad, none for groups that
+start on 16 already: ``groups_aligned=True``, the output of ``pad_token_groups`` or of a dispatch;
+128 rows for ``gemm="cute"``, fp8_rowwise on sm_90, experimental, opt-in; ``gemm="cute_2d3d"`` runs
+the project's GEMM for the 2d x 3d GEMMs only). mxfp8 pads unaligned groups once to its alignment
+around the block and unpads once; aligned groups skip both. Quantized tokens from an FP8 dispatch
+(``DispatchResult.tokens``) skip x's quantization too.
 """
 
 from __future__ import annotations
@@ -133,8 +134,9 @@ class GroupedExperts(torch.nn.Module):
         dispatch's ``tokens``); ``group_end_offsets`` (E,) int32 on x's device. ``groups_aligned``:
         every group starts on a multiple of the recipe's alignment (16 rows for fp8_rowwise, 32 for
         mxfp8; every end offset a multiple of it: the padded offsets of ``pad_token_groups`` or a
-        dispatch), so nothing is padded (a false claim gives wrong gradients; it cannot be checked
-        without a sync, with ``gemm="cute_2d3d"`` too); ``gemm="cute"`` pads nothing whatever it
+        dispatch), so nothing is padded (fp8_rowwise: its column operands are quantized unpadded;
+        a false claim gives wrong gradients; it cannot be checked without a sync, with
+        ``gemm="cute_2d3d"`` too); ``gemm="cute"`` pads its column operands to 128 rows whatever it
         says. Returns (M, D) in the
         autocast dtype under ``torch.autocast``, else x's dtype (bf16 for quantized tokens); rows
         past the last group's end belong to no expert and are unspecified."""
