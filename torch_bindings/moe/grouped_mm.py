@@ -56,7 +56,7 @@ RECIPES = checks.GROUPED_MM_RECIPES
 GROUP_ALIGNMENT = {"fp8_rowwise": 16, "mxfp8": 32, "bf16": 1}
 # The groups of the column operands the project's 2d x 2d GEMM (gemm="cute") takes: its reduction
 # boxes' 128 rows (GroupedGemmConfig.reduction_align), so that no box holds a group bound
-# (notes/grouped-gemm-sm90.md, "Column operands in 128-row padded groups").
+# (notes/padded-wgrad-operands.md).
 CUTE_WGRAD_ALIGNMENT = 128
 # GPU major versions where torch._scaled_grouped_mm runs the recipe.
 _NATIVE_MAJORS = {"fp8_rowwise": (9, 10), "mxfp8": (10,)}
