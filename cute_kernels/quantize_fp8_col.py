@@ -233,6 +233,15 @@ def _block_rows(x: cute.Tensor, at: Columns, row0: Int32) -> cute.Tensor:
     return cute.make_tensor(first.iterator, cute.make_layout((BLOCK, PAIR), stride=(x.layout.stride[1], 1)))
 
 
+@cute.jit
+def load_whole_block(x: cute.Tensor, at: Columns, row0: Int32, raw: cute.Tensor):
+    """Rows ``row0 .. row0 + 31`` of the thread's column pair into ``raw`` (32, 2) with no masks
+    (the caller knows them in range): one vector load per row (:func:`_block_rows`)."""
+    rows = _block_rows(x, at, row0)
+    for i in cutlass.range_constexpr(BLOCK):
+        cute.autovec_copy(rows[i, None], raw[i, None])
+
+
 class _ColumnPass:
     """What both passes share: loads and the group walk (module docstring).
 
@@ -250,9 +259,7 @@ class _ColumnPass:
         if cutlass.const_expr(self.variant.vector_loads):
             if cutlass.const_expr(self._unmasked_loads()):
                 if row0 + BLOCK <= last and at.pair * PAIR < at.cols:
-                    rows = _block_rows(x, at, row0)
-                    for i in cutlass.range_constexpr(BLOCK):
-                        cute.autovec_copy(rows[i, None], raw[i, None])
+                    load_whole_block(x, at, row0, raw)
                 else:
                     self._load_pairs_masked(x, at, row0, last, raw)
             else:
@@ -811,6 +818,7 @@ __all__ = [
     "DTYPES",
     "LAYOUTS",
     "PADDED",
+    "load_whole_block",
     "Columns",
     "Fp8ColAmaxConfig",
     "Fp8ColAmaxKernel",

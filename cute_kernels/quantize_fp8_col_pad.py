@@ -54,11 +54,11 @@ from .quantize_fp8_col import (
     Fp8ColCastKernel,
     Fp8ColVariant,
     _as_experts,
-    _block_rows,
     _fake,
     _fake_x,
     _flat,
     _to_e4m3,
+    load_whole_block,
 )
 
 HALF = BLOCK // 2  # rows of a half block: the smallest alignment, so a half is in one padded group
@@ -208,9 +208,7 @@ class Fp8ColPadCastKernel(Fp8ColCastKernel):
         whole = lo[2] == HALF and hi[2] == HALF and hi[1] == lo[1] + HALF
         if cutlass.const_expr(self.variant.vector_loads and self._unmasked_loads()):
             if whole and at.pair * PAIR < at.cols:
-                rows = _block_rows(x, at, lo[1])
-                for i in cutlass.range_constexpr(BLOCK):
-                    cute.autovec_copy(rows[i, None], raw[i, None])
+                load_whole_block(x, at, lo[1], raw)
             else:
                 self._load_halves_masked(x, at, lo, hi, raw)
         else:
