@@ -41,6 +41,7 @@ from cute_utils.groups import (
 )
 from cute_utils.smem import storage_struct
 
+from .base import LoadsInFlight
 from .quantize_fp8_col import (
     BLOCK,
     DTYPES,
@@ -54,6 +55,7 @@ from .quantize_fp8_col import (
     Fp8ColCastKernel,
     Fp8ColVariant,
     _as_experts,
+    _column_loads,
     _fake,
     _fake_x,
     _flat,
@@ -97,6 +99,12 @@ class Fp8ColPadCastKernel(Fp8ColCastKernel):
     @classmethod
     def target_name(cls, variant: Fp8ColVariant) -> str:
         return f"{cls.name}_{variant.suffix()}"
+
+    @classmethod
+    def loads_in_flight(cls, variant: Fp8ColVariant, config, cols: int) -> LoadsInFlight:
+        """``load_blocks`` 32-row blocks of its column pair per thread, all loads before any use (as
+        the unpadded cast)."""
+        return _column_loads(variant, config.load_blocks)
 
     @classmethod
     def shared_bytes(cls, variant: Fp8ColVariant, config) -> int:
@@ -172,32 +180,42 @@ class Fp8ColPadCastKernel(Fp8ColCastKernel):
     @cute.jit
     def _padded_row_tile(self, x, qt, src: CastSource, at: Columns, first_row: Int32, halves):
         """Padded rows ``first_row .. first_row + 127`` (those below P) of the thread's columns into
-        q^T, block by block; a group's ``q_scale`` is computed again only when a half's group
-        differs from the last one met."""
+        q^T, ``load_blocks`` blocks of loads in flight at a time, then block by block; a group's
+        ``q_scale`` is computed again only when a half's group differs from the last one met."""
+        loads = self.config.load_blocks
         padded_rows = qt.shape[2]
         dst = Columns(at.e, at.pair, padded_rows, at.cols)
-        raw = cute.make_rmem_tensor(cute.make_layout((BLOCK, PAIR), stride=(PAIR, 1)), x.element_type)
+        raw = cute.make_rmem_tensor(
+            cute.make_layout((BLOCK, PAIR, loads), stride=(PAIR, 1, BLOCK * PAIR)), x.element_type
+        )
         q_words = cute.make_rmem_tensor(cute.make_layout((PAIR, 8), stride=(8, 1)), Uint32)
         q_lo = cute.make_rmem_tensor(cute.make_layout(PAIR), Float32)
         q_hi = cute.make_rmem_tensor(cute.make_layout(PAIR), Float32)
         g_lo, g_hi = Int32(-1), Int32(-1)
-        for b in cutlass.range(TILE_M // BLOCK, unroll=1):
-            row0 = first_row + b * BLOCK
-            if row0 < padded_rows:
-                lo, hi = halves[2 * b, None], halves[2 * b + 1, None]
-                self._load_halves(x, at, lo, hi, raw)
-                if lo[0] != g_lo:
-                    g_lo = lo[0]
-                    self._q_scale(src, at, g_lo, q_lo)
-                if hi[0] != g_hi:
-                    g_hi = hi[0]
-                    if g_hi == g_lo:
-                        q_hi.store(q_lo.load())
-                    else:
-                        self._q_scale(src, at, g_hi, q_hi)
-                for j in cutlass.range_constexpr(PAIR):
-                    _scale_halves(raw, j, q_lo[j], q_hi[j], q_words)
-                self._store_block(q_words, qt, dst, row0)
+        for b0 in cutlass.range(0, TILE_M // BLOCK, loads, unroll=1):
+            for lb in cutlass.range_constexpr(loads):
+                b = b0 + lb
+                if first_row + b * BLOCK < padded_rows:
+                    self._load_halves(
+                        x, at, halves[2 * b, None], halves[2 * b + 1, None], raw[None, None, lb]
+                    )
+            for lb in cutlass.range_constexpr(loads):
+                b = b0 + lb
+                row0 = first_row + b * BLOCK
+                if row0 < padded_rows:
+                    lo, hi = halves[2 * b, None], halves[2 * b + 1, None]
+                    if lo[0] != g_lo:
+                        g_lo = lo[0]
+                        self._q_scale(src, at, g_lo, q_lo)
+                    if hi[0] != g_hi:
+                        g_hi = hi[0]
+                        if g_hi == g_lo:
+                            q_hi.store(q_lo.load())
+                        else:
+                            self._q_scale(src, at, g_hi, q_hi)
+                    for j in cutlass.range_constexpr(PAIR):
+                        _scale_halves(raw[None, None, lb], j, q_lo[j], q_hi[j], q_words)
+                    self._store_block(q_words, qt, dst, row0)
 
     @cute.jit
     def _load_halves(self, x, at: Columns, lo: cute.Tensor, hi: cute.Tensor, raw: cute.Tensor):

@@ -93,9 +93,10 @@ class ColKey(NamedTuple):
         """The pass's config for the key's shape class (``cute_kernels.configs.pick_for_shape``)."""
         from cute_kernels import configs
 
-        layout = "groups" if variant.layout == PADDED else variant.layout  # the same work per element
+        # the cast into padded groups does the grouped cast's work per element: its tuned entries
+        kernel, layout = (_COL_CAST, "groups") if variant.layout == PADDED else (self.kernel, variant.layout)
         shape_class = col_shape_class(variant.dtype, layout, self.k_class, self.group_bucket, variant.dual)
-        return configs.pick_for_shape(self.kernel, variant, target.arch, target.name, shape_class)
+        return configs.pick_for_shape(kernel, variant, target.arch, target.name, shape_class)
 
 
 class ColPassesKey(NamedTuple):

@@ -203,14 +203,10 @@ def quantize_fp8_col_cast_for_shape(variant, shape_class: str, tuned: dict | Non
 
 
 # The cast into padded token groups does the unpadded grouped cast's work per element (plus a
-# group scan per CTA): the same configs, tuned entries included (its shape class names the
-# ``groups`` layout).
+# group scan per CTA): the same config; per shape the bindings take the grouped cast's
+# (``torch_bindings.quantize_fp8.ColKey.config``: its function and tuned entries).
 def quantize_fp8_col_pad_cast(variant):
     return quantize_fp8_col_cast(variant)
-
-
-def quantize_fp8_col_pad_cast_for_shape(variant, shape_class: str, tuned: dict | None):
-    return quantize_fp8_col_cast_for_shape(variant, shape_class, tuned)
 
 
 # --- SwiGLU + FP8 rowwise (notes/swiglu-fp8-kernel.md) ---
