@@ -27,6 +27,7 @@ KERNEL_OPS = (
     "pad_token_groups",
     "unpad_token_groups",
     "pad_and_quantize_mxfp8_2d",
+    "pad_and_quantize_fp8_2d_cols",
     "ep.dispatch",
     "ep.combine",
 )

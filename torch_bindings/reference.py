@@ -62,6 +62,7 @@ __all__ = [
     "fp8_quant_scale",
     "grouped_gemm_fp8_rowwise_reference",
     "inverse_scale",
+    "pad_and_quantize_fp8_2d_cols",
     "pad_and_quantize_mxfp8_2d",
     "pad_token_groups",
     "padded_group_offsets",

@@ -468,22 +468,13 @@ def test_launcher_names_the_size_it_cannot_take(form, a, b, scales, match, fake_
     assert fake_kernel.calls == []
 
 
-def test_reduction_rows_pad_to_16_only_when_needed():
-    t = torch.randint(1, 100, (3, 20), dtype=torch.uint8).view(E4M3)
-    padded = grouped_mm._reduction_rows_16(t)
-    assert padded.shape == (3, 32) and padded.is_contiguous()
-    assert torch.equal(padded[:, :20].view(torch.uint8), t.view(torch.uint8))
-    assert not padded[:, 20:].view(torch.uint8).any()
-    aligned = torch.zeros(3, 32, dtype=E4M3)
-    assert grouped_mm._reduction_rows_16(aligned) is aligned
-
-
 # ----------------------------------------------------------------------------------------------
 # GPU (sm_90): the kernel itself against torch's GEMM
 # ----------------------------------------------------------------------------------------------
 
-# cute and native run the same quantized operands (the wgrad columns over the same token groups);
-# they differ only in accumulation order and where rounding happens.
+# cute and native run the same quantized values (the wgrad columns over the same token groups, laid
+# out in 128- or 16-row padded groups); they differ only in accumulation order and where rounding
+# happens.
 NATIVE_FLOOR = 35.0
 GPU_DIMS = [(256, 64), (64, 256), (128, 128)]
 

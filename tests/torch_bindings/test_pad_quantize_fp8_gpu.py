@@ -3,9 +3,9 @@ groups, bit-exact to the reference (quantize_fp8_2d(pad_token_groups(x)[0], axis
 group_end_offsets=padded_end)): q bytes and strides, fp32 scale bits and the padded offsets, on
 random data and special values (a NaN column's padding rows are 0x7F), every alignment, both
 roundings, bf16 and fp32, element loads (K odd, unaligned x), empty groups and rows past the last
-group, on poisoned memory, no sync, no recompile when M, K or the offsets change, fullgraph
-torch.compile. The group patterns are fuzzed in tests/torch_bindings/test_fuzz_gpu.py (op
-fp8_cols_padded)."""
+group, on poisoned memory, no sync, no recompile when M, K or the offsets change, CUDA-graph
+replay with new data and offsets, fullgraph torch.compile. The group patterns are fuzzed in
+tests/torch_bindings/test_fuzz_gpu.py (op fp8_cols_padded)."""
 
 from __future__ import annotations
 
@@ -108,6 +108,25 @@ def test_no_recompiles_across_shapes_and_offsets():
     before = torch_bindings.compile_stats.compiles + torch_bindings.compile_stats.disk_loads
     one_round(1)
     assert torch_bindings.compile_stats.compiles + torch_bindings.compile_stats.disk_loads == before
+
+
+def test_cuda_graph_replay():
+    """New data and new offsets between replays: the padded offsets and the q rows follow them."""
+    gen = torch.Generator().manual_seed(11)
+    x = _random_x((3000, 1024), torch.bfloat16, gen)
+    ends = torch.tensor([100, 100, 1500, 2990], dtype=torch.int32, device="cuda")
+    torch_bindings.pad_and_quantize_fp8_2d_cols(x, ends, alignment=128)  # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = torch_bindings.pad_and_quantize_fp8_2d_cols(x, ends, alignment=128)
+    for new_ends in ([0, 700, 701, 3000], [3000, 3000, 3000, 3000], [5, 6, 7, 8]):
+        x.copy_(_random_x((3000, 1024), torch.bfloat16, gen))
+        ends.copy_(torch.tensor(new_ends, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = reference.pad_and_quantize_fp8_2d_cols(x, ends, alignment=128)
+        for a, e in zip(got, want, strict=True):
+            assert_same_bytes(a, e)
 
 
 def test_fullgraph_compile():

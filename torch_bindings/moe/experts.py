@@ -166,8 +166,8 @@ class Fp8Rowwise:
         return Operand(*quantize_fp8_2d(t, axis="row", group_end_offsets=ends, backend=self.step.backend))
 
     def cols(self, t: Tensor, ends: Tensor) -> Operand:
-        """t's column (wgrad) operand, in padded groups for the project's wgrad
-        (``grouped_mm.fp8_wgrad_cols``)."""
+        """t's column (wgrad) operand, in padded groups where the wgrad GEMM needs them (16 rows for
+        torch's on unaligned groups, 128 for the project's: ``grouped_mm.fp8_wgrad_cols``)."""
         q, s, wgrad_ends = _mm.fp8_wgrad_cols(t, ends, self.step)
         return Operand(q, s, None if wgrad_ends is ends else wgrad_ends)
 

@@ -132,12 +132,12 @@ def gemm_path(recipe: str, device: torch.device, gemm: str = "auto") -> str:
 @dataclass(frozen=True)
 class _Step:
     """What one call runs: the recipe, whether its torch GEMMs are emulated, whether its groups need
-    no padding (``aligned``: they start on the recipe's alignment, offsets made by
-    ``pad_token_groups`` with that alignment or a dispatch, or the GEMMs take ragged groups:
-    ``gemm="cute"``), the ``backend`` of its quantization and padding ops, and which GEMMs are the
-    project's own (fp8_rowwise), ``own_gemms``: ``""`` none, ``"all"`` (``gemm="cute"``) or
-    ``"2d3d"``, the forward and dgrad (``gemm="cute_2d3d"``; the wgrad is torch's, on padded
-    groups)."""
+    no pad pass (``aligned``: they start on the recipe's alignment, offsets made by
+    ``pad_token_groups`` with that alignment or a dispatch; always for fp8_rowwise, whose column
+    operands come padded from their quantizer, ``cols_alignment``), the ``backend`` of its
+    quantization and padding ops, and which GEMMs are the project's own (fp8_rowwise),
+    ``own_gemms``: ``""`` none, ``"all"`` (``gemm="cute"``) or ``"2d3d"``, the forward and dgrad
+    (``gemm="cute_2d3d"``; the wgrad is torch's)."""
 
     recipe: str
     emulated: bool
@@ -186,8 +186,8 @@ def make_step(recipe: str, gemm: str, ends: torch.Tensor, aligned: bool, backend
 @dataclass(frozen=True)
 class _Groups:
     """The token groups of one call: ``ends`` the caller's end offsets (G,) int32, ``rows`` M, and
-    the aligned layout the wgrad operands use: ``padded_start``/``padded_end`` (G,) int32 (the
-    caller's ends when ``aligned``)."""
+    the aligned layout of a padded call (mxfp8 on unaligned groups): ``padded_start`` /
+    ``padded_end`` (G,) int32 (None / the caller's ends when ``aligned``)."""
 
     ends: torch.Tensor
     rows: int
@@ -253,38 +253,20 @@ def _dequant_group_cols_fp8(q: torch.Tensor, scales: torch.Tensor, ends: torch.T
     return (q.float() * scales.view(groups, -1)[g]).to(torch.bfloat16)
 
 
-def _reduction_rows_16(t: torch.Tensor) -> torch.Tensor:
-    """A 2d x 2d operand of the cute GEMM: t (C, M) row-major (a column operand's ``q.t()``) as it is
-    when M % 16 == 0, else copied into (C, Mp) with Mp = M rounded up to 16 and columns [M, Mp)
-    zero. The kernel TMA-loads the operand, whose row stride must be a multiple of 16 bytes; the
-    extra columns lie past every group's end, so they never enter a sum (the kernel also zeroes
-    what lies outside each group in shared memory). A pass over the 1-byte operand (not over bf16
-    activations), only for M % 16 != 0: the column quantizer has no output with a padded row
-    stride. The copy
-    moves bytes (uint8 views): under ``torch.compile`` Inductor would otherwise emit a Triton
-    kernel of e4m3 values, which some Triton builds cannot compile."""
-    rows = t.shape[1]
-    if rows % 16 == 0:
-        return t
-    padded = torch.empty(t.shape[0], rows + (-rows) % 16, dtype=torch.uint8, device=t.device)
-    padded[:, rows:].zero_()
-    padded[:, :rows].copy_(t.view(torch.uint8))
-    return padded.view(t.dtype)
-
-
 def _cute_gemm(a, b, scale_a, scale_b, ends) -> torch.Tensor:
     """``_fp8_gemm``'s operands (torch's layouts) given to the project's sm_90a kernel
     (``torch_bindings.grouped_gemm_sm90``), which wants every e4m3 operand row-major along the
     reduction: 2d x 3d takes a (M, Kc) as it is and b (E, Kc, N) column-major as its transpose
     (E, N, Kc) row-major (the forward's ``quantize_fp8_3d(w, axis="K")`` q as stored, the dgrad's
-    ``axis="N"`` q transposed); 2d x 2d takes a (N, M) row-major and b (M, K) column-major as
-    ``b.t()`` (K, M) row-major (both :func:`_reduction_rows_16`), groups along M as they are."""
+    ``axis="N"`` q transposed); 2d x 2d takes a (N, Mp) row-major and b (Mp, K) column-major as
+    ``b.t()`` (K, Mp) row-major: column operands in :data:`CUTE_WGRAD_ALIGNMENT`-row padded groups
+    (:func:`fp8_wgrad_cols`), whose Mp is a multiple of 128, so their row strides are the 16-byte
+    multiples the kernel's TMA loads need, and ``ends`` their padded ends."""
     from ..grouped_gemm_sm90 import grouped_gemm_sm90
 
     if b.dim() == 3:
         return grouped_gemm_sm90("2d3d", a, b.transpose(-2, -1), scale_a, scale_b, ends)
-    a, b = _reduction_rows_16(a), _reduction_rows_16(b.t())
-    return grouped_gemm_sm90("2d2d", a, b, scale_a, scale_b, ends)
+    return grouped_gemm_sm90("2d2d", a, b.t(), scale_a, scale_b, ends)
 
 
 def _fp8_gemm(a, b, scale_a, scale_b, ends, step: _Step) -> torch.Tensor:
@@ -321,29 +303,32 @@ def fp8_wgrad_cols(t: torch.Tensor, ends: torch.Tensor, step: _Step):
     return q, s, ends
 
 
-def _fp8_cols(t_aligned: torch.Tensor, groups: _Groups, step: _Step):
-    return fp8_wgrad_cols(t_aligned, groups.padded_end, step)
+def _fp8_cols(t: torch.Tensor, groups: _Groups, step: _Step):
+    """:func:`fp8_wgrad_cols` of t over the call's groups (fp8_rowwise steps never pad: t has the
+    caller's rows)."""
+    return fp8_wgrad_cols(t, groups.ends, step)
 
 
-def _fp8_forward(x, w, groups: _Groups, x_aligned, step: _Step, need_w: bool, tokens):
-    """y (M, N) and what backward keeps: x's wgrad operand (q_col, s_col) when w needs a gradient.
-    Quantized ``tokens`` give the forward operand as they are and the wgrad operand from their
-    dequantized rows."""
+def _fp8_forward(x, w, groups: _Groups, _x_aligned, step: _Step, need_w: bool, tokens):
+    """y (M, N) and what backward keeps: x's wgrad operand (q_col, s_col) when w needs a gradient
+    (fp8_rowwise steps never pad: x's aligned copy is x itself). Quantized ``tokens`` give the
+    forward operand as they are and the wgrad operand from their dequantized rows."""
     q_w, s_w = quantize_fp8_3d(w, axis="K", backend=step.backend)
     if tokens is not None:
         q, s = tokens.q, tokens.scales
         cols = _fp8_cols(tokens.dequantized(backend=step.backend), groups, step) if need_w else (None,) * 3
     else:
         q, s = quantize_fp8_2d(x, axis="row", group_end_offsets=groups.ends, backend=step.backend)
-        cols = _fp8_cols(x_aligned, groups, step) if need_w else (None,) * 3
+        cols = _fp8_cols(x, groups, step) if need_w else (None,) * 3
     y = _fp8_gemm(q, q_w.transpose(-2, -1), s, s_w, groups.ends, step)
     return y, cols[:2]
 
 
 def _fp8_backward(grad_y, w, groups: _Groups, saved, step: _Step, need_x: bool, need_w: bool):
-    """Rows of grad_y for the dgrad (the caller's groups: any sizes) and columns of its aligned copy
-    for the wgrad, each only when its gradient is asked for (rows and columns in two kernels rather
-    than the dual: they run nearer copy speed, notes/grouped-gemm-op.md)."""
+    """Rows of grad_y for the dgrad and its column operand for the wgrad (both over the caller's
+    groups: any sizes; the columns in padded groups where the wgrad GEMM needs them), each only when
+    its gradient is asked for (rows and columns in two kernels rather than the dual: they run
+    nearer copy speed, notes/grouped-gemm-op.md)."""
     q_col_x, s_col_x = saved
     grad_x = grad_w = None
     if need_x:
@@ -353,7 +338,7 @@ def _fp8_backward(grad_y, w, groups: _Groups, saved, step: _Step, need_x: bool, 
         grad_x = _fp8_gemm(q, q_w, s, s_w, groups.ends, step)
     if need_w:
         # x's column operand (saved) has the layout of grad_y's, made by the same function
-        q_col, s_col, wgrad_ends = _fp8_cols(_aligned(grad_y, groups, step), groups, step)
+        q_col, s_col, wgrad_ends = _fp8_cols(grad_y, groups, step)
         grad_w = _fp8_gemm(q_col.t(), q_col_x, s_col, s_col_x, wgrad_ends, step)
     return grad_x, grad_w
 
@@ -511,7 +496,8 @@ class _Bf16GroupedMM(torch.autograd.Function):
 
 def grouped_mm_apply(x, w, ends, step: _Step) -> torch.Tensor:
     """The op without checks, for callers that padded the groups themselves: ``step.aligned``
-    promises ``ends`` came from ``pad_token_groups`` (or a dispatch) with the recipe's alignment.
+    promises ``ends`` came from ``pad_token_groups`` (or a dispatch) with the recipe's alignment
+    (for fp8_rowwise, where ``aligned`` always holds, ``step.cols_alignment == 0`` promises it).
     x (M, K) bf16/fp32 or :class:`QuantizedTokens`; w (E, N, K) bf16/fp32. Returns y (M, N) in the
     autocast dtype under autocast, else x's dtype (bf16 for quantized tokens)."""
     tokens = x if isinstance(x, QuantizedTokens) else None
@@ -550,9 +536,9 @@ def scaled_grouped_mm(
     sections 2-4 operands; K, N multiples of 32), ``"bf16"`` (``torch._grouped_mm``; K, N multiples
     of 8). ``gemm``: ``"auto"`` (native GEMM, or the emulation with a one-time warning),
     ``"native"`` (error where missing), ``"emulated"``, ``"cute"`` (fp8_rowwise on sm_90, at most
-    256 experts, no padding: the project's own grouped GEMM; experimental, opt-in;
-    ``RuntimeError`` elsewhere, CPU included) or ``"cute_2d3d"`` (the same limits: the project's
-    GEMM for the forward and dgrad, torch's wgrad on padded groups); see the module docstring and
+    256 experts: the project's own grouped GEMM, its wgrad operands in 128-row padded groups;
+    experimental, opt-in; ``RuntimeError`` elsewhere, CPU included) or ``"cute_2d3d"`` (the same
+    limits: the project's GEMM for the forward and dgrad, torch's wgrad); see the module docstring and
     :func:`gemm_path`. ``backend``: the quantization and padding ops' (``"auto"``: the kernels on a
     supported GPU, the reference on CPU, an error on a CUDA device where the kernels cannot run;
     ``"reference"`` asks for the slow reference explicitly). No host sync in forward or backward

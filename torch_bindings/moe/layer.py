@@ -38,10 +38,11 @@ class GroupedExperts(torch.nn.Module):
 
     ``recipe``: ``"fp8_rowwise"``, ``"mxfp8"`` or ``"bf16"``; ``gemm``: as in
     :func:`scaled_grouped_mm` (``"auto"`` warns once when it must emulate; ``"cute"``: fp8_rowwise
-    on sm_90, the project's own grouped GEMM for all six GEMMs with no padding, experimental,
-    opt-in; ``"cute_2d3d"``: the same for its four 2d x 3d GEMMs, torch's wgrads; ``RuntimeError``
-    at the first call elsewhere); ``backend``: the
-    quantization and padding ops' (``"auto"`` raises on a CUDA device without the kernels);
+    on sm_90, the project's own grouped GEMM for all six GEMMs with no pad pass (its wgrad operands
+    come in 128-row padded groups from their quantizer), experimental, opt-in; ``"cute_2d3d"``: the
+    same for its four 2d x 3d GEMMs, torch's wgrads; ``RuntimeError`` at the first call elsewhere);
+    ``backend``: the quantization and padding ops' (``"auto"`` raises on a CUDA device without the
+    kernels);
     ``weight_cache``: keep the weights' quantized operands between calls while the parameters do not
     change (their version counters and the ``torch.optim`` step generation; after writes through
     ``param.data`` call ``torch_bindings.invalidate_weight_caches()``), for micro-batches and
@@ -318,10 +319,11 @@ def _local_unless_given(group):
 
 def default_alignment(gemm: str) -> int:
     """The dispatch's group alignment when the caller gives none: 128 rows for ``gemm="cute"`` (the
-    project's wgrad then reads whole 128-row boxes of one group and masks nothing: faster by more
-    than the padding rows cost at 1-2k rows per expert, notes/grouped-gemm-sm90.md; with many local
-    experts and few rows each, up to 127 zero rows per expert can cost more, and a smaller
-    ``alignment`` may serve better), else 32 (a multiple of every recipe's ``GROUP_ALIGNMENT``)."""
+    block on 128-row groups measured as fast as on ragged ones or faster at 1-2k rows per expert,
+    although every pass then reads the padding rows: notes/padded-wgrad-operands.md, whose column
+    operands are 128-row padded either way; with many local experts and few rows each, up to 127
+    zero rows per expert can cost more, and a smaller ``alignment`` may serve better), else 32 (a
+    multiple of every recipe's ``GROUP_ALIGNMENT``)."""
     return 128 if gemm == "cute" else 32
 
 
