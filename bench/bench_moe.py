@@ -127,12 +127,12 @@ def _time_all(steps: dict) -> dict[str, float]:
 
 
 def _operand_bytes(rows: int, padded: int, cols: int, groups: int) -> int:
-    """x (cols = K) or grad_y (cols = N), bf16: the row quantization of the operand, its pad, and
-    the column quantization of the padded copy (torch_bindings.moe.grouped_mm._fp8_operand)."""
+    """x (cols = K) or grad_y (cols = N), bf16: the row quantization of the operand and its column
+    quantization into ``padded`` rows of 16-row padded groups (``pad_and_quantize_fp8_2d_cols``,
+    torch_bindings.moe.grouped_mm.fp8_wgrad_cols: x read once counted, q of the padded rows)."""
     row = 3 * rows * cols + 4 * rows
-    pad = 2 * rows * cols + 2 * padded * cols
-    col = 3 * padded * cols + 4 * groups * cols
-    return row + pad + col
+    col = 2 * rows * cols + padded * cols + 4 * groups * cols
+    return row + col
 
 
 def quantization_bytes(s: Shape) -> int:
@@ -188,16 +188,17 @@ def gemm_parts_row(s: Shape, x, w, ends, grad_y) -> dict:
 
 
 def operand_passes_row(s: Shape, x, ends, copy_gbps: float) -> dict:
-    """x's two FP8 operands from its padded copy: the dual kernel against a row pass over x plus a
-    column pass over the padded copy (what the op runs), each with its copy floor."""
-    padded, _, padded_end = tb.pad_token_groups(x, ends, alignment=ALIGN)
-    dual_bytes = 2 * padded.numel() * 2 + 4 * padded.shape[0] + 4 * s.experts * s.k
-    separate_bytes = 3 * x.numel() + 4 * x.shape[0] + 3 * padded.numel() + 4 * s.experts * s.k
-    dual_us = _time(lambda: tb.quantize_fp8_2d_dual(padded, group_end_offsets=padded_end))
+    """x's two FP8 operands: the dual kernel on x's groups (aligned here) against a row pass over x
+    plus the column operand in 16-row padded groups (what the op runs on groups it does not know to
+    be aligned), each with its copy floor (x read once counted)."""
+    prows = padded_rows(s.rows, s.experts, ALIGN)
+    dual_bytes = 2 * x.numel() * 2 + 4 * x.shape[0] + 4 * s.experts * s.k
+    separate_bytes = 3 * x.numel() + 4 * x.shape[0] + 2 * x.numel() + prows * s.k + 4 * s.experts * s.k
+    dual_us = _time(lambda: tb.quantize_fp8_2d_dual(x, group_end_offsets=ends))
     separate_us = _time(
         lambda: (
             tb.quantize_fp8_2d(x, axis="row"),
-            tb.quantize_fp8_2d(padded, axis="col", group_end_offsets=padded_end),
+            tb.pad_and_quantize_fp8_2d_cols(x, ends, alignment=ALIGN),
         )
     )
     return {
@@ -296,7 +297,7 @@ def gemm_rows(s: Shape, torchao_mm, copy_gbps: float) -> tuple[dict, dict, dict]
             "ours GEMM kernels us": gemm_us,
             "ours other kernels us": rest_us,
             "other / GEMM": rest_us / gemm_us,
-            "quant+pad GB": moved / 1e9,
+            "quant GB": moved / 1e9,
             "floor us": moved / copy_gbps / 1e3,
             "other / floor": rest_us / (moved / copy_gbps / 1e3),
         }
