@@ -2,9 +2,9 @@
 quantization (the wgrad operand of the FP8 rowwise recipe).
 
 The column passes of ``quantize_fp8_2d(axis="col")`` (a zero fill, the ``groups`` amax pass on x,
-then ``cute_kernels.quantize_fp8_col_pad``'s cast) write q straight into the padded groups: x is
-never padded, and the padded offsets come from the cast's own group scan. No host sync; the output
-row count is the static bound of SPEC section 4.
+then ``cute_kernels.quantize_fp8_col.Fp8ColPadCastKernel``) write q straight into the padded
+groups: x is never padded, and the padded offsets come from the cast's own group scan. No host
+sync; the output row count is the static bound of SPEC section 4.
 """
 
 from __future__ import annotations
