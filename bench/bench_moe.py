@@ -399,9 +399,9 @@ def _module_forwards(s: Shape, torchao_mm, device):
 
 
 #: The ``gemm="cute"`` block on groups padded to 128 rows, as ``MoELayer(alignment=128)`` hands them
-#: over (the dispatch or permute places each group at a multiple of 128 rows, at no extra pass): its
-#: wgrad then masks nothing. Its inputs hold the padding rows (zeros), so it does that much more work
-#: than the other columns on the same tokens.
+#: over (the dispatch or permute places each group at a multiple of 128 rows, at no extra pass). Its
+#: inputs hold the padding rows (zeros), which every pass carries: that much more work than the
+#: other columns on the same tokens.
 CUTE_128 = "cute 128-row groups"
 
 

@@ -21,15 +21,14 @@ sm_100); ``"emulated"`` dequantizes the exact quantized operands to bf16 and run
 Hopper). It is slower than the bf16 recipe. ``gemm="auto"`` takes the native path where it exists
 and otherwise the emulation *with a one-time warning*; ``gemm="native"`` raises instead.
 
-``gemm="cute"`` (fp8_rowwise on sm_90 only; experimental, opt-in: its wgrad is slower than
-torch's, so ``"auto"`` never picks it) runs the project's own grouped GEMM
+``gemm="cute"`` (fp8_rowwise on sm_90 only; experimental, opt-in: not yet run on an H100, so
+``"auto"`` never picks it) runs the project's own grouped GEMM
 (``torch_bindings.grouped_gemm_sm90``) for all three GEMMs. Its GEMMs take ragged groups, so
 nothing is padded but the column (wgrad) operands, which the column quantizer writes straight into
 groups padded to :data:`CUTE_WGRAD_ALIGNMENT` rows (:func:`fp8_wgrad_cols`): the wgrad then has no
 group bound inside a reduction box (:func:`_cute_gemm` gives the layouts). ``gemm="cute_2d3d"``
 (the same limits; experimental, opt-in) runs the project's GEMM for the forward and the dgrad
-only, the 2d x 3d GEMMs where it is faster than torch's (notes/grouped-gemm-sm90.md), and torch's
-wgrad on padded groups, as ``"auto"`` would.
+only (notes/grouped-gemm-sm90.md), and torch's wgrad, as ``"auto"`` would.
 """
 
 from __future__ import annotations
