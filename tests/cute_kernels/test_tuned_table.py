@@ -122,3 +122,12 @@ def test_the_bindings_launch_the_tuned_column_configs(monkeypatch):
         assert cast_config == type(cast_config)(**fields), (device, shape_class)
         amax_fields = configs.tuned_entry("quantize_fp8_col_amax", arch, device, shape_class)
         assert amax_config == type(amax_config)(**amax_fields), (device, shape_class)
+        if layout == "groups" and not dual:  # the cast into padded groups takes the grouped entries
+            padded = key._replace(layout=quantize_fp8.PADDED)
+            (_, amax_variant, pad_amax), (name, variant, pad_cast) = quantize_fp8._col_passes(target, padded)
+            assert (name, variant.layout, amax_variant.layout) == (
+                "quantize_fp8_col_pad_cast",
+                "padded",
+                "groups",
+            )
+            assert (pad_cast, pad_amax) == (cast_config, amax_config), (device, shape_class)
