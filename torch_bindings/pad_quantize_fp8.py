@@ -20,7 +20,6 @@ from .quantize_fp8 import PADDED, _col_passes, _fast_shape
 
 _OP = "pad_and_quantize_fp8_2d_cols"
 _CONTRACT = contract.PAD_AND_QUANTIZE_FP8_2D_COLS
-_E4M3 = torch.float8_e4m3fn
 
 
 def _launch(
