@@ -125,8 +125,8 @@ class WeightCache:
 @dataclass(frozen=True)
 class Operand:
     """A quantized GEMM operand: ``q`` and its scales ``s`` (layouts per recipe, see the functions);
-    ``ends``: for a column (wgrad) operand written into padded groups, their end offsets, which the
-    wgrad GEMM takes (None: the call's groups)."""
+    ``ends``: for an FP8 rowwise column (wgrad) operand, the end offsets of its groups, which the
+    wgrad GEMM takes (padded, or the call's own; None: the call's groups)."""
 
     q: Tensor
     s: Tensor
@@ -168,8 +168,7 @@ class Fp8Rowwise:
     def cols(self, t: Tensor, ends: Tensor) -> Operand:
         """t's column (wgrad) operand, in padded groups where the wgrad GEMM needs them (16 rows for
         torch's on unaligned groups, 128 for the project's: ``grouped_mm.fp8_wgrad_cols``)."""
-        q, s, wgrad_ends = _mm.fp8_wgrad_cols(t, ends, self.step)
-        return Operand(q, s, None if wgrad_ends is ends else wgrad_ends)
+        return Operand(*_mm.fp8_wgrad_cols(t, ends, self.step))
 
     def tokens_rows(self, tokens: QuantizedTokens) -> Operand:
         return Operand(tokens.q, tokens.scales)

@@ -21,8 +21,8 @@ sm_100); ``"emulated"`` dequantizes the exact quantized operands to bf16 and run
 Hopper). It is slower than the bf16 recipe. ``gemm="auto"`` takes the native path where it exists
 and otherwise the emulation *with a one-time warning*; ``gemm="native"`` raises instead.
 
-``gemm="cute"`` (fp8_rowwise on sm_90 only; experimental, opt-in: not yet run on an H100, so
-``"auto"`` never picks it) runs the project's own grouped GEMM
+``gemm="cute"`` (fp8_rowwise on sm_90 only; experimental, opt-in: not yet measured on every sm_90
+part, so ``"auto"`` never picks it) runs the project's own grouped GEMM
 (``torch_bindings.grouped_gemm_sm90``) for all three GEMMs. Its GEMMs take ragged groups, so
 nothing is padded but the column (wgrad) operands, which the column quantizer writes straight into
 groups padded to :data:`CUTE_WGRAD_ALIGNMENT` rows (:func:`fp8_wgrad_cols`): the wgrad then has no

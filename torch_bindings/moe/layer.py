@@ -319,11 +319,10 @@ def _local_unless_given(group):
 
 def default_alignment(gemm: str) -> int:
     """The dispatch's group alignment when the caller gives none: 128 rows for ``gemm="cute"`` (the
-    block on 128-row groups measured as fast as on ragged ones or faster at 1-2k rows per expert,
-    although every pass then reads the padding rows: notes/padded-wgrad-operands.md, whose column
-    operands are 128-row padded either way; with many local experts and few rows each, up to 127
-    zero rows per expert can cost more, and a smaller ``alignment`` may serve better), else 32 (a
-    multiple of every recipe's ``GROUP_ALIGNMENT``)."""
+    block's tiles then start on group starts although every pass reads the padding rows; the
+    trade is measured in notes/padded-wgrad-operands.md; with many local experts and few rows each,
+    up to 127 zero rows per expert can cost more, and a smaller ``alignment`` may serve better),
+    else 32 (a multiple of every recipe's ``GROUP_ALIGNMENT``)."""
     return 128 if gemm == "cute" else 32
 
 
