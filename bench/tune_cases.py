@@ -472,9 +472,10 @@ def swiglu(args: argparse.Namespace, device: torch.device) -> list[Case]:
     against the reference's bytes; ``--quick``: H = 2048 and 8192."""
     from cute_kernels.swiglu import SwigluVariant
     from torch_bindings import reference as ref
-    from torch_bindings.swiglu import swiglu_shape_class
+    from torch_bindings.swiglu import silu_table, swiglu_shape_class
 
     rows, cases = 16384, []
+    table, num_sms = silu_table(device), torch.cuda.get_device_properties(device).multi_processor_count
     hidden = (2048, 8192) if args.quick else (2048, 4096, 7168, 8192)
     for direction, half in itertools.product(("fwd", "bwd"), hidden):
         out_cols = 2 * half if direction == "bwd" else half
@@ -486,7 +487,7 @@ def swiglu(args: argparse.Namespace, device: torch.device) -> list[Case]:
             )
             out = torch.empty(rows, out_cols, device=device, dtype=torch.bfloat16)
             q = torch.empty(rows, out_cols, device=device, dtype=torch.float8_e4m3fn)
-            return h13, out, q, torch.empty(rows, device=device, dtype=torch.float32), grad
+            return h13, out, q, torch.empty(rows, device=device, dtype=torch.float32), grad, table, num_sms
 
         def expected(_, a, direction=direction):
             h13, grad = a[0], a[4]

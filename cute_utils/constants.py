@@ -63,7 +63,7 @@ EP_FILL_VARIANTS = (
 #: this many int32 words); ``torch_bindings.ep`` runs its PyTorch routing for more.
 EP_MAX_EXPERTS = 1024
 
-# --- SwiGLU with exact fp32 operations (cute_utils/swiglu_math.py, torch_bindings.reference) ---
+# --- SwiGLU in exact fp32 operations (torch_bindings.reference; kernels: cute_utils/swiglu_math.py) ---
 #: |g| is clamped to this before exp(-|g|): past it silu(g < 0) rounds to -0 and exp(-|g|) is
 #: below every fp32 that can change 1 + e, so the clamp changes no result.
 SWIGLU_CLAMP = 112.0
@@ -76,6 +76,17 @@ SWIGLU_LN2_LO_BITS = 0x35BFBE8E
 SWIGLU_EXP_COEFF_BITS = (0x3EFFFFFE, 0x3E2AAA49, 0x3D2AAC79, 0x3C091CF0, 0x3AB51218)
 #: The one bf16 NaN the SwiGLU ops write (any NaN result; PyTorch's CPU and CUDA conversions differ).
 SWIGLU_BF16_NAN_BITS = 0x7FC0
+#: The SwiGLU kernels read silu(g) and silu'(g) of the common gates from a table (the contract
+#: sequence's fp32 results, built by the bindings from the reference): the bf16 gates whose magnitude
+#: bits lie in [SILU_TABLE_FIRST, SILU_TABLE_END), |g| in [2^-25, 2^7), both signs; closed forms
+#: hold below and above it (cute_utils/swiglu_math.py). The span is 4096 magnitudes, so a gate's
+#: entry is its magnitude bits mod 4096. Table layout: ``[fn][sign][bits % SILU_TABLE_SPAN]``, fn 0
+#: silu, 1 silu', sign 1 for negative g.
+SILU_TABLE_FIRST = 0x3300
+SILU_TABLE_END = 0x4300
+SILU_TABLE_SPAN = SILU_TABLE_END - SILU_TABLE_FIRST  # gates per sign
+assert SILU_TABLE_SPAN == 1 << 12  # the entry is the magnitude's low 12 bits
+SILU_TABLE_FN = 2 * SILU_TABLE_SPAN  # entries per function
 
 
 def f32_of_bits(bits: int) -> float:

@@ -28,6 +28,8 @@ from cute_kernels.op_specs import padded_rows  # SPEC section 4's padded row cou
 from cute_utils.constants import (
     BLOCK_SIZE,
     FP8_POW2_MASK,
+    SILU_TABLE_FIRST,
+    SILU_TABLE_SPAN,
     SWIGLU_BF16_NAN_BITS,
     SWIGLU_CLAMP,
     SWIGLU_EXP_COEFF_BITS,
@@ -79,6 +81,7 @@ __all__ = [
     "silu_backward_fp32",
     "silu_fp32",
     "silu_parts",
+    "silu_table",
     "swiglu",
     "swiglu_backward",
     "swiglu_backward_quantize_fp8",
@@ -959,6 +962,19 @@ def silu_backward_fp32(g: Tensor) -> tuple[Tensor, Tensor]:
     s = _scaled(parts.sm, parts.p1, parts.p2)
     c = torch.where(parts.pos, parts.e * parts.sm, 1.0 - s)
     return silu, _scaled(parts.sm * (parts.x * c + 1.0), parts.p1, parts.p2)
+
+
+def silu_table(device: torch.device | str = "cpu") -> Tensor:
+    """The SwiGLU kernels' table of this sequence's results (``constants.SILU_TABLE_*``): fp32
+    ``(2, 2, SILU_TABLE_SPAN)`` flattened, ``[fn][sign][bits % SILU_TABLE_SPAN]`` = silu (fn 0) or
+    silu' (fn 1) of the bf16 gate of magnitude bits ``bits`` in ``[SILU_TABLE_FIRST,
+    SILU_TABLE_END)`` (a span of 4096: the low 12 bits number its gates once each) and sign
+    ``sign`` (1: negative), built on ``device`` by :func:`silu_backward_fp32` (no host sync)."""
+    entries = torch.arange(SILU_TABLE_SPAN, dtype=torch.int32, device=device)
+    magnitudes = SILU_TABLE_FIRST + ((entries - SILU_TABLE_FIRST) & (SILU_TABLE_SPAN - 1))
+    bits = torch.cat([magnitudes, magnitudes - 0x8000]).to(torch.int16)  # sign bit set: negative g
+    silu, dsilu = silu_backward_fp32(bits.view(torch.bfloat16).to(torch.float32))
+    return torch.cat([silu, dsilu])
 
 
 def bf16_canonical(v: Tensor) -> Tensor:

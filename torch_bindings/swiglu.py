@@ -9,6 +9,7 @@ below the last group end (read on the device) and leave the rows past it unwritt
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -23,6 +24,78 @@ _FWD, _BWD = contract.SWIGLU_QUANTIZE_FP8, contract.SWIGLU_BACKWARD_QUANTIZE_FP8
 (_BF16,) = _FWD.dtypes("h13")  # one dtype: the fast paths compare identities
 _Tensor = torch.Tensor
 _ANY_GROUPS = 1 << 62  # the bounded kernels read only the last end: any number of groups
+_captured_tables: list[torch.Tensor] = []  # tables built inside a CUDA graph capture (below)
+
+
+class _Table:
+    """A device's silu table (``reference.silu_table``, fp32) and, until it is known to be built,
+    the event recorded after its build on the stream that built it."""
+
+    __slots__ = ("pending", "tensor")
+
+    def __init__(self, tensor: torch.Tensor, pending) -> None:
+        self.tensor = tensor
+        self.pending = pending
+
+
+_tables: dict[torch.device, _Table] = {}
+
+
+def silu_table(device: torch.device) -> torch.Tensor:
+    """The kernels' silu table on ``device`` (``reference.silu_table``), built there once on the
+    current stream (a few dozen elementwise launches, no sync). Until that build is known to be done
+    (an event query, no sync), a call on another stream waits for it on the device.
+
+    Inside a CUDA graph capture no event can be queried: a table built before the capture is taken
+    as built (``torch.cuda.graph`` and ``make_graphed_callables`` synchronize the device before they
+    capture). A table first needed inside a capture is built into the graph, so that every replay
+    rebuilds it before the kernel reads it, and kept alive without being cached (the graph's memory
+    must not serve calls outside the graph); a warning says so once, since those launches repeat on
+    every replay: call the op once before capturing."""
+    entry = _tables.get(device)
+    if entry is not None and entry.pending is None:
+        return entry.tensor
+    capturing = _capturing(device)
+    if entry is None:
+        table = reference.silu_table(device)
+        if capturing:
+            _warn_captured_build()
+            _captured_tables.append(table)
+        else:
+            _tables[device] = _Table(table, _built_event(device))
+        return table
+    if capturing or entry.pending.query():
+        entry.pending = None
+    else:
+        torch.cuda.current_stream(device).wait_event(entry.pending)
+    return entry.tensor
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether ``device``'s current stream is capturing a CUDA graph (False off CUDA)."""
+    if device.type != "cuda":
+        return False
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
+
+
+def _warn_captured_build() -> None:
+    if not _captured_tables:
+        warnings.warn(
+            "swiglu_quantize_fp8 / swiglu_backward_quantize_fp8: the silu table was first needed inside a "
+            "CUDA graph capture, so the graph rebuilds it (a few dozen elementwise launches) on every "
+            "replay; call the op once before capturing to build it outside the graph",
+            stacklevel=4,
+        )
+
+
+def _built_event(device: torch.device):
+    """An event recorded on ``device``'s current stream (None off CUDA)."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
 
 
 class SwigluKey(NamedTuple):
@@ -85,10 +158,12 @@ def _launch(
         kernel = target.kernels.get(key) or target.kernel(
             SwigluKey._make(key), SwigluKey.variant, SwigluKey.config
         )
+        entry = _tables.get(target.device)
+        table = entry.tensor if entry is not None and entry.pending is None else silu_table(target.device)
         if bounded:
-            kernel(h13, out, q, scales, grad_h, ends)
+            kernel(h13, out, q, scales, grad_h, ends, table, target.num_sms)
         else:
-            kernel(h13, out, q, scales, grad_h)  # outputs: fresh, 512-byte aligned
+            kernel(h13, out, q, scales, grad_h, table, target.num_sms)  # outputs: fresh, 512-byte aligned
     return out, q, scales
 
 

@@ -212,13 +212,15 @@ def quantize_fp8_col_pad_cast(variant):
 # --- SwiGLU + FP8 rowwise (notes/swiglu-fp8-kernel.md) ---
 # The bindings pick per direction and H class (swiglu_fp8_for_shape below, `bench.tune swiglu`);
 # without a shape (the SASS targets CI checks) the kernel takes the heuristic: a whole 256-thread
-# CTA per row. Forward: 4 steps per thread in flight (H = 8192: the row in one batch; 80 registers,
-# 3 CTAs per SM). Backward: 2 steps (three 16-byte inputs per step; 4 spilled under the 128-register
-# cap, 116 registers at 2).
+# CTA per row. Forward: 4 steps per thread in flight (H = 8192: the row in one batch), 3 CTAs per
+# SM (79 registers; a 32 KiB silu table copy in shared memory per CTA). Backward: 2 steps (three
+# 16-byte inputs per step; 122 registers), 2 CTAs per SM (a 64 KiB table copy each).
 def swiglu_fp8(variant):
     from cute_kernels.swiglu import SwigluConfig
 
-    return SwigluConfig(threads=256, unroll=4 if variant.direction == "fwd" else 2, ctas_per_sm=2)
+    if variant.direction == "fwd":
+        return SwigluConfig(threads=256, unroll=4, ctas_per_sm=3)
+    return SwigluConfig(threads=256, unroll=2, ctas_per_sm=2)
 
 
 def swiglu_fp8_for_shape(variant, shape_class: str, tuned: dict | None):

@@ -15,10 +15,13 @@ TARGETS = kernel_targets("swiglu_fp8")
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_compiles_with_expected_sass(compiled, target):
     kernel, text = spill_free_kernel(compiled, target)
-    assert kernel.registers <= 128, text  # 2 CTAs of 256 threads per SM (configs/sm90.py)
+    # the default configs' register caps (configs/sm90.py): 3 CTAs of 256 threads per SM forward, 2 backward
+    assert kernel.registers <= (128 if "_bwd_" in target else 85), text
     assert kernel.opcode("F2FP") >= 1 and all("UE8M0" not in m for m in kernel.counts), text
     assert any(m.startswith(("DMUL", "DFMA")) for m in kernel.counts), "q_scale divides in fp64"
-    assert kernel.counts.get("FCHK", 0) >= 1, "silu's division is div.rn.f32 (checked, IEEE)"
+    # silu from the shared table: nothing of the contract's sequence (its rint) is left
+    assert not any(m.startswith("FRND") for m in kernel.counts), text
+    assert kernel.memory.get("LDGSTS.128", 0) >= 1, "the table copy is cp.async"
     backward = "_bwd_" in target
     if "_v8" in target:
         # compute pass: gate and up (and grad_h) per step of the batch; cast pass: the outputs again
@@ -43,15 +46,16 @@ def test_every_variant_is_registered():
 @pytest.mark.parametrize("target", sorted(t for t in TARGETS if t.endswith("_bounded")))
 def test_bounded_variants_add_one_load(compiled, target):
     """A bounded variant is its unbounded twin plus one 4-byte load (the last group end) and an
-    early exit: the same loads and stores otherwise, the same registers, no local memory; the end
-    is loaded, and the CTA may exit, before the first load of h13."""
+    early exit: the same loads and stores otherwise, registers within eight of its twin's (the
+    bound stays live through the persistent row loop), no local memory; the end is loaded, and the CTA may
+    exit, before the first load of h13."""
     kernel, text = spill_free_kernel(compiled, target)
     _, summaries = compiled
     (unbounded,) = summaries[target.removesuffix("_bounded")]
     memory = dict(unbounded.memory)
     memory["LDG.32"] = memory.get("LDG.32", 0) + 1
     assert kernel.memory == memory, text
-    assert kernel.registers == unbounded.registers, text
+    assert abs(kernel.registers - unbounded.registers) <= 8, text
 
 
 @pytest.mark.parametrize("arch,direction", [("sm_90a", "bwd"), ("sm_100a", "fwd")])
@@ -81,7 +85,8 @@ def test_configs(arch):
     for variant in kernel.variants():
         config = kernel.default_config(variant, arch)
         assert config.row_per_cta and config.threads == 256
-        assert config.unroll == (4 if variant.direction == "fwd" else 2)
+        fwd = variant.direction == "fwd"
+        assert (config.unroll, config.ctas_per_sm) == ((4, 3) if fwd else (2, 2))
 
 
 def test_variant_and_config_validate():

@@ -44,7 +44,7 @@ SHARED_GROUPS = frozenset({"pad", "unpad", quantize.KERNEL})
 #: Registry name -> the positions of its kernel's (G,) int32 arguments (group offsets, padded starts
 #: and ends), as the launchers pass them.
 GROUP_ARGS: dict[str, tuple[int, ...]] = {
-    "swiglu_fp8": (5,),  # the bounded variants' offsets (the others take five arguments)
+    "swiglu_fp8": (5,),  # the bounded variants' offsets (the others take seven arguments)
     "swizzle": (2,),
     "pad": (2, 3, 4),
     "unpad": (2, 3),

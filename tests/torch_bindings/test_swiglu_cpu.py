@@ -10,7 +10,13 @@ import pytest
 import torch
 
 import torch_bindings
-from cute_utils.constants import SWIGLU_CLAMP
+from cute_utils.constants import (
+    SILU_TABLE_END,
+    SILU_TABLE_FIRST,
+    SILU_TABLE_FN,
+    SILU_TABLE_SPAN,
+    SWIGLU_CLAMP,
+)
 from torch_bindings import reference as R
 
 INF, NAN = float("inf"), float("nan")
@@ -65,6 +71,57 @@ def test_silu_backward_error_bound_on_every_bf16():
     assert ((got_dsilu.double() - dsilu).abs() / (ulp + 2.0**-24 * sig)).max() <= 2.4
     away = (g.double() - ROOT).abs() > 0.5
     assert _ulps(got_dsilu, dsilu)[away].max() <= 3.0
+
+
+def _kernel_lookup(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """silu and silu' of fp32 ``g`` (widened bf16) as ``cute_utils.swiglu_math`` finds them: the
+    table entry ``[sign][magnitude bits % 4096]`` inside the table's range, ``g * 0.5`` and 0.5
+    below it, past it g and 1 for g > 0, -0 and -0 for g < 0, NaN for NaN."""
+    bits = g.view(torch.int32)
+    magnitude = bits & 0x7FFFFFFF
+    index = ((bits >> 16) & (SILU_TABLE_SPAN - 1)) | ((bits >> 19) & SILU_TABLE_SPAN)
+    table = R.silu_table()
+    small, big = magnitude < SILU_TABLE_FIRST << 16, magnitude >= SILU_TABLE_END << 16
+    negative, nan = bits <= -(1 << 23), magnitude > 0x7F800000
+    minus_zero = torch.full_like(g, -0.0)
+    silu = torch.where(small, g * 0.5, torch.where(big, torch.where(negative, minus_zero, g), table[index]))
+    one = torch.where(nan, g, torch.ones_like(g))
+    big_grad = torch.where(negative, minus_zero, one)
+    dsilu = torch.where(small, 0.5, torch.where(big, big_grad, table[SILU_TABLE_FN + index]))
+    return silu, dsilu
+
+
+def test_the_kernels_lookup_is_the_sequence_on_every_bf16():
+    """The kernels' table and closed forms give the contract's silu and silu' bit for bit on all
+    65536 bf16 gates (NaN as NaN); no closed form holds a binade into the table (it is as small as
+    it can be)."""
+    g = _every_bf16(finite=False)
+    silu, dsilu = R.silu_backward_fp32(g)
+    got_silu, got_dsilu = _kernel_lookup(g)
+    for got, want in ((got_silu, silu), (got_dsilu, dsilu)):
+        nan = torch.isnan(want)
+        assert torch.equal(torch.isnan(got), nan)
+        assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
+    magnitude = g.view(torch.int32) >> 16 & 0x7FFF
+    first = (magnitude >> 7) == SILU_TABLE_FIRST >> 7  # the table's first binade
+    assert not torch.equal(silu[first].view(torch.int32), (g[first] * 0.5).view(torch.int32))
+    last = ((magnitude >> 7) == (SILU_TABLE_END >> 7) - 1) & (g < 0)  # its last negative binade
+    assert bool((silu[last] != 0).any())
+
+
+def test_silu_table_layout():
+    """``reference.silu_table``: ``[fn][sign][bits % 4096]``, fn 0 silu and 1 silu', sign 1 for
+    negative g, over the bf16 magnitudes [SILU_TABLE_FIRST, SILU_TABLE_END)."""
+    table = R.silu_table()
+    assert table.dtype == torch.float32 and table.shape == (2 * SILU_TABLE_FN,)
+    assert SILU_TABLE_FN == 2 * SILU_TABLE_SPAN == 2 * (SILU_TABLE_END - SILU_TABLE_FIRST) == 8192
+    for bits in (SILU_TABLE_FIRST, 0x3F80, 0x4000, SILU_TABLE_END - 1):
+        for sign in (0, 1):
+            pattern = torch.tensor([bits | sign << 15], dtype=torch.int32).to(torch.int16)
+            silu, dsilu = R.silu_backward_fp32(pattern.view(torch.bfloat16).float())
+            at = sign * SILU_TABLE_SPAN + bits % SILU_TABLE_SPAN
+            assert table[at].view(torch.int32) == silu.view(torch.int32)
+            assert table[SILU_TABLE_FN + at].view(torch.int32) == dsilu.view(torch.int32)
 
 
 def test_range_reduction_is_exact():
@@ -359,7 +416,8 @@ def test_launcher_variants_and_empty_shapes(backward):
         half = h13.shape[1] // 2
         assert key == swiglu.SwigluKey("swiglu_fp8", "bwd" if backward else "fwd", True, vector, False, half)
         assert args[0] is h13 and args[1] is out and args[2] is q and args[3] is scales
-        assert (args[4] is not None) == backward
+        assert (args[4] is not None) == backward and len(args) == 7 and args[6] == 132
+        assert torch.equal(args[5].view(torch.int32), R.silu_table().view(torch.int32))  # the silu table
         assert out.shape == ((4, h13.shape[1]) if backward else (4, h13.shape[1] // 2)) and out.dtype == BF16
         assert q.shape == out.shape and q.dtype == torch.float8_e4m3fn and scales.shape == (4,)
     if backward:  # a misaligned grad_h takes the element steps too
@@ -392,7 +450,7 @@ def test_configs_per_h_class(monkeypatch):
     for other in (key._replace(half=8192), key._replace(vector=False), key._replace(direction="bwd")):
         want = configs.pick("swiglu_fp8", other.variant(target), "sm_90a")
         assert other.config(other.variant(target), target) == want
-    assert heuristic == SwigluConfig(256, 4, 2)
+    assert heuristic == SwigluConfig(256, 4, 3)
 
 
 def test_bench_bytes_and_exit_without_a_gpu(capsys):
@@ -585,7 +643,8 @@ def test_bounded_launcher_keys_and_arguments(backward):
         half = h13.shape[1] // 2
         assert key == swiglu.SwigluKey("swiglu_fp8", direction, False, vector, bounded=True, half=half)
         assert args[0] is h13 and args[1] is out and args[2] is q and args[3] is scales and args[5] is ends
-        assert len(args) == 6 and (args[4] is not None) == backward
+        assert len(args) == 8 and (args[4] is not None) == backward
+        assert args[6] is swiglu.silu_table(target.device) and args[7] == 132
         call(h13, None)
         key = swiglu.SwigluKey("swiglu_fp8", direction, False, vector, False, half)
         assert target.kernels.calls.pop()[0] == key

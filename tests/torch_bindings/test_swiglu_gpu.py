@@ -264,6 +264,76 @@ def test_other_launch_shapes(direction, vector):
         out = torch.full((rows, out_cols), 7.0, dtype=BF16, device="cuda")
         q = torch.full((rows, out_cols), 0x55, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
         scales = torch.full((rows,), -1.0, device="cuda")
-        kernel(h13, out, q, scales, grad if direction == "bwd" else None)
+        table = torch_bindings.swiglu.silu_table(h13.device)
+        kernel(h13, out, q, scales, grad if direction == "bwd" else None, table, 2)
         for name, a, b in zip(("out", "q", "scales"), (out, q, scales), want, strict=True):
             assert_same_bytes(a, b, f"{config}: {name}")
+
+
+def test_silu_table_built_on_the_device_is_the_cpu_one():
+    """The kernels' table, built on the GPU by the reference's fp32 ops, holds the bits the CPU
+    computes (the kernels' bytes rest on it)."""
+    got = torch_bindings.swiglu.silu_table(torch.device("cuda", torch.cuda.current_device()))
+    assert_same_bytes(got, reference.silu_table())
+
+
+def test_first_call_inside_a_cuda_graph_capture(monkeypatch):
+    """A table first needed inside a capture is built into the graph (with a warning) and kept
+    alive, not cached: the replays write the reference's bytes, and a later eager call builds and
+    caches its own. A table built just before a capture, its event never queried, is used as built
+    inside the next one (no rebuild in the graph)."""
+    from torch_bindings import swiglu
+
+    h13, grad = _inputs(300, 1024, 9)
+    torch_bindings.swiglu_quantize_fp8(h13)  # the kernels compile outside the capture
+    torch_bindings.swiglu_backward_quantize_fp8(grad, h13)
+    monkeypatch.setattr(swiglu, "_tables", {})
+    monkeypatch.setattr(swiglu, "_captured_tables", [])
+    graph = torch.cuda.CUDAGraph()
+    with pytest.warns(UserWarning, match="inside a CUDA graph capture"), torch.cuda.graph(graph):
+        fwd = torch_bindings.swiglu_quantize_fp8(h13)
+        bwd = torch_bindings.swiglu_backward_quantize_fp8(grad, h13)
+    assert not swiglu._tables and len(swiglu._captured_tables) == 2
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = (*reference.swiglu_quantize_fp8(h13), *reference.swiglu_backward_quantize_fp8(grad, h13))
+    for got, want in zip((*fwd, *bwd), expected, strict=True):
+        assert_same_bytes(got, want)
+    _check_forward(h13)
+    assert len(swiglu._tables) == 1
+    monkeypatch.setattr(swiglu, "_tables", {})
+    torch_bindings.swiglu_quantize_fp8(h13)  # built eagerly, its event not queried yet
+    assert swiglu._tables[h13.device].pending is not None
+    second = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(second):
+        again = torch_bindings.swiglu_quantize_fp8(h13)
+    assert len(swiglu._captured_tables) == 2 and swiglu._tables[h13.device].pending is None
+    second.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(again, reference.swiglu_quantize_fp8(h13), strict=True):
+        assert_same_bytes(got, want)
+
+
+def test_a_call_on_another_stream_waits_for_the_tables_build(monkeypatch, poison_cuda_allocator):
+    """The table is built on the stream of the first call; a call on another stream while that
+    build is still queued (behind a sleep) waits for it on the device and writes the reference's
+    bytes (unbuilt, the table would hold fresh or poisoned memory)."""
+    from torch_bindings import swiglu
+
+    h13, _ = _inputs(64, 1024, 10)
+    torch_bindings.swiglu_quantize_fp8(h13)  # compiled outside the race
+    monkeypatch.setattr(swiglu, "_tables", {})
+    poison_cuda_allocator()
+    first, second = torch.cuda.Stream(), torch.cuda.Stream()
+    for stream in (first, second):
+        stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(first):
+        torch.cuda._sleep(200_000_000)  # the build below waits behind this for a while
+        torch_bindings.swiglu_quantize_fp8(h13)
+    with torch.cuda.stream(second):
+        got = torch_bindings.swiglu_quantize_fp8(h13)
+    torch.cuda.synchronize()
+    for a, b in zip(got, reference.swiglu_quantize_fp8(h13), strict=True):
+        assert_same_bytes(a, b)
+    torch_bindings.swiglu_quantize_fp8(h13)
+    assert swiglu._tables[h13.device].pending is None  # the build is done: no more event queries
