@@ -155,11 +155,11 @@ def _swiglu_fp8() -> dict[str, list]:
     from cute_kernels.swiglu import SwigluConfig
 
     rows = [(t, u, c) for t in (128, 256, 512) for u in (1, 2, 4) for c in (2, 3, 4) if t * c <= 2048]
-    warps = [(t, u, c) for t in (128, 256) for u in (2, 4, 8) for c in (2, 4) if t * c <= 2048]
-    # the forward's heuristic first (the backward's, 256 / 2 / 2, is in the grid; 256 / 4 / 2 spills
-    # there and is skipped); every config is also checked against the reference
-    default = [SwigluConfig(256, 4, 2)]
-    default += [SwigluConfig(t, u, c) for t, u, c in rows if (t, u, c) != (256, 4, 2)]
+    warps = [(t, u, c) for t in (128, 256, 512) for u in (2, 4, 8) for c in (2, 4) if t * c <= 2048]
+    # the forward's heuristic first (the backward's, 256 / 2 / 2, is in the grid; the forward's
+    # spills in the backward and is skipped there); every config is also checked against the reference
+    default = [SwigluConfig(256, 4, 3)]
+    default += [SwigluConfig(t, u, c) for t, u, c in rows if (t, u, c) != (256, 4, 3)]
     default += [SwigluConfig(t, u, c, row_per_cta=False) for t, u, c in warps]
     return {DEFAULT: default, "quick": default[:4]}
 
