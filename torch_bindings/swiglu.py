@@ -158,8 +158,7 @@ def _launch(
         kernel = target.kernels.get(key) or target.kernel(
             SwigluKey._make(key), SwigluKey.variant, SwigluKey.config
         )
-        entry = _tables.get(target.device)
-        table = entry.tensor if entry is not None and entry.pending is None else silu_table(target.device)
+        table = silu_table(target.device)
         if bounded:
             kernel(h13, out, q, scales, grad_h, ends, table, target.num_sms)
         else:

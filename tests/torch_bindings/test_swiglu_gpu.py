@@ -337,3 +337,20 @@ def test_a_call_on_another_stream_waits_for_the_tables_build(monkeypatch, poison
         assert_same_bytes(a, b)
     torch_bindings.swiglu_quantize_fp8(h13)
     assert swiglu._tables[h13.device].pending is None  # the build is done: no more event queries
+
+
+def test_two_results_held_alive_are_both_the_references():
+    """Two calls per direction on different inputs share the cached table; all four results, held
+    at once, are read afterwards and match the reference."""
+    (h13_a, grad_a), (h13_b, grad_b) = _inputs(300, 1024, 21), _inputs(300, 1024, 22)
+    fwd_a, fwd_b = torch_bindings.swiglu_quantize_fp8(h13_a), torch_bindings.swiglu_quantize_fp8(h13_b)
+    bwd_a = torch_bindings.swiglu_backward_quantize_fp8(grad_a, h13_a)
+    bwd_b = torch_bindings.swiglu_backward_quantize_fp8(grad_b, h13_b)
+    for got, want in (
+        (fwd_a, reference.swiglu_quantize_fp8(h13_a)),
+        (fwd_b, reference.swiglu_quantize_fp8(h13_b)),
+        (bwd_a, reference.swiglu_backward_quantize_fp8(grad_a, h13_a)),
+        (bwd_b, reference.swiglu_backward_quantize_fp8(grad_b, h13_b)),
+    ):
+        for a, b in zip(got, want, strict=True):
+            assert_same_bytes(a, b)
