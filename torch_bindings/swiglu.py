@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 
 from . import checks, contract, reference, targets
+from .device_constants import ConstantCache
 from .op import KernelOp
 from .quantize_fp8 import k_class
 
@@ -25,77 +26,28 @@ _FWD, _BWD = contract.SWIGLU_QUANTIZE_FP8, contract.SWIGLU_BACKWARD_QUANTIZE_FP8
 _Tensor = torch.Tensor
 _ANY_GROUPS = 1 << 62  # the bounded kernels read only the last end: any number of groups
 _captured_tables: list[torch.Tensor] = []  # tables built inside a CUDA graph capture (below)
-
-
-class _Table:
-    """A device's silu table (``reference.silu_table``, fp32) and, until it is known to be built,
-    the event recorded after its build on the stream that built it."""
-
-    __slots__ = ("pending", "tensor")
-
-    def __init__(self, tensor: torch.Tensor, pending) -> None:
-        self.tensor = tensor
-        self.pending = pending
-
-
-_tables: dict[torch.device, _Table] = {}
+_tables = ConstantCache()  # the silu table by device
 
 
 def silu_table(device: torch.device) -> torch.Tensor:
     """The kernels' silu table on ``device`` (``reference.silu_table``), built there once on the
-    current stream (a few dozen elementwise launches, no sync). Until that build is known to be done
-    (an event query, no sync), a call on another stream waits for it on the device.
-
-    Inside a CUDA graph capture no event can be queried: a table built before the capture is taken
-    as built (``torch.cuda.graph`` and ``make_graphed_callables`` synchronize the device before they
-    capture). A table first needed inside a capture is built into the graph, so that every replay
-    rebuilds it before the kernel reads it, and kept alive without being cached (the graph's memory
-    must not serve calls outside the graph); a warning says so once, since those launches repeat on
-    every replay: call the op once before capturing."""
-    entry = _tables.get(device)
-    if entry is not None and entry.pending is None:
-        return entry.tensor
-    capturing = _capturing(device)
-    if entry is None:
-        table = reference.silu_table(device)
-        if capturing:
-            _warn_captured_build()
-            _captured_tables.append(table)
-        else:
-            _tables[device] = _Table(table, _built_event(device))
-        return table
-    if capturing or entry.pending.query():
-        entry.pending = None
-    else:
-        torch.cuda.current_stream(device).wait_event(entry.pending)
-    return entry.tensor
+    current stream (a few dozen elementwise launches, no sync), with the stream and capture rules of
+    ``torch_bindings.device_constants``. A table first needed inside a CUDA graph capture is built into
+    the graph, so that every replay rebuilds it before the kernel reads it, and kept alive without
+    being cached; a warning says so once, since those launches repeat on every replay: call the op
+    once before capturing."""
+    return _tables.get(device, device, lambda: reference.silu_table(device), _keep_captured_table)
 
 
-def _capturing(device: torch.device) -> bool:
-    """Whether ``device``'s current stream is capturing a CUDA graph (False off CUDA)."""
-    if device.type != "cuda":
-        return False
-    with torch.cuda.device(device):
-        return torch.cuda.is_current_stream_capturing()
-
-
-def _warn_captured_build() -> None:
+def _keep_captured_table(table: torch.Tensor) -> None:
     if not _captured_tables:
         warnings.warn(
             "swiglu_quantize_fp8 / swiglu_backward_quantize_fp8: the silu table was first needed inside a "
             "CUDA graph capture, so the graph rebuilds it (a few dozen elementwise launches) on every "
             "replay; call the op once before capturing to build it outside the graph",
-            stacklevel=4,
+            stacklevel=5,
         )
-
-
-def _built_event(device: torch.device):
-    """An event recorded on ``device``'s current stream (None off CUDA)."""
-    if device.type != "cuda":
-        return None
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(device))
-    return event
+    _captured_tables.append(table)
 
 
 class SwigluKey(NamedTuple):

@@ -15,6 +15,7 @@ from conftest import assert_same_bytes, no_sync
 
 import torch_bindings
 from torch_bindings import reference
+from torch_bindings.device_constants import ConstantCache
 
 pytestmark = pytest.mark.gpu
 
@@ -287,7 +288,7 @@ def test_first_call_inside_a_cuda_graph_capture(monkeypatch):
     h13, grad = _inputs(300, 1024, 9)
     torch_bindings.swiglu_quantize_fp8(h13)  # the kernels compile outside the capture
     torch_bindings.swiglu_backward_quantize_fp8(grad, h13)
-    monkeypatch.setattr(swiglu, "_tables", {})
+    monkeypatch.setattr(swiglu, "_tables", ConstantCache())
     monkeypatch.setattr(swiglu, "_captured_tables", [])
     graph = torch.cuda.CUDAGraph()
     with pytest.warns(UserWarning, match="inside a CUDA graph capture"), torch.cuda.graph(graph):
@@ -301,13 +302,13 @@ def test_first_call_inside_a_cuda_graph_capture(monkeypatch):
         assert_same_bytes(got, want)
     _check_forward(h13)
     assert len(swiglu._tables) == 1
-    monkeypatch.setattr(swiglu, "_tables", {})
+    monkeypatch.setattr(swiglu, "_tables", ConstantCache())
     torch_bindings.swiglu_quantize_fp8(h13)  # built eagerly, its event not queried yet
-    assert swiglu._tables[h13.device].pending is not None
+    assert swiglu._tables.pending(h13.device)
     second = torch.cuda.CUDAGraph()
     with torch.cuda.graph(second):
         again = torch_bindings.swiglu_quantize_fp8(h13)
-    assert len(swiglu._captured_tables) == 2 and swiglu._tables[h13.device].pending is None
+    assert len(swiglu._captured_tables) == 2 and not swiglu._tables.pending(h13.device)
     second.replay()
     torch.cuda.synchronize()
     for got, want in zip(again, reference.swiglu_quantize_fp8(h13), strict=True):
@@ -322,7 +323,7 @@ def test_a_call_on_another_stream_waits_for_the_tables_build(monkeypatch, poison
 
     h13, _ = _inputs(64, 1024, 10)
     torch_bindings.swiglu_quantize_fp8(h13)  # compiled outside the race
-    monkeypatch.setattr(swiglu, "_tables", {})
+    monkeypatch.setattr(swiglu, "_tables", ConstantCache())
     poison_cuda_allocator()
     first, second = torch.cuda.Stream(), torch.cuda.Stream()
     for stream in (first, second):
@@ -336,7 +337,7 @@ def test_a_call_on_another_stream_waits_for_the_tables_build(monkeypatch, poison
     for a, b in zip(got, reference.swiglu_quantize_fp8(h13), strict=True):
         assert_same_bytes(a, b)
     torch_bindings.swiglu_quantize_fp8(h13)
-    assert swiglu._tables[h13.device].pending is None  # the build is done: no more event queries
+    assert not swiglu._tables.pending(h13.device)  # the build is done: no more event queries
 
 
 def test_two_results_held_alive_are_both_the_references():
