@@ -489,6 +489,11 @@ def check_ep_dispatch(
     check_divisible("num_experts", num_experts, ranks, why="(the group size)", op=op)
     divisor, why = _EP_WIDTH[recipe]
     check_divisible("D", x.shape[1], divisor, why=f"for {recipe} {why}", op=op)
+    if x.data_ptr() % VECTOR_ALIGN:
+        raise ValueError(
+            f"{op}: x must be {VECTOR_ALIGN}-byte aligned (the send kernel reads 16-byte vectors), got a "
+            f"data pointer {x.data_ptr() % VECTOR_ALIGN} bytes past a boundary (pass a .clone() of it)"
+        )
 
 
 def check_ep_combine(y: Any, rows: int, topk_weights: Any, tokens: int, topk: int) -> None:

@@ -199,6 +199,23 @@ def quantize_and_send(
     if x.device.type != "cuda":
         _send_reference(x, dst_index, buffers, options)
         return
+    launch_send(x, dst_index, buffers, recipe, rank, topk, scaling_mode, round_scales_to_power_of_2)
+
+
+def launch_send(
+    x: torch.Tensor,
+    dst_index: torch.Tensor,
+    buffers: SendBuffers,
+    recipe: str,
+    rank: int,
+    topk: int,
+    scaling_mode: str = "rceil",
+    round_scales_to_power_of_2: bool = True,
+) -> None:
+    """:func:`quantize_and_send`'s launch on CUDA without its Python checks, for callers whose
+    arguments hold the contract by construction (``torch_bindings.moe.ep``: x checked by the public
+    op, the index and the buffers its own); the compiled kernel still checks dtypes, ranks, devices
+    and shared sizes."""
     mode = scaling_mode if recipe == "mxfp8" else "rceil"
     pow2 = round_scales_to_power_of_2 if recipe == "fp8_rowwise" else True
     target = targets.known(x) or targets.select(OP, "cute", x)
@@ -240,4 +257,4 @@ def _send_reference(x, dst_index, buffers, options: _Options) -> None:
     )
 
 
-__all__ = ["RECIPES", "PeerBuffers", "SendBuffers", "buffer_specs", "quantize_and_send"]
+__all__ = ["RECIPES", "PeerBuffers", "SendBuffers", "buffer_specs", "launch_send", "quantize_and_send"]

@@ -54,7 +54,8 @@ from cute_utils.constants import EP_FILL_VARIANTS, EP_MAX_EXPERTS, SCATTER_VARIA
 
 from .. import checks, reference, targets
 from ..contract import dtype_name
-from ..ep_send import SendBuffers, buffer_specs, quantize_and_send
+from ..device_constants import ConstantCache
+from ..ep_send import SendBuffers, buffer_specs, launch_send, quantize_and_send
 from ..swizzle import swizzle_scales
 
 RECIPES = checks.EP_RECIPES
@@ -140,6 +141,17 @@ def _ptr_table(tensors: list, device: torch.device) -> torch.Tensor:
     return table
 
 
+#: Address tables by (device, addresses): a table's bytes are the addresses alone, so buffers the
+#: caching allocator hands out again at the same addresses (every call of a steady loop) reuse it.
+_ADDRESS_TABLES = ConstantCache(limit=4096)
+
+
+def _address_table(tensors: list, device: torch.device) -> torch.Tensor:
+    """:func:`_ptr_table` of ``tensors``, cached by their addresses (read only)."""
+    key = (device, *(t.data_ptr() for t in tensors))
+    return _ADDRESS_TABLES.get(key, device, lambda: _ptr_table(tensors, device))
+
+
 class LocalPool:
     """Buffers of R ranks in one process (R = 1: the local path, ``rank`` 0; R > 1: the simulated
     multi-rank tests, whose driver runs the ranks' steps in turn and stacks their counts). Every
@@ -147,6 +159,7 @@ class LocalPool:
     the allocator when the last tensor viewing them dies (no pool to outlive)."""
 
     rank = 0
+    owns_buffers = True  # a call's buffers are its result's own: nothing to copy out
 
     def __init__(self, ranks: int, device: torch.device) -> None:
         self.ranks = ranks
@@ -159,9 +172,9 @@ class LocalPool:
         views: dict[int, dict[str, SharedRows]] = {r: {} for r in range(self.ranks)}
         for name, (shape, dtype) in kinds.items():
             tensors = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(self.ranks)]
-            ptrs = _ptr_table(tensors, self.device)
+            ptrs = _address_table(tensors, self.device)
             for r, t in enumerate(tensors):
-                views[r][name] = SharedRows(t, ptrs, ptrs[r : r + 1], tensors)
+                views[r][name] = SharedRows(t, ptrs, ptrs if self.ranks == 1 else ptrs[r : r + 1], tensors)
         return Slot(views)
 
     def exchange_counts(self, routing: Routing, slot: Slot) -> torch.Tensor:
@@ -204,6 +217,7 @@ class SlotRing:
     holds."""
 
     rank = 0
+    owns_buffers = False  # later calls write a slot again once free: results copy out what they keep
 
     def __init__(self) -> None:
         self._families: dict[object, list[Slot]] = {}
@@ -540,7 +554,7 @@ def route(topk_idx: torch.Tensor, experts: int, ticket: int = 0) -> Routing:
         return _route_torch(topk_idx, experts)
     # The kernel reads the ids with unit stride: a view when contiguous, else a contiguous copy.
     ids = topk_idx.view(-1) if topk_idx.is_contiguous() else topk_idx.contiguous().view(-1)
-    message = torch.empty(experts + 1, dtype=torch.int32, device=ids.device)
+    message = ids.new_empty(experts + 1, dtype=torch.int32)
     position = message.new_empty(ids.shape[0])
     kernel = _kernel(target, IdKey, ("ep_route", _ID_NAMES[ids.dtype]))
     kernel(ids, message, position, experts, ticket)
@@ -673,11 +687,6 @@ class DispatchResult:
     #: gradient back through the dispatch (``tokens`` hands it to the GEMMs).
     grad_anchor: torch.Tensor | None = field(repr=False, default=None)
 
-    def routing_only(self) -> DispatchResult:
-        """This result without its rows (``q``, ``scales``): what combine and the backward passes
-        need, kept by autograd without keeping the dispatched rows alive."""
-        return replace(self, q=None, scales=None, plain_scales=None, grad_anchor=None)
-
     @property
     def tokens(self):
         """The FP8 recipes' rows as :class:`torch_bindings.moe.tokens.QuantizedTokens` (q, scales, the
@@ -725,6 +734,9 @@ def send_dispatch(
     rows2d = x.reshape(-1, x.shape[-1])
     topk = 1 if x.dim() == 3 else shape.topk
     buffers = SendBuffers(bufs["q"], bufs.get("s"), bufs["tags"])
+    if rows2d.is_cuda:  # the rows are checked by dispatch, the index and buffers are this module's
+        launch_send(rows2d, lay.dst_index, buffers, shape.recipe, rank, topk, scaling_mode)
+        return
     quantize_and_send(
         rows2d, lay.dst_index, buffers, recipe=shape.recipe, rank=rank, topk=topk, scaling_mode=scaling_mode
     )
@@ -789,37 +801,45 @@ def _fill_padding(lay: Layout, bufs: dict) -> None:
         kernel(own, lay.padded_start, lay.padded_end, lay.sizes, filled, int(fresh), word, target.num_sms)
 
 
-_INDEX_TENSORS: dict[tuple, torch.Tensor] = {}
+#: Read-only index vectors by (what, sizes..., device) (``torch_bindings.device_constants``).
+_INDEX_TENSORS = ConstantCache()
 
 
-def _cached_index(key: tuple, build) -> torch.Tensor:
-    """``build()``'s tensor, cached under ``key`` (a launch less per later use). Read only: none of
-    the cached tensors is ever returned or written. Never cached while a CUDA graph is captured:
-    there ``build`` only records its kernels, so the tensor would hold its bytes only once the
-    graph replays, and an eager call reading it from the cache would get garbage."""
-    tensor = _INDEX_TENSORS.get(key)
-    if tensor is None:
-        tensor = build()
-        if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
-            _INDEX_TENSORS[key] = tensor
-    return tensor
+def _cached_index(key: tuple, device: torch.device, build) -> torch.Tensor:
+    """``build()``'s tensor on ``device``, cached under ``key`` (a launch less per later use). Read
+    only: none of the cached tensors is ever returned or written. Built inside a CUDA graph capture,
+    it is not cached (``ConstantCache``)."""
+    return _INDEX_TENSORS.get(key, device, build)
 
 
 def _minus_ones(n: int, device: torch.device) -> torch.Tensor:
     """A cached (n,) int32 tensor of -1 (source rows that read as zero rows)."""
-    return _cached_index(("-1", n, device), lambda: torch.full((n,), -1, dtype=torch.int32, device=device))
+    return _cached_index(
+        ("-1", n, device), device, lambda: torch.full((n,), -1, dtype=torch.int32, device=device)
+    )
 
 
 def _ones_bits(n: int, device: torch.device) -> torch.Tensor:
     """A cached (n, 1) int32 tensor of the bits of fp32 1.0 (padding rows' scales)."""
     return _cached_index(
-        ("1.0", n, device), lambda: torch.ones((n, 1), dtype=torch.float32, device=device).view(torch.int32)
+        ("1.0", n, device),
+        device,
+        lambda: torch.ones((n, 1), dtype=torch.float32, device=device).view(torch.int32),
+    )
+
+
+def _zero_bf16(device: torch.device) -> torch.Tensor:
+    """A cached 0-d bf16 zero (the FP8 dispatch's gradient anchor expands it: no storage of its own)."""
+    return _cached_index(
+        ("0 bf16", device), device, lambda: torch.zeros((), dtype=torch.bfloat16, device=device)
     )
 
 
 def _zeros_int(n: int, device: torch.device) -> torch.Tensor:
     """A cached (n,) int32 tensor of 0."""
-    return _cached_index(("0", n, device), lambda: torch.zeros((n,), dtype=torch.int32, device=device))
+    return _cached_index(
+        ("0", n, device), device, lambda: torch.zeros((n,), dtype=torch.int32, device=device)
+    )
 
 
 def _row_of_every_rank(ranks: int, rank: int, device: torch.device) -> torch.Tensor:
@@ -829,12 +849,14 @@ def _row_of_every_rank(ranks: int, rank: int, device: torch.device) -> torch.Ten
     def build() -> torch.Tensor:
         return torch.arange(ranks, dtype=torch.int32, device=device) * ranks + rank
 
-    return _cached_index(("row of every rank", ranks, rank, device), build)
+    return _cached_index(("row of every rank", ranks, rank, device), device, build)
 
 
 def _arange(n: int, device: torch.device) -> torch.Tensor:
     """A cached ``arange(n)`` int32 (the static row and pair numbers)."""
-    return _cached_index(("arange", n, device), lambda: torch.arange(n, dtype=torch.int32, device=device))
+    return _cached_index(
+        ("arange", n, device), device, lambda: torch.arange(n, dtype=torch.int32, device=device)
+    )
 
 
 def _send_and_land(x: torch.Tensor, lay: Layout, slot: Slot, shape: EpShape, pool, scaling_mode: str) -> None:
@@ -852,18 +874,23 @@ def _mark_filled(lay: Layout, slot: Slot) -> None:
         slot.filled.copy_(lay.padded_end[-1:])
 
 
-def finish_dispatch(lay: Layout, bufs: dict, shape: EpShape, rank: int) -> DispatchResult:
+def finish_dispatch(
+    lay: Layout, bufs: dict, shape: EpShape, rank: int, owned: bool = False
+) -> DispatchResult:
     """Step 5b, after every rank's rows have landed (barrier): the result (q a new view of the
     buffer: the slot stays busy while it lives; the scales of the padded groups; the row tags
-    copied out)."""
+    copied out, or with ``owned`` (the buffers are this call's own: ``LocalPool``) viewed as they
+    are, as are fp8_rowwise's scales)."""
     scales = plain = None
     if shape.recipe == "mxfp8":
         plain = bufs["s"].own
         scales = swizzle_scales(plain, group_end_offsets=lay.padded_end, groups="M")
         plain = plain.view(plain.shape)
     elif shape.recipe == "fp8_rowwise":
-        scales = bufs["s"].own.view(-1).clone()
-    tags = bufs["tags"].own.view(-1).clone()
+        scales = bufs["s"].own.view(-1)
+        scales = scales if owned else scales.clone()
+    tags = bufs["tags"].own.view(-1)
+    tags = tags if owned else tags.clone()
     q = bufs["q"].own
     return DispatchResult(
         q.view(q.shape),
@@ -912,7 +939,7 @@ def _spread_order(n: int, device: torch.device) -> torch.Tensor:
         order = torch.arange(n, dtype=torch.int64, device=device) * _spread_stride(n) % max(n, 1)
         return order.to(torch.int32)
 
-    return _cached_index(("spread", n, device), build)
+    return _cached_index(("spread", n, device), device, build)
 
 
 def _combine_slot(pool, shape: EpShape, width: int) -> Slot:
@@ -1025,7 +1052,7 @@ def run_dispatch(
     all_counts = pool.exchange_counts(routing, slot)
     lay = layout(routing, all_counts, rank, shape, slot.filled)
     _send_and_land(x, lay, slot, shape, pool, scaling_mode)
-    result = finish_dispatch(lay, slot.views[rank], shape, rank)
+    result = finish_dispatch(lay, slot.views[rank], shape, rank, owned=pool.owns_buffers)
     result.pool = pool
     return result
 
@@ -1073,12 +1100,17 @@ _ROUTING_TENSORS = (
 )
 
 
+#: Every tensor field of a ``DispatchResult`` as None: the context's copy holds none (the rows'
+#: tensors never, the routing's through ``save_for_backward``).
+_NO_TENSORS = dict.fromkeys((*_ROUTING_TENSORS, "q", "scales", "plain_scales", "grad_anchor"))
+
+
 def _save_routing(ctx, result: DispatchResult, *extra) -> None:
     """Keep what a backward pass needs of ``result`` (its routing, never its rows) and ``extra``
     tensors (None allowed): every tensor through ``save_for_backward``, so saved-tensor hooks
     (activation checkpointing, offloading) see them and the backward frees them; the context
     holds no tensor attribute."""
-    ctx.routing = replace(result.routing_only(), **dict.fromkeys(_ROUTING_TENSORS))
+    ctx.routing = replace(result, **_NO_TENSORS)
     ctx.save_for_backward(*(getattr(result, name) for name in _ROUTING_TENSORS), *extra)
 
 
@@ -1102,7 +1134,7 @@ class _DispatchFn(torch.autograd.Function):
         _save_routing(ctx, result)
         if shape.recipe == "bf16":
             return result.q
-        return torch.zeros((), dtype=torch.bfloat16, device=x.device).expand(result.q.shape)
+        return _zero_bf16(x.device).expand(result.q.shape)
 
     @staticmethod
     def backward(ctx, grad_q):
@@ -1228,7 +1260,7 @@ def simulate_dispatch(
         send_dispatch(xs[r], lays[r], slot.views[r], shape, r, scaling_mode)
     for r in range(ranks):
         zero_padding(lays[r], slot.views[r])
-    results = [finish_dispatch(lays[r], slot.views[r], shape, r) for r in range(ranks)]
+    results = [finish_dispatch(lays[r], slot.views[r], shape, r, owned=True) for r in range(ranks)]
     for result in results:
         result.pool = pool
     return results
