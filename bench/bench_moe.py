@@ -15,7 +15,9 @@ the dgrad, torch's for the wgrad).
 Also: the kernel time per step by kernel (``torch.profiler``), split into GEMMs and the rest
 (quantization, padding, layout, glue), and the rest against the copy-bandwidth floor of the bytes
 our quantization and padding move (each pass's input read once plus its outputs: the column passes'
-second read is not counted; copy GB/s measured in this run).
+second read is not counted; copy GB/s measured in this run). Per op of the module's step (ours and
+``cute``, 1 micro-batch): GPU us inside the step, bytes (tensor arguments + results) and the ratio
+to a device copy of the same bytes (``bench.common.op_trace``).
 
 Run (GPU machine, project root on PYTHONPATH)::
 
@@ -37,6 +39,7 @@ from bench.common.baselines import copy_baseline_best
 from bench.common.cli import add_parts_arg, make_parser, output_paths, progress
 from bench.common.device import cuda_or_none
 from bench.common.groups import skewed_group_sizes
+from bench.common.op_trace import op_rows, print_op_table, trace_ops
 from bench.common.report import report
 from bench.common.timing import time_cuda
 from torch_bindings.reference import padded_rows
@@ -456,6 +459,12 @@ def module_rows(s: Shape, torchao_mm, copy_gbps: float) -> list[dict]:
         f"({moved / 1e9:.2f} GB at {copy_gbps:.0f} GB/s; weights {weight_bytes(s) / 1e9:.2f} GB); "
         f"GEMM kernels {gemm_us:.0f} us"
     )
+    for name in ("ours", "cute"):
+        if name in forwards:
+            step = _column_step(inputs, name, forwards[name][0], forwards[name][1], 1)
+            step()
+            totals, step_us = trace_ops(step)
+            print_op_table(f"ops per step: {name}, {s.name}, 1 micro-batch", op_rows(totals, step_us))
     del forwards, ours, x, grad_out, inputs
     torch.cuda.empty_cache()
     return rows

@@ -514,3 +514,39 @@ def test_package_reexports_what_the_scripts_import() -> None:
         home = getattr(obj, "__module__", None)
         if callable(obj) and home is not None and home.startswith("bench.common."):
             assert getattr(__import__(home, fromlist=["_"]), name) is obj, name
+
+
+# ------------------------------------------------------------------------------------------
+# per-op trace (bench.common.op_trace)
+# ------------------------------------------------------------------------------------------
+
+
+def test_tensor_bytes_counts_every_tensor_once_per_reference() -> None:
+    from bench.common.op_trace import tensor_bytes
+
+    a, b = torch.empty(3, 4, dtype=torch.bfloat16), torch.empty(5, dtype=torch.float32)
+    assert tensor_bytes(a) == 24 and tensor_bytes((a, [b, 7], None)) == 44 and tensor_bytes("x") == 0
+
+
+@pytest.mark.gpu
+def test_trace_ops_times_the_outer_ops_and_restores_dispatch() -> None:
+    import torch_bindings as tb
+    from bench.common.op_trace import op_rows, trace_ops
+    from torch_bindings.op import KernelOp
+
+    x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    original = KernelOp.dispatch
+
+    def step():
+        tb.quantize_fp8_2d(x, axis="row")
+        tb.quantize_fp8_2d(x, axis="row")
+
+    step()
+    totals, step_us = trace_ops(step)
+    assert KernelOp.dispatch is original
+    (name,) = totals
+    t = totals[name]
+    assert t.calls == 2 and 0 < t.us <= step_us
+    assert t.nbytes == 2 * (x.numel() * 2 + x.numel() + 256 * 4)  # x read; e4m3 q and fp32 scales written
+    rows = op_rows(totals, step_us)
+    assert rows[0]["op"] == name and rows[0]["of copy"] > 0 and rows[-1]["us"] >= 0
