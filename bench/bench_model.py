@@ -3,7 +3,8 @@
 A Qwen3-MoE model (4 layers, hidden 2048, 8 experts top-2, expert hidden 2048, 16 heads of 128,
 vocab 32k; bf16 parameters, AdamW) trains on 16k tokens per step (8 x 2048) with the model's own
 experts (``experts_implementation="grouped_mm"``: bf16 ``torch._grouped_mm``) and ours
-(``"cute_bf16"``, ``"cute_fp8_rowwise"``; ``torch_bindings.moe.hf.register``). Reported: ms per step
+(``"cute_bf16"``, ``"cute_fp8_rowwise"``, and on sm_90 ``"cute_fp8_rowwise_sm90"``: the project's own
+FP8 grouped GEMM; ``torch_bindings.moe.hf.register``). Reported: ms per step
 (median of timed steps, each synchronized), the speedup over the model's own experts, peak memory.
 
 Run (GPU machine, project root on PYTHONPATH, transformers installed)::
@@ -24,6 +25,8 @@ from bench.common.device import cuda_or_none
 from bench.common.report import report
 
 IMPLEMENTATIONS = ("grouped_mm", "cute_bf16", "cute_fp8_rowwise")
+#: On an sm_90 GPU also: fp8_rowwise on the project's own grouped GEMM (``gemm="cute"``, opt-in).
+OWN_GEMM = "cute_fp8_rowwise_sm90"
 
 
 def _model(implementation: str, layers: int):
@@ -97,8 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: bench_model needs transformers ({error})", file=sys.stderr)
         return 2
     print(f"device: {torch.cuda.get_device_name()}")
+    from torch_bindings.moe.grouped_mm import cute_gemm_reason
+
+    names = IMPLEMENTATIONS + ((OWN_GEMM,) if cute_gemm_reason(torch.device("cuda")) is None else ())
     rows = []
-    for name in IMPLEMENTATIONS:
+    for name in names:
         progress(f"Qwen3-MoE training step: experts {name}")
         rows.append(_step_ms(name, layers=4, batch=8, seq=2048, steps=5 if args.quick else 10))
     own = rows[0]["ms/step"]

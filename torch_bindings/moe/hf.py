@@ -1,6 +1,8 @@
 """transformers integration: our expert block as an experts implementation (SPEC section 8).
 
-``register()`` adds ``"cute_fp8_rowwise"``, ``"cute_mxfp8"`` and ``"cute_bf16"`` to
+``register()`` adds ``"cute_fp8_rowwise"``, ``"cute_mxfp8"`` and ``"cute_bf16"`` (and
+``"cute_fp8_rowwise_sm90"``: fp8_rowwise on the project's own FP8 grouped GEMM, ``gemm="cute"``,
+opt-in and Hopper only) to
 ``transformers.integrations.moe.ALL_EXPERTS_FUNCTIONS``, so that a transformers MoE model whose
 experts class uses ``@use_experts_implementation`` (Qwen3-MoE, Mixtral, ...) runs on them with
 ``from_pretrained(..., experts_implementation="cute_fp8_rowwise")`` or
@@ -23,8 +25,11 @@ import torch
 
 from .grouped_mm import GROUP_ALIGNMENT
 
-#: Registered name -> recipe.
+#: Registered name -> recipe (the GEMMs ``gemm="auto"`` picks).
 IMPLEMENTATIONS = {"cute_fp8_rowwise": "fp8_rowwise", "cute_mxfp8": "mxfp8", "cute_bf16": "bf16"}
+#: Registered name -> recipe, on the project's own grouped GEMM (``gemm="cute"``: sm_90 only, the
+#: dispatch's groups aligned to ``moe.layer.default_alignment``'s 128 rows).
+OWN_GEMM_IMPLEMENTATIONS = {"cute_fp8_rowwise_sm90": "fp8_rowwise"}
 _DISPATCH_ALIGNMENT = 32  # a multiple of every recipe's GEMM alignment (GROUP_ALIGNMENT)
 
 
@@ -62,28 +67,31 @@ def _is_silu(experts: torch.nn.Module) -> bool:
     return act is None or isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
 
 
-def _block(experts: torch.nn.Module, recipe: str):
-    """Our ``GroupedExperts`` on the experts module's own parameters (shared), one per recipe, kept
-    outside the module's submodules (its state_dict keys do not change)."""
+def _block(experts: torch.nn.Module, recipe: str, gemm: str):
+    """Our ``GroupedExperts`` on the experts module's own parameters (shared), one per recipe and
+    GEMM, kept outside the module's submodules (its state_dict keys do not change)."""
     from .layer import GroupedExperts
 
     blocks = experts.__dict__.setdefault("_cute_blocks", {})
-    block = blocks.get(recipe)
+    block = blocks.get((recipe, gemm))
     w13, w2 = hf_weights(experts)
     if block is None or block.w13 is not w13 or block.w2 is not w2:
-        block = blocks[recipe] = GroupedExperts.from_weights(w13, w2, recipe=recipe)
+        block = blocks[recipe, gemm] = GroupedExperts.from_weights(w13, w2, recipe=recipe, gemm=gemm)
     return block
 
 
-def make_experts_forward(recipe: str):
+def make_experts_forward(recipe: str, gemm: str = "auto"):
     """An experts forward ``(self, hidden_states (T, D), top_k_index (T, k), top_k_weights (T, k))
-    -> (T, D)`` running ``recipe`` (module docstring): R = 1 (``ep.LOCAL``), every expert of the
-    module on this rank, whatever ``torch.distributed`` holds."""
+    -> (T, D)`` running ``recipe`` on ``gemm``'s GEMMs (module docstring): R = 1 (``ep.LOCAL``),
+    every expert of the module on this rank, whatever ``torch.distributed`` holds. ``gemm="cute"``
+    raises ``RuntimeError`` (naming what is missing) at the first call off sm_90."""
     from .ep import LOCAL
     from .layer import routed_experts
 
+    alignment = None if gemm == "cute" else _DISPATCH_ALIGNMENT  # None: the GEMM's own default
+
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        block = _block(self, recipe)
+        block = _block(self, recipe, gemm)
         return routed_experts(
             hidden_states,
             top_k_index,
@@ -91,22 +99,25 @@ def make_experts_forward(recipe: str):
             block,
             num_experts=block.w13.shape[0],
             dispatch_recipe=recipe,
-            alignment=_DISPATCH_ALIGNMENT,
+            alignment=alignment,
             group=LOCAL,
         )
 
-    forward.__name__ = f"cute_{recipe}_experts_forward"
+    forward.__name__ = f"cute_{recipe}{'_sm90' if gemm == 'cute' else ''}_experts_forward"
     return forward
 
 
 def register() -> list[str]:
-    """Register every recipe with transformers (``ALL_EXPERTS_FUNCTIONS``); returns the names."""
+    """Register every implementation with transformers (``ALL_EXPERTS_FUNCTIONS``); returns the
+    names."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
     assert max(GROUP_ALIGNMENT.values()) <= _DISPATCH_ALIGNMENT
     for name, recipe in IMPLEMENTATIONS.items():
         ALL_EXPERTS_FUNCTIONS.register(name, make_experts_forward(recipe))
-    return list(IMPLEMENTATIONS)
+    for name, recipe in OWN_GEMM_IMPLEMENTATIONS.items():
+        ALL_EXPERTS_FUNCTIONS.register(name, make_experts_forward(recipe, gemm="cute"))
+    return [*IMPLEMENTATIONS, *OWN_GEMM_IMPLEMENTATIONS]
 
 
-__all__ = ["IMPLEMENTATIONS", "hf_weights", "make_experts_forward", "register"]
+__all__ = ["IMPLEMENTATIONS", "OWN_GEMM_IMPLEMENTATIONS", "hf_weights", "make_experts_forward", "register"]
