@@ -474,7 +474,13 @@ _EP_WIDTH = {
 
 
 def check_ep_dispatch(
-    x: Any, topk_idx: Any, num_experts: Any, ranks: int, recipe: Any, alignment: Any
+    x: Any,
+    topk_idx: Any,
+    num_experts: Any,
+    ranks: int,
+    recipe: Any,
+    alignment: Any,
+    scaling_mode: Any = "rceil",
 ) -> None:
     """``torch_bindings.ep.dispatch``'s arguments (docs/contract.md section 9)."""
     op = "dispatch"
@@ -487,13 +493,11 @@ def check_ep_dispatch(
     if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
         raise TypeError(f"{op}: num_experts must be a positive int, got {describe(num_experts)}")
     check_divisible("num_experts", num_experts, ranks, why="(the group size)", op=op)
+    check_choice("scaling_mode", scaling_mode, SCALING_MODES, op=op)
     divisor, why = _EP_WIDTH[recipe]
     check_divisible("D", x.shape[1], divisor, why=f"for {recipe} {why}", op=op)
-    if x.data_ptr() % VECTOR_ALIGN:
-        raise ValueError(
-            f"{op}: x must be {VECTOR_ALIGN}-byte aligned (the send kernel reads 16-byte vectors), got a "
-            f"data pointer {x.data_ptr() % VECTOR_ALIGN} bytes past a boundary (pass a .clone() of it)"
-        )
+    if x.is_cuda:
+        check_kernel_inputs(op, None, x)  # 16-byte aligned: the send kernel reads 16-byte vectors
 
 
 def check_ep_combine(y: Any, rows: int, topk_weights: Any, tokens: int, topk: int) -> None:

@@ -27,7 +27,7 @@ def capturing(device: torch.device) -> bool:
         return torch.cuda.is_current_stream_capturing()
 
 
-def _built_event(device: torch.device):
+def _built_event(device: torch.device) -> torch.cuda.Event | None:
     """An event recorded on ``device``'s current stream (None off CUDA)."""
     if device.type != "cuda":
         return None
@@ -41,18 +41,22 @@ class _Entry:
 
     __slots__ = ("pending", "tensor")
 
-    def __init__(self, tensor: torch.Tensor, pending) -> None:
+    def __init__(self, tensor: torch.Tensor, pending: torch.cuda.Event | None) -> None:
         self.tensor = tensor
         self.pending = pending
 
 
 class ConstantCache:
-    """Tensors by key (module docstring). ``limit``: the most entries kept; past it the least
-    recently used is dropped (None: no limit; a dropped tensor goes back to the caching allocator,
-    which orders its reuse after the work queued on the stream that built it). None of the tensors
-    may be written or handed to a caller that could write it."""
+    """Tensors by key (module docstring). Entries are never dropped: a CUDA graph captured after a
+    lookup, or a kernel queued on another stream, may read a cached tensor at any later time.
+    ``limit``: past this many entries a new key's tensor is built and returned without being cached
+    (as inside a capture), so the cache's memory stays bounded (None: no limit). The tensors are
+    read only: none may be written, nor handed out other than as a view that cannot be written
+    (a zero-stride expansion autograd owns)."""
 
     def __init__(self, limit: int | None = None) -> None:
+        if limit is not None and limit < 1:
+            raise ValueError(f"ConstantCache: limit must be None or >= 1, got {limit}")
         self._entries: dict[Hashable, _Entry] = {}
         self._limit = limit
 
@@ -68,8 +72,6 @@ class ConstantCache:
         tensor is then not cached: keep it alive there, warn)."""
         entry = self._entries.get(key)
         if entry is not None and entry.pending is None:
-            if self._limit is not None:  # least recently used first in line to be dropped
-                self._entries[key] = self._entries.pop(key)
             return entry.tensor
         inside = capturing(device)
         if entry is None:
@@ -78,9 +80,8 @@ class ConstantCache:
                 if on_captured_build is not None:
                     on_captured_build(tensor)
                 return tensor
-            if self._limit is not None and len(self._entries) >= self._limit:
-                del self._entries[next(iter(self._entries))]
-            self._entries[key] = _Entry(tensor, _built_event(device))
+            if self._limit is None or len(self._entries) < self._limit:
+                self._entries[key] = _Entry(tensor, _built_event(device))
             return tensor
         if inside or entry.pending.query():
             entry.pending = None

@@ -2,9 +2,10 @@
 to its k destinations (SPEC sections 2, 7 and 9; kernel ``cute_kernels.ep_send``, design in
 notes/ep-quantize-send.md).
 
-``quantize_and_send`` is what ``torch_bindings.ep``'s send step calls once routing and layout have
-given every (token, slot) item its destination ``dst_index = dest_rank * P + dest_row`` (-1:
-dropped). It writes, per item, into the destination rank's buffers (this rank's own included):
+``quantize_and_send`` (checked; ``launch_send``, the launch alone, is what ``torch_bindings.ep``'s
+send step calls on CUDA) runs once routing and layout have given every (token, slot) item its
+destination ``dst_index = dest_rank * P + dest_row`` (-1: dropped). It writes, per item, into the
+destination rank's buffers (this rank's own included):
 
 - ``q``: the token's row, e4m3 (``"mxfp8"``, ``"fp8_rowwise"``) or bf16 as it is (``"bf16"``);
 - ``scales``: mxfp8 the row's D/32 E8M0 bytes (1x32 blocks, ``scaling_mode``), fp8_rowwise its
@@ -26,12 +27,13 @@ from typing import Any, NamedTuple
 
 import torch
 
+from cute_kernels.op_specs import SCALING_MODES
+
 from . import reference, targets
 from .checks import check_bool, check_choice, check_divisible, check_tensor, describe
 
 OP = "quantize_and_send"
 RECIPES: tuple[str, ...] = ("mxfp8", "fp8_rowwise", "bf16")
-_SCALING_MODES = ("floor", "rceil")
 _INT32_MAX = 2**31 - 1
 _ALIGN = 16  # bytes: x's rows and every buffer's base address
 
@@ -121,7 +123,7 @@ def _check(x, dst_index, buffers, options: _Options) -> None:
     """The arguments of :func:`quantize_and_send` (module docstring), before any launch."""
     recipe, rank, topk = options.recipe, options.rank, options.topk
     check_choice("recipe", recipe, RECIPES, op=OP)
-    check_choice("scaling_mode", options.scaling_mode, _SCALING_MODES, op=OP)
+    check_choice("scaling_mode", options.scaling_mode, SCALING_MODES, op=OP)
     check_bool("round_scales_to_power_of_2", options.round_scales, op=OP)
     _check_int("rank", rank, 0)
     _check_int("topk", topk, 1)
@@ -212,10 +214,12 @@ def launch_send(
     scaling_mode: str = "rceil",
     round_scales_to_power_of_2: bool = True,
 ) -> None:
-    """:func:`quantize_and_send`'s launch on CUDA without its Python checks, for callers whose
-    arguments hold the contract by construction (``torch_bindings.moe.ep``: x checked by the public
-    op, the index and the buffers its own); the compiled kernel still checks dtypes, ranks, devices
-    and shared sizes."""
+    """:func:`quantize_and_send`'s launch on CUDA without its Python checks, for this package's
+    callers whose arguments hold the contract by construction (``torch_bindings.moe.ep``: x checked
+    by ``dispatch``, or built by the module, the index and the buffers its own; its test driver
+    ``simulate_dispatch`` passes the caller's rows). The compiled kernel's wrapper still refuses
+    wrong dtypes, ranks, devices, alignment, non-compact layouts and sizes the arguments must share;
+    the scaling mode is not checked here."""
     mode = scaling_mode if recipe == "mxfp8" else "rceil"
     pow2 = round_scales_to_power_of_2 if recipe == "fp8_rowwise" else True
     target = targets.known(x) or targets.select(OP, "cute", x)

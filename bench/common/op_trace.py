@@ -3,15 +3,17 @@
 :func:`trace_ops` runs ``step`` once with every public op of ``torch_bindings`` (each goes through
 ``KernelOp.dispatch``, notes/host-overhead.md) timed by CUDA events around its call. A sleep kernel
 queued first holds the GPU while the host queues the whole step, so no event pair times a gap in
-which the GPU waited for a launch. Bytes per call are the op's tensor arguments (read) plus its
-tensor results (written): what a pass that reads its inputs once and writes its outputs once moves.
+which the GPU waited for a launch (a warning says when the sleep ended first). Bytes per call are
+the op's tensor arguments (read) plus its tensor results (written): what a pass that reads its
+inputs once and writes its outputs once moves.
 :func:`op_rows` sets each op's time against a device copy of the same bytes (per call), so the ratio
 is the op's own "fraction of copy" as it runs in the step (warm or cold L2 as the step leaves it).
-Ops called from inside another op are counted in the outer one.
+Ops called from inside another op are counted in the outer one; traces do not nest.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,8 +23,10 @@ import torch
 from bench.common.baselines import copy_baseline_best
 from torch_bindings.op import KernelOp
 
-#: Cycles of the sleep kernel queued before the step (tens of ms at Hopper clocks: longer than the
-#: host takes to queue an expert block's step).
+_ORIGINAL_DISPATCH = KernelOp.dispatch
+
+#: Cycles of the sleep kernel queued before the step; a warning says when the host took longer to
+#: queue the step.
 _HOLD_CYCLES = 100_000_000
 
 
@@ -37,12 +41,19 @@ def tensor_bytes(obj: Any) -> int:
 
 @dataclass
 class OpTotals:
-    """One op's calls in a step: count, GPU microseconds and bytes (each summed over calls)."""
+    """One op's calls in a step: GPU microseconds (summed) and the bytes of each call."""
 
-    calls: int = 0
     us: float = 0.0
-    nbytes: int = 0
+    call_bytes: list[int] = field(default_factory=list)
     events: list = field(default_factory=list, repr=False)
+
+    @property
+    def calls(self) -> int:
+        return len(self.call_bytes)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.call_bytes)
 
 
 def trace_ops(step: Callable[[], Any]) -> tuple[dict[str, OpTotals], float]:
@@ -63,22 +74,30 @@ def trace_ops(step: Callable[[], Any]) -> tuple[dict[str, OpTotals], float]:
         finally:
             depth[0] -= 1
         entry = totals.setdefault(self.name, OpTotals())
-        entry.calls += 1
-        entry.nbytes += tensor_bytes(args) + tensor_bytes(out)
+        entry.call_bytes.append(tensor_bytes(args) + tensor_bytes(out))
         entry.events.append((start, end))
         return out
 
+    if KernelOp.dispatch is not _ORIGINAL_DISPATCH:
+        raise RuntimeError("trace_ops: a trace is already running (traces do not nest)")
     first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     torch.cuda._sleep(_HOLD_CYCLES)
+    first.record()
     KernelOp.dispatch = traced
     try:
-        first.record()
         step()
+        queued_in_time = not first.query()  # the sleep still held the GPU when the step was queued
         last.record()
     finally:
         KernelOp.dispatch = original
     torch.cuda.synchronize()
+    if not queued_in_time:
+        warnings.warn(
+            "trace_ops: the host queued the step slower than the sleep held the GPU, so some op times "
+            "include launch gaps; raise bench.common.op_trace._HOLD_CYCLES",
+            stacklevel=2,
+        )
     for entry in totals.values():
         entry.us = sum(s.elapsed_time(e) * 1e3 for s, e in entry.events)
         entry.events.clear()
@@ -89,16 +108,18 @@ def op_rows(totals: dict[str, OpTotals], step_us: float) -> list[dict]:
     """Rows of a per-op table, largest time first: calls, GPU us, MB moved, GB/s and the ratio to a
     device copy of each call's bytes; a last row for the rest of the step (GEMMs, PyTorch ops)."""
     rows = []
+    device = torch.device("cuda")
     for name, t in sorted(totals.items(), key=lambda kv: -kv[1].us):
-        copy_us = copy_baseline_best(t.nbytes // t.calls, torch.device("cuda"))[0].us * t.calls
+        copy_us = sum(copy_baseline_best(max(b, 2), device)[0].us for b in t.call_bytes)  # cached by size
+        us = max(t.us, 1e-3)  # an op that launched nothing
         rows.append(
             {
                 "op": name,
                 "calls": t.calls,
                 "us": t.us,
                 "MB": t.nbytes / 1e6,
-                "GB/s": t.nbytes / t.us / 1e3,
-                "of copy": copy_us / t.us,
+                "GB/s": t.nbytes / us / 1e3,
+                "of copy": copy_us / us,
             }
         )
     rest = step_us - sum(t.us for t in totals.values())

@@ -550,3 +550,13 @@ def test_trace_ops_times_the_outer_ops_and_restores_dispatch() -> None:
     assert t.nbytes == 2 * (x.numel() * 2 + x.numel() + 256 * 4)  # x read; e4m3 q and fp32 scales written
     rows = op_rows(totals, step_us)
     assert rows[0]["op"] == name and rows[0]["of copy"] > 0 and rows[-1]["us"] >= 0
+
+    def failing():
+        tb.quantize_fp8_2d(x, axis="row")
+        with pytest.raises(RuntimeError, match="traces do not nest"):
+            trace_ops(step)
+        raise KeyError("step failed")
+
+    with pytest.raises(KeyError, match="step failed"):
+        trace_ops(failing)
+    assert KernelOp.dispatch is original

@@ -208,6 +208,9 @@ def test_bad_arguments_name_what_is_wrong():
         ep.dispatch(x, ids, num_experts=4, alignment=24)
     with pytest.raises(ValueError, match=r"D \(96\) must be a multiple of 128"):
         ep.dispatch(torch.zeros(4, 96, dtype=torch.bfloat16), ids, num_experts=4)
+    for recipe in ("mxfp8", "fp8_rowwise", "bf16"):
+        with pytest.raises(ValueError, match="dispatch: scaling_mode must be one of"):
+            ep.dispatch(x, ids, num_experts=4, recipe=recipe, scaling_mode="round")
     res = ep.dispatch(x, ids, num_experts=4, recipe="bf16")
     with pytest.raises(ValueError, match="combine: y must have the dispatched"):
         ep.combine(torch.zeros(3, 8, dtype=torch.bfloat16), res, torch.ones(4, 2))
@@ -217,6 +220,36 @@ def test_bad_arguments_name_what_is_wrong():
         ep.combine(torch.zeros(res.q.shape[0], 12, dtype=torch.bfloat16), res, torch.ones(4, 2))
     with pytest.raises(ValueError, match="topk_weights"):
         ep.combine(torch.zeros(res.q.shape[0], 8, dtype=torch.bfloat16), res, torch.ones(4, 3))
+
+
+@pytest.mark.gpu
+def test_misaligned_x_is_refused_before_any_launch():
+    x = torch.zeros(4 * 256 + 8, dtype=torch.bfloat16, device="cuda")[8:].view(4, 256)  # 16 bytes off
+    ids = torch.zeros(4, 2, dtype=torch.int64, device="cuda")
+    with pytest.raises(ValueError, match="dispatch: the CuTeDSL kernels need 16-byte aligned tensors"):
+        ep.dispatch(x, ids, num_experts=4, recipe="bf16")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_results_view_their_own_rows_at_r1_and_copy_out_of_a_slot_ring(device):
+    """R = 1 buffers are the call's own: the result's scales and tags view them. A reused slot
+    (a ``SlotRing``) is written again by later calls: its results hold copies."""
+    shape = ep.EpShape(1, 4, 256, 2, 4, 32, "fp8_rowwise")
+    ids = torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], device=device)
+    x = torch.randn(4, 256, device=device).bfloat16()
+    pool = ep.LocalPool(1, torch.device(device))
+    slot = pool.acquire("family", ep._dispatch_kinds(shape))
+    routing = ep.route(ids, 4)
+    lay = ep.layout(routing, pool.exchange_counts(routing, slot), 0, shape, slot.filled)
+    bufs = slot.views[0]
+    ep.send_dispatch(x, lay, bufs, shape, 0, "rceil")
+    ep.zero_padding(lay, bufs)
+    for owned in (True, False):
+        res = ep.finish_dispatch(lay, bufs, shape, 0, owned=owned)
+        for got, own in ((res.tags, bufs["tags"].own), (res.scales, bufs["s"].own)):
+            assert (got.untyped_storage().data_ptr() == own.untyped_storage().data_ptr()) is owned
+            assert torch.equal(got, own.view(-1))
+    assert ep.LocalPool.owns_buffers and not ep.SlotRing.owns_buffers
 
 
 @pytest.mark.skipif(

@@ -3,6 +3,7 @@ stream and capture rules run on the GPU in the silu table's tests (``test_swiglu
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from torch_bindings.device_constants import ConstantCache
@@ -23,13 +24,15 @@ def test_a_key_is_built_once():
     assert "a" in cache and len(cache) == 1 and not cache.pending("a")  # no event off CUDA
 
 
-def test_the_least_recently_used_entry_goes_first():
+def test_past_the_limit_new_keys_are_built_each_time_and_nothing_is_dropped():
     cache = ConstantCache(limit=2)
     a = cache.get("a", CPU, lambda: torch.zeros(1))
     cache.get("b", CPU, lambda: torch.zeros(1))
-    assert cache.get("a", CPU, lambda: torch.ones(1)) is a  # a used last: b is dropped next
-    cache.get("c", CPU, lambda: torch.zeros(1))
-    assert "a" in cache and "b" not in cache and "c" in cache and len(cache) == 2
+    first = cache.get("c", CPU, lambda: torch.ones(1))
+    assert cache.get("c", CPU, lambda: torch.ones(1)) is not first  # not cached
+    assert cache.get("a", CPU, lambda: torch.ones(1)) is a and "c" not in cache and len(cache) == 2
+    with pytest.raises(ValueError, match="limit must be None or >= 1"):
+        ConstantCache(limit=0)
 
 
 def test_address_tables_are_the_addresses_and_cached_by_them():

@@ -143,7 +143,8 @@ def _ptr_table(tensors: list, device: torch.device) -> torch.Tensor:
 
 #: Address tables by (device, addresses): a table's bytes are the addresses alone, so buffers the
 #: caching allocator hands out again at the same addresses (every call of a steady loop) reuse it.
-_ADDRESS_TABLES = ConstantCache(limit=4096)
+#: Past the limit (8 MiB of tables) new address sets get a table per call, as before the cache.
+_ADDRESS_TABLES = ConstantCache(limit=16384)
 
 
 def _address_table(tensors: list, device: torch.device) -> torch.Tensor:
@@ -728,7 +729,8 @@ def send_dispatch(
     x: torch.Tensor, lay: Layout, bufs: dict, shape: EpShape, rank: int, scaling_mode: str
 ) -> None:
     """Step 4: this rank's pairs (x (T, D), or (T, k, D): one row per pair) into the receivers'
-    buffers in one launch (``ep_send.quantize_and_send``: each token read and, for mxfp8 /
+    buffers in one launch (``ep_send.launch_send`` on CUDA, ``quantize_and_send`` with its checks
+    on CPU: each token read and, for mxfp8 /
     fp8_rowwise, quantized once, then written with its scale row to each of its k destinations),
     and the tags ``rank * P + pair + 1``."""
     rows2d = x.reshape(-1, x.shape[-1])
@@ -807,8 +809,9 @@ _INDEX_TENSORS = ConstantCache()
 
 def _cached_index(key: tuple, device: torch.device, build) -> torch.Tensor:
     """``build()``'s tensor on ``device``, cached under ``key`` (a launch less per later use). Read
-    only: none of the cached tensors is ever returned or written. Built inside a CUDA graph capture,
-    it is not cached (``ConstantCache``)."""
+    only: none is written, and only the 0-d zero leaves the module, as a zero-stride expansion
+    (the gradient anchor) that autograd refuses to write. Built inside a CUDA graph capture, it is
+    not cached (``ConstantCache``)."""
     return _INDEX_TENSORS.get(key, device, build)
 
 
@@ -1206,7 +1209,7 @@ def dispatch(
     takes its rows from the caching allocator, per call, and communicates nothing.
     """
     pool = _pool(group, x.device)
-    checks.check_ep_dispatch(x, topk_idx, num_experts, pool.ranks, recipe, alignment)
+    checks.check_ep_dispatch(x, topk_idx, num_experts, pool.ranks, recipe, alignment, scaling_mode)
     tokens, hidden = x.shape
     shape = EpShape(pool.ranks, tokens, hidden, topk_idx.shape[1], num_experts, alignment, recipe)
     if pool.ranks * shape.rows > _INT32_MAX:
@@ -1260,7 +1263,9 @@ def simulate_dispatch(
         send_dispatch(xs[r], lays[r], slot.views[r], shape, r, scaling_mode)
     for r in range(ranks):
         zero_padding(lays[r], slot.views[r])
-    results = [finish_dispatch(lays[r], slot.views[r], shape, r, owned=True) for r in range(ranks)]
+    results = [
+        finish_dispatch(lays[r], slot.views[r], shape, r, owned=pool.owns_buffers) for r in range(ranks)
+    ]
     for result in results:
         result.pool = pool
     return results

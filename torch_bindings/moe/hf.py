@@ -21,6 +21,8 @@ transformers stays an optional dependency: nothing here imports it until ``regis
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .grouped_mm import GROUP_ALIGNMENT
@@ -80,7 +82,7 @@ def _block(experts: torch.nn.Module, recipe: str, gemm: str):
     return block
 
 
-def make_experts_forward(recipe: str, gemm: str = "auto"):
+def make_experts_forward(recipe: str, gemm: str = "auto") -> Callable[..., torch.Tensor]:
     """An experts forward ``(self, hidden_states (T, D), top_k_index (T, k), top_k_weights (T, k))
     -> (T, D)`` running ``recipe`` on ``gemm``'s GEMMs (module docstring): R = 1 (``ep.LOCAL``),
     every expert of the module on this rank, whatever ``torch.distributed`` holds. ``gemm="cute"``
@@ -90,7 +92,12 @@ def make_experts_forward(recipe: str, gemm: str = "auto"):
 
     alignment = None if gemm == "cute" else _DISPATCH_ALIGNMENT  # None: the GEMM's own default
 
-    def forward(self, hidden_states, top_k_index, top_k_weights):
+    def forward(
+        self: torch.nn.Module,
+        hidden_states: torch.Tensor,
+        top_k_index: torch.Tensor,
+        top_k_weights: torch.Tensor,
+    ) -> torch.Tensor:
         block = _block(self, recipe, gemm)
         return routed_experts(
             hidden_states,
