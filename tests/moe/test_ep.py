@@ -224,7 +224,7 @@ def test_bad_arguments_name_what_is_wrong():
 
 @pytest.mark.gpu
 def test_misaligned_x_is_refused_before_any_launch():
-    x = torch.zeros(4 * 256 + 8, dtype=torch.bfloat16, device="cuda")[8:].view(4, 256)  # 16 bytes off
+    x = torch.zeros(4 * 256 + 4, dtype=torch.bfloat16, device="cuda")[4:].view(4, 256)  # 8 bytes off
     ids = torch.zeros(4, 2, dtype=torch.int64, device="cuda")
     with pytest.raises(ValueError, match="dispatch: the CuTeDSL kernels need 16-byte aligned tensors"):
         ep.dispatch(x, ids, num_experts=4, recipe="bf16")
