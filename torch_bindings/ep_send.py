@@ -109,17 +109,18 @@ def _check_kind(name: str, kind: Any, shape: tuple, dtypes: tuple, x: torch.Tens
 
 
 @dataclass(frozen=True)
-class _Options:
-    """The keyword arguments of :func:`quantize_and_send`."""
+class SendOptions:
+    """The non-tensor arguments of :func:`quantize_and_send` (``round_scales`` is its
+    ``round_scales_to_power_of_2``)."""
 
     recipe: str
     rank: int
     topk: int
-    round_scales: bool
-    scaling_mode: str
+    round_scales: bool = True
+    scaling_mode: str = "rceil"
 
 
-def _check(x, dst_index, buffers, options: _Options) -> None:
+def _check(x, dst_index, buffers, options: SendOptions) -> None:
     """The arguments of :func:`quantize_and_send` (module docstring), before any launch."""
     recipe, rank, topk = options.recipe, options.rank, options.topk
     check_choice("recipe", recipe, RECIPES, op=OP)
@@ -196,43 +197,35 @@ def quantize_and_send(
     rank's index (tags ``rank * T * k + item + 1``); ``topk`` k. Rows no item names are left as
     they are. CUDA (sm_90 / sm_100): one launch on the current stream, no host sync, CUDA-graph
     capturable; CPU: ``reference.ep_quantize_send`` on ``buffers.*.tensors``. Returns nothing."""
-    options = _Options(recipe, rank, topk, round_scales_to_power_of_2, scaling_mode)
+    options = SendOptions(recipe, rank, topk, round_scales_to_power_of_2, scaling_mode)
     _check(x, dst_index, buffers, options)
     if x.device.type != "cuda":
         _send_reference(x, dst_index, buffers, options)
         return
-    launch_send(x, dst_index, buffers, recipe, rank, topk, scaling_mode, round_scales_to_power_of_2)
+    launch_send(x, dst_index, buffers, options)
 
 
-def launch_send(
-    x: torch.Tensor,
-    dst_index: torch.Tensor,
-    buffers: SendBuffers,
-    recipe: str,
-    rank: int,
-    topk: int,
-    scaling_mode: str = "rceil",
-    round_scales_to_power_of_2: bool = True,
-) -> None:
+def launch_send(x: torch.Tensor, dst_index: torch.Tensor, buffers: SendBuffers, options: SendOptions) -> None:
     """:func:`quantize_and_send`'s launch on CUDA without its Python checks, for this package's
     callers whose arguments hold the contract by construction (``torch_bindings.moe.ep``: x checked
     by ``dispatch``, or built by the module, the index and the buffers its own; its test driver
     ``simulate_dispatch`` passes the caller's rows). The compiled kernel's wrapper still refuses
     wrong dtypes, ranks, devices, alignment, non-compact layouts and sizes the arguments must share;
     the scaling mode is not checked here."""
-    mode = scaling_mode if recipe == "mxfp8" else "rceil"
-    pow2 = round_scales_to_power_of_2 if recipe == "fp8_rowwise" else True
+    recipe = options.recipe
+    mode = options.scaling_mode if recipe == "mxfp8" else "rceil"
+    pow2 = options.round_scales if recipe == "fp8_rowwise" else True
     target = targets.known(x) or targets.select(OP, "cute", x)
     key = ("ep_send", recipe, mode, pow2)  # a plain tuple equals its SendKey: no NamedTuple per call
     kernel = target.kernels.get(key) or target.kernel(SendKey._make(key), SendKey.variant)
     scales = buffers.tags if recipe == "bf16" else buffers.scales  # bf16: a placeholder, never written
     s_own = scales.own.view(torch.float8_e8m0fnu) if scales.own.dtype == torch.uint8 else scales.own
-    index = dst_index.view(x.shape[0], topk)
+    index = dst_index.view(x.shape[0], options.topk)
     q, tags = buffers.q, buffers.tags
-    kernel(x, index, q.own, q.ptrs, s_own, scales.ptrs, tags.own, tags.ptrs, rank)
+    kernel(x, index, q.own, q.ptrs, s_own, scales.ptrs, tags.own, tags.ptrs, options.rank)
 
 
-def _send_reference(x, dst_index, buffers, options: _Options) -> None:
+def _send_reference(x, dst_index, buffers, options: SendOptions) -> None:
     """The CPU path: the reference's moves on the buffers' local tensors."""
     kinds = {"q": buffers.q, "tags": buffers.tags}
     if options.recipe != "bf16":
@@ -261,4 +254,12 @@ def _send_reference(x, dst_index, buffers, options: _Options) -> None:
     )
 
 
-__all__ = ["RECIPES", "PeerBuffers", "SendBuffers", "buffer_specs", "launch_send", "quantize_and_send"]
+__all__ = [
+    "RECIPES",
+    "PeerBuffers",
+    "SendBuffers",
+    "SendOptions",
+    "buffer_specs",
+    "launch_send",
+    "quantize_and_send",
+]

@@ -219,3 +219,37 @@ def test_index_range_limits():
     good = make_buffers("bf16", 1, 8, 64, 0)
     with pytest.raises(ValueError, match="int32"):
         _call(recipe="bf16", buffers=good, rank=2**30)
+
+
+@pytest.mark.parametrize(
+    "recipe,options,key",
+    [
+        ("mxfp8", {"scaling_mode": "floor"}, ("ep_send", "mxfp8", "floor", True)),
+        ("fp8_rowwise", {"round_scales": False}, ("ep_send", "fp8_rowwise", "rceil", False)),
+        ("bf16", {}, ("ep_send", "bf16", "rceil", True)),
+    ],
+)
+def test_the_launch_passes_the_kernel_its_key_and_arguments(monkeypatch, recipe, options, key):
+    """The CUDA launch path (``launch_send``, what ``quantize_and_send`` and ``torch_bindings.moe.ep``
+    call on a GPU), with a recording kernel in place of the compiled one: its table key and its
+    arguments in order (the bytes are the GPU tests')."""
+    from types import SimpleNamespace
+
+    from torch_bindings import ep_send, targets
+
+    calls = []
+    target = SimpleNamespace(kernels={key: lambda *args: calls.append(args)})
+    monkeypatch.setattr(targets, "known", lambda tensor: target)
+    x = torch.zeros(3, 64, dtype=torch.bfloat16)
+    index = torch.zeros(6, dtype=torch.int32)
+    buffers = make_buffers(recipe, 2, 8, 64, 0)
+    ep_send.launch_send(x, index, buffers, ep_send.SendOptions(recipe, 1, 2, **options))
+    ((x_, index_, q, q_ptrs, s, s_ptrs, tags, tag_ptrs, rank),) = calls
+    scales = buffers.tags if recipe == "bf16" else buffers.scales
+    assert x_ is x and index_.shape == (3, 2) and index_.data_ptr() == index.data_ptr() and rank == 1
+    passed, built = (
+        (q, q_ptrs, tags, tag_ptrs),
+        (buffers.q.own, buffers.q.ptrs, buffers.tags.own, buffers.tags.ptrs),
+    )
+    assert all(a is b for a, b in zip(passed, built, strict=True))
+    assert s.data_ptr() == scales.own.data_ptr() and s_ptrs is scales.ptrs

@@ -55,7 +55,7 @@ from cute_utils.constants import EP_FILL_VARIANTS, EP_MAX_EXPERTS, SCATTER_VARIA
 from .. import checks, reference, targets
 from ..contract import dtype_name
 from ..device_constants import ConstantCache
-from ..ep_send import SendBuffers, buffer_specs, launch_send, quantize_and_send
+from ..ep_send import SendBuffers, SendOptions, buffer_specs, launch_send, quantize_and_send
 from ..swizzle import swizzle_scales
 
 RECIPES = checks.EP_RECIPES
@@ -737,7 +737,9 @@ def send_dispatch(
     topk = 1 if x.dim() == 3 else shape.topk
     buffers = SendBuffers(bufs["q"], bufs.get("s"), bufs["tags"])
     if rows2d.is_cuda:  # the rows are checked by dispatch, the index and buffers are this module's
-        launch_send(rows2d, lay.dst_index, buffers, shape.recipe, rank, topk, scaling_mode)
+        launch_send(
+            rows2d, lay.dst_index, buffers, SendOptions(shape.recipe, rank, topk, scaling_mode=scaling_mode)
+        )
         return
     quantize_and_send(
         rows2d, lay.dst_index, buffers, recipe=shape.recipe, rank=rank, topk=topk, scaling_mode=scaling_mode
