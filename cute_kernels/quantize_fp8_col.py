@@ -50,8 +50,12 @@ the row scales ((M,) or (E, N)).
    blocks from the halves' source rows (one unmasked 32-row load when both halves are whole and
    contiguous, the common case; else per-row masks, zeros elsewhere), multiplies each half by its
    group's ``q_scale`` and stores each column's 32 bytes at the block's aligned place with the
-   sector stores. CTA (0, 0) writes the padded offsets. Variants: dtype and ``vector_loads`` (P is
-   a multiple of 16: always 16-byte stores).
+   sector stores. CTA (0, 0) writes the padded offsets. Variants: dtype, ``vector_loads`` (P is
+   a multiple of 16: always 16-byte stores) and ``dual`` (``pad_and_quantize_fp8_2d_dual``: after
+   the ``groups`` dual amax pass, each CTA also takes its padded rows' row ``q_scale`` from their
+   source rows' words into shared memory and writes each data row's q row-major at its source row,
+   2 bytes per lane and row as the unpadded dual; the CTAs of column chunk 0 write the row scales.
+   Rows past the last group end are in no padded row: their q and scales are left as they are).
 
 Groups are found with no scan: a thread looks up the group of its first row with a binary search
 of the end offsets in global memory and follows the rows in order; a 32-row block inside the
@@ -851,33 +855,42 @@ HALVES = TILE_M // HALF  # halves of a CTA's row tile
 _HALF_WORDS = 3  # per half: group (G: none), first source row, data rows (0 .. HALF)
 
 
-def _storage():
+def _storage(dual: bool = False):
     """Shared memory: the group scan's prefix (units of A) and clamped ends (MAX_GROUPS + 1 words
-    each), its per-warp scratch, and the row tile's halves (HALVES x 3 words)."""
+    each), its per-warp scratch, the row tile's halves (HALVES x 3 words) and (dual) the row
+    ``q_scale`` of each of its 128 padded rows."""
     words = prefix_smem_words(MAX_GROUPS)
-    return storage_struct(
-        {
-            "prefix": cute.struct.Align[cute.struct.MemRange[Int32, words], 16],
-            "ends": cute.struct.Align[cute.struct.MemRange[Int32, words], 16],
-            "warp_totals": cute.struct.Align[cute.struct.MemRange[Int32, WARPS], 16],
-            "halves": cute.struct.Align[cute.struct.MemRange[Int32, HALVES * _HALF_WORDS], 16],
-        }
-    )
+    fields = {
+        "prefix": cute.struct.Align[cute.struct.MemRange[Int32, words], 16],
+        "ends": cute.struct.Align[cute.struct.MemRange[Int32, words], 16],
+        "warp_totals": cute.struct.Align[cute.struct.MemRange[Int32, WARPS], 16],
+        "halves": cute.struct.Align[cute.struct.MemRange[Int32, HALVES * _HALF_WORDS], 16],
+    }
+    if dual:
+        fields["row_q"] = cute.struct.Align[cute.struct.MemRange[Float32, TILE_M], 16]
+    return storage_struct(fields)
 
 
 class Fp8ColPadCastKernel(Fp8ColCastKernel):
     """Cast pass into padded groups (module docstring). Launch: ``kernel(x, q, amax, scales,
-    offsets, padded_start, padded_end, mask, steps, alignment)``: x (M, K) bf16 or fp32 row-major;
-    q E4M3 (P, K) with strides (1, P), P a multiple of 16; ``amax`` the ``groups`` amax pass's
-    (G K,) words; scales fp32 (G K,); offsets, padded_start, padded_end int32 (G,), G at most
-    ``MAX_GROUPS``; ``mask`` the rounding; ``steps = G.bit_length()``; ``alignment`` A in {16, 32,
-    64, 128}."""
+    offsets, padded_start, padded_end, mask, steps, alignment, q_rows, row_scales)``: x (M, K) bf16
+    or fp32 row-major; q E4M3 (P, K) with strides (1, P), P a multiple of 16; ``amax`` the
+    ``groups`` amax pass's (G K,) words (dual: (G K + M,), the row words last); scales fp32 (G K,);
+    offsets, padded_start, padded_end int32 (G,), G at most ``MAX_GROUPS``; ``mask`` the rounding;
+    ``steps = G.bit_length()``; ``alignment`` A in {16, 32, 64, 128}; ``q_rows`` E4M3 (M, K)
+    row-major and ``row_scales`` fp32 (M,) (dual; else None): the rows of every group, each once
+    (rows past the last group end are left as they are)."""
 
     name = "quantize_fp8_col_pad_cast"
 
     @classmethod
     def variants(cls) -> list[Fp8ColVariant]:
-        return [Fp8ColVariant(dtype, PADDED, vector) for dtype in DTYPES for vector in (True, False)]
+        return [
+            Fp8ColVariant(dtype, PADDED, vector, True, dual)
+            for dual in (False, True)
+            for dtype in DTYPES
+            for vector in (True, False)
+        ]
 
     @classmethod
     def target_name(cls, variant: Fp8ColVariant) -> str:
@@ -891,12 +904,13 @@ class Fp8ColPadCastKernel(Fp8ColCastKernel):
 
     @classmethod
     def shared_bytes(cls, variant: Fp8ColVariant, config) -> int:
-        return _storage().size_in_bytes()
+        return _storage(variant.dual).size_in_bytes()
 
     @classmethod
     def fake_arguments(cls, variant: Fp8ColVariant) -> tuple:
         """x (M, K), q (P, K) column-major with P % 16 == 0, amax, scales, offsets and the padded
-        offsets (G,), mask, steps, alignment, the env stream."""
+        offsets (G,), mask, steps, alignment, (dual) q_rows (M, K) row-major and row_scales (M,),
+        the env stream."""
         rows, padded = cute.sym_int(), cute.sym_int(divisibility=16)
         cols = cute.sym_int(divisibility=PAIR if variant.vector_loads else 1)
         x = _fake_x(variant, rows, cols)
@@ -905,9 +919,14 @@ class Fp8ColPadCastKernel(Fp8ColCastKernel):
         scales = _fake(Float32, (cute.sym_int(),), (0,), 4)
         groups = cute.sym_int()
         offsets, padded_start, padded_end = (_fake(Int32, (groups,), (0,), 4) for _ in range(3))
+        q_rows = row_scales = None
+        if variant.dual:
+            q_rows = _fake(Float8E4M3FN, (rows, cols), (1, 0), PAIR if variant.vector_loads else 1)
+            row_scales = _fake(Float32, (rows,), (0,), 4)
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         mask, steps, alignment = Int32(-1), Int32(1), Int32(16)
-        return x, q, amax, scales, offsets, padded_start, padded_end, mask, steps, alignment, stream
+        args = (x, q, amax, scales, offsets, padded_start, padded_end, mask, steps, alignment)
+        return (*args, q_rows, row_scales, stream)
 
     def launcher(self):
         return self.launch_padded
@@ -915,17 +934,19 @@ class Fp8ColPadCastKernel(Fp8ColCastKernel):
     @cute.jit
     def launch_padded(
         self, x, q, amax, scales, offsets, padded_start, padded_end, mask: Int32, steps: Int32,
-        alignment: Int32, stream,
+        alignment: Int32, q_rows, row_scales, stream,
     ):  # fmt: skip
         qt = as_one_expert(q, 16, transpose=True)  # (1, K, P) row-major
+        if cutlass.const_expr(self.variant.dual):  # q_rows (M, K) as (1, M, K)
+            q_rows = as_one_expert(q_rows, PAIR if self.variant.vector_loads else 1)
         x = _as_experts(x)
         row_tiles = ceil_div(q.shape[0], TILE_M)
         chunks, tiles_per_cta = self._column_chunks(row_tiles, x.shape[2])
         args = (x, qt, amax, _flat(scales), offsets, padded_start, padded_end, mask, steps, alignment)
-        self.kernel_padded(*args, tiles_per_cta).launch(
+        self.kernel_padded(*args, tiles_per_cta, q_rows, row_scales).launch(
             grid=[row_tiles, chunks, 1],
             block=[THREADS, 1, 1],
-            smem=_storage().size_in_bytes(),
+            smem=_storage(self.variant.dual).size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=self.config.min_ctas_per_sm,
             preferred_smem_carveout=100,  # the scan arrays: 16 KB a CTA
@@ -934,12 +955,12 @@ class Fp8ColPadCastKernel(Fp8ColCastKernel):
     @cute.kernel
     def kernel_padded(
         self, x, qt, amax, scales, offsets, padded_start, padded_end, mask, steps, alignment,
-        tiles_per_cta: Int32,
+        tiles_per_cta: Int32, q_rows, row_scales,
     ):  # fmt: skip
         tid, _, _ = cute.arch.thread_idx()
         row_tile, chunk, _ = cute.arch.block_idx()
         _, rows, cols = x.shape
-        storage = SmemAllocator().allocate(_storage())
+        storage = SmemAllocator().allocate(_storage(self.variant.dual))
         prefix = storage.prefix.get_tensor(cute.make_layout(prefix_smem_words(MAX_GROUPS)))
         ends = storage.ends.get_tensor(cute.make_layout(prefix_smem_words(MAX_GROUPS)))
         warp_totals = storage.warp_totals.get_tensor(cute.make_layout(WARPS))
@@ -953,18 +974,43 @@ class Fp8ColPadCastKernel(Fp8ColCastKernel):
             _map_half(prefix, ends, num_groups, alignment, first_row + tid * HALF, halves[tid, None])
         cute.arch.barrier()
         src = CastSource(amax, offsets, mask, steps)
+        dual = None
+        if cutlass.const_expr(self.variant.dual):
+            row_q = storage.row_q.get_tensor(cute.make_layout(TILE_M))
+            self._padded_row_q_scales(src, row_scales, halves, row_q, num_groups * cols)
+            dual = DualRows(q_rows, row_q)
         first_tile = chunk * tiles_per_cta
         last_tile = cutlass.min(first_tile + tiles_per_cta, ceil_div(cols, TILE_K))
         for tile in cutlass.range(first_tile, last_tile, unroll=1):
             at = Columns(Int32(0), tile * THREADS + tid, rows, cols)
             self._store_scales(src, scales, at, row_tile)
-            self._padded_row_tile(x, qt, src, at, first_row, halves)
+            self._padded_row_tile(x, qt, src, at, first_row, halves, dual)
 
     @cute.jit
-    def _padded_row_tile(self, x, qt, src: CastSource, at: Columns, first_row: Int32, halves):
+    def _padded_row_q_scales(self, src: CastSource, row_scales, halves, row_q: cute.Tensor, row_words: Int32):
+        """Dual: thread ``t`` puts the row ``q_scale`` of padded row ``128 T + t`` (its source row's,
+        from the row word at ``row_words + row``; 0 for a padding row) into ``row_q[t]``; the CTAs
+        of column chunk 0 also store the source rows' ``1 / q_scale`` in ``row_scales``. Every
+        source row of a group has one padded row, so each scale is written once. Ends with a CTA
+        barrier."""
+        tid, _, _ = cute.arch.thread_idx()
+        _, chunk, _ = cute.arch.block_idx()
+        half = halves[tid // HALF, None]
+        q_scale = Float32(0.0)
+        if tid % HALF < half[2]:
+            row = half[1] + tid % HALF
+            q_scale = fp8_quant_scale_masked(src.amax[row_words + row], src.mask)
+            if chunk == 0:
+                row_scales[row] = reciprocal_rn(q_scale)
+        row_q[tid] = q_scale
+        cute.arch.barrier()
+
+    @cute.jit
+    def _padded_row_tile(self, x, qt, src: CastSource, at: Columns, first_row: Int32, halves, dual):
         """Padded rows ``first_row .. first_row + 127`` (those below P) of the thread's columns into
-        q^T, ``load_blocks`` blocks of loads in flight at a time, then block by block; a group's
-        ``q_scale`` is computed again only when a half's group differs from the last one met."""
+        q^T (``dual``: also the data rows into q row-major), ``load_blocks`` blocks of loads in
+        flight at a time, then block by block; a group's ``q_scale`` is computed again only when a
+        half's group differs from the last one met."""
         loads = self.config.load_blocks
         padded_rows = qt.shape[2]
         dst = Columns(at.e, at.pair, padded_rows, at.cols)
@@ -999,6 +1045,39 @@ class Fp8ColPadCastKernel(Fp8ColCastKernel):
                     for j in cutlass.range_constexpr(PAIR):
                         _scale_halves(raw[None, None, lb], j, q_lo[j], q_hi[j], q_words)
                     self._store_block(q_words, qt, dst, row0)
+                    if cutlass.const_expr(self.variant.dual):
+                        self._store_half_rows(raw[None, None, lb], dual, at, lo, hi, b * BLOCK)
+
+    @cute.jit
+    def _store_half_rows(self, raw, dual: DualRows, at: Columns, lo, hi, first: Int32):
+        """Dual: the block's data rows (row ``i`` of half ``lo`` / ``hi``: source row ``first + i %
+        16`` below the half's data rows) times their row ``q_scale`` (``dual.q_scales[first + i]``,
+        ``first`` the block's place in the row tile) as E4M3 into q (1, M, K) row-major: the lane's
+        column pair, one 2-byte store per row (``vector_loads``; else per column). Both halves whole
+        and contiguous: the 32 addresses from one base (:func:`_block_rows`)."""
+        k0 = at.pair * PAIR
+        if cutlass.const_expr(self.variant.vector_loads):
+            whole = lo[2] == HALF and hi[2] == HALF and hi[1] == lo[1] + HALF
+            if k0 < at.cols:
+                if whole:
+                    rows = _block_rows(dual.q, at, lo[1])
+                    for i in cutlass.range_constexpr(BLOCK):
+                        cute.autovec_copy(_row_pair_e4m3(raw, i, dual.q_scales[first + i]), rows[i, None])
+                else:
+                    pairs = column_pair_view(dual.q)
+                    for i in cutlass.range_constexpr(BLOCK):
+                        half = lo if i < HALF else hi
+                        if i % HALF < half[2]:
+                            q_pair = _row_pair_e4m3(raw, i, dual.q_scales[first + i])
+                            cute.autovec_copy(q_pair, pairs[at.e, half[1] + i % HALF, at.pair, None])
+        else:
+            for i in cutlass.range_constexpr(BLOCK):
+                half = lo if i < HALF else hi
+                if i % HALF < half[2]:
+                    q_pair = _row_pair_e4m3(raw, i, dual.q_scales[first + i])
+                    for j in cutlass.range_constexpr(PAIR):
+                        if k0 + j < at.cols:
+                            dual.q[at.e, half[1] + i % HALF, k0 + j] = q_pair[j]
 
     @cute.jit
     def _load_halves(self, x, at: Columns, lo: cute.Tensor, hi: cute.Tensor, raw: cute.Tensor):

@@ -3,8 +3,8 @@ machine with the SASS we expect: no local memory, one 4-byte (bf16) / 8-byte (fp
 and column pair in the vector-load variants, the atomic max of the amax pass, the saturating E4M3
 conversion and the fp64 scale division of the cast pass, 16-byte q stores in its vector-store
 variants, and in the dual variants (2-D and experts) the row side: a CTA barrier, the row q's
-2-byte stores with vector loads; the cast into padded groups (``quantize_fp8_col_pad_cast``) has the
-cast's SASS plus its group scan's barriers; the registry lists every variant."""
+2-byte stores with vector loads; the cast into padded groups (``quantize_fp8_col_pad_cast``, and its
+dual) has the cast's SASS plus its group scan's barriers; the registry lists every variant."""
 
 from __future__ import annotations
 
@@ -59,7 +59,10 @@ def test_every_variant_is_registered():
     expected = {f"quantize_fp8_col_amax_{n}" for n in names}
     expected |= {f"quantize_fp8_col_cast_{n}_{s}" for n in names for s in ("s16", "s1")}
     expected |= {
-        f"quantize_fp8_col_pad_cast_{d}_padded_{v}" for d in ("bfloat16", "float32") for v in ("v2", "v1")
+        f"quantize_fp8_col_pad_cast_{d}_padded{dual}_{v}"
+        for d in ("bfloat16", "float32")
+        for dual in ("", "_dual")  # dual: pad_and_quantize_fp8_2d_dual
+        for v in ("v2", "v1")
     }
     assert set(TARGETS) == expected
 
