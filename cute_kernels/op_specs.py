@@ -474,6 +474,17 @@ PAD_AND_QUANTIZE_FP8_2D_COLS = OpSpec(
 )
 
 
+def _fp8_padded_dual_outputs(a: dict) -> tuple[Out, ...]:
+    return (*_fp8_row_outputs(tuple(a["x"].shape)), *_fp8_padded_cols_outputs(a))
+
+
+PAD_AND_QUANTIZE_FP8_2D_DUAL = OpSpec(
+    "pad_and_quantize_fp8_2d_dual",
+    (Operand("x", (2,), QUANT_DTYPES), Offsets("group_end_offsets", of="x"), _ALIGNMENT, _POW2),
+    _fp8_padded_dual_outputs,
+)
+
+
 def _fp8_dual_outputs(a: dict) -> tuple[Out, ...]:
     shape = tuple(a["x"].shape)
     return (*_fp8_row_outputs(shape), *_fp8_col_outputs_2d(shape, _groups(a)))

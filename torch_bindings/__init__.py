@@ -20,7 +20,7 @@ from .kernel_cache import clear_memory_cache
 from .moe import GroupedExperts, MoELayer, QuantizedTokens, ep, invalidate_weight_caches, scaled_grouped_mm
 from .pad import pad_token_groups, unpad_token_groups
 from .pad_quantize import pad_and_quantize_mxfp8_2d
-from .pad_quantize_fp8 import pad_and_quantize_fp8_2d_cols
+from .pad_quantize_fp8 import pad_and_quantize_fp8_2d_cols, pad_and_quantize_fp8_2d_dual
 from .quantize import quantize_mxfp8_2d
 from .quantize_3d import quantize_mxfp8_3d
 from .quantize_dual import quantize_mxfp8_2d_dual
@@ -45,6 +45,7 @@ __all__ = [
     "ep",
     "invalidate_weight_caches",
     "pad_and_quantize_fp8_2d_cols",
+    "pad_and_quantize_fp8_2d_dual",
     "pad_and_quantize_mxfp8_2d",
     "pad_token_groups",
     "quantize_fp8_2d",

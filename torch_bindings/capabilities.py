@@ -28,6 +28,7 @@ KERNEL_OPS = (
     "unpad_token_groups",
     "pad_and_quantize_mxfp8_2d",
     "pad_and_quantize_fp8_2d_cols",
+    "pad_and_quantize_fp8_2d_dual",
     "ep.dispatch",
     "ep.combine",
 )

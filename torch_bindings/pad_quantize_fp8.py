@@ -1,5 +1,6 @@
 """``pad_and_quantize_fp8_2d_cols``: token-group padding fused into the grouped FP8 column
-quantization (the wgrad operand of the FP8 rowwise recipe).
+quantization (the wgrad operand of the FP8 rowwise recipe); ``pad_and_quantize_fp8_2d_dual``: the
+same with the row operand from the same two reads of x (the column passes' dual variants).
 
 The column passes of ``quantize_fp8_2d(axis="col")`` (a zero fill, the ``groups`` amax pass on x,
 then ``cute_kernels.quantize_fp8_col.Fp8ColPadCastKernel``) write q straight into the padded
@@ -30,29 +31,35 @@ def _launch(
     num_groups: int,
     alignment: int,
     round_pow2: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dual: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """Allocate the outputs for x of ``shape`` (M, K) with ``num_groups`` (1 .. ``MAX_GROUPS``)
-    groups and launch the passes (all checks done). With no rows or no columns nothing is read:
-    the outputs come from their definitions (q zeros, scales 1.0, the padded offsets by PyTorch
-    ops, no sync)."""
+    groups and launch the passes (all checks done): ``(q, scales, padded_start, padded_end)``,
+    after ``(q_row, s_row)`` when ``dual`` (the dual amax pass, whose M row words follow the G K
+    column words, and the dual cast). With no rows or no columns nothing is read: the outputs come
+    from their definitions (q zeros, scales 1.0, the padded offsets by PyTorch ops, no sync)."""
     rows, cols = shape
     prows = padded_rows(rows, num_groups, alignment)
     q = target.e4m3.new_empty_strided((prows, cols), (1, prows))
     scales = target.f32.new_empty(num_groups * cols)
+    rows_out = (target.e4m3.new_empty((rows, cols)), target.f32.new_empty(rows)) if dual else ()
     if not (rows and cols):
         padded_start, padded_end = reference.padded_group_offsets(group_end_offsets, alignment)
-        return q.zero_(), scales.fill_(1.0), padded_start, padded_end
+        if dual:
+            rows_out[1].fill_(1.0)  # a row of no columns
+        return (*rows_out, q.zero_(), scales.fill_(1.0), padded_start, padded_end)
     padded_start = group_end_offsets.new_empty(num_groups)
     padded_end = group_end_offsets.new_empty(num_groups)
     vector_loads = not (cols & 1 or x.data_ptr() % (2 * x.element_size()))
-    amax = torch.zeros(num_groups * cols, dtype=torch.int32, device=x.device)
+    amax = torch.zeros(num_groups * cols + (rows if dual else 0), dtype=torch.int32, device=x.device)
     steps = num_groups.bit_length()
-    key = (x.dtype, PADDED, vector_loads, True, False, cols, num_groups)  # a ColPassesKey's fields
+    key = (x.dtype, PADDED, vector_loads, True, dual, cols, num_groups)  # a ColPassesKey's fields
     amax_pass, cast_pass = _col_passes(target, key)
     amax_pass(x, amax, group_end_offsets, steps)
     mask = FP8_POW2_MASK if round_pow2 else -1
-    cast_pass(x, q, amax, scales, group_end_offsets, padded_start, padded_end, mask, steps, alignment)
-    return q, scales, padded_start, padded_end
+    offsets = (group_end_offsets, padded_start, padded_end)
+    cast_pass(x, q, amax, scales, *offsets, mask, steps, alignment, *(rows_out or (None, None)))
+    return (*rows_out, q, scales, padded_start, padded_end)
 
 
 @torch.library.custom_op("cute_kernels::pad_and_quantize_fp8_2d_cols", mutates_args=())
@@ -69,10 +76,10 @@ def _pad_cols_fake(
     return _CONTRACT.fake(x, group_end_offsets, alignment, round_pow2)
 
 
-# The op's parts for ``KernelOp``, all on ``(x, group_end_offsets, alignment, round_pow2)``.
+# The ops' parts for ``KernelOp``, all on ``(x, group_end_offsets, alignment, round_pow2)``.
 
 
-def _fast(target: targets.DeviceTarget, args: tuple):
+def _fast_launch(target: targets.DeviceTarget, args: tuple, dual: bool):
     """``KernelOp.fast``: the contract's checks and the kernel-path checks from metadata reads (the
     column passes' keys name no kernel whose wrapper the offsets' rank could be left to)."""
     x, group_end_offsets, alignment, round_pow2 = args
@@ -84,7 +91,11 @@ def _fast(target: targets.DeviceTarget, args: tuple):
     num_groups = checks.fast_group_count(group_end_offsets, target.device)
     if not num_groups:
         return None
-    return _launch(target, x, shape, group_end_offsets, num_groups, alignment, round_pow2)
+    return _launch(target, x, shape, group_end_offsets, num_groups, alignment, round_pow2, dual)
+
+
+def _fast(target: targets.DeviceTarget, args: tuple):
+    return _fast_launch(target, args, dual=False)
 
 
 def _run(target: targets.DeviceTarget, x, group_end_offsets, alignment, round_pow2):
@@ -123,3 +134,69 @@ def pad_and_quantize_fp8_2d_cols(
     with this q. No host sync; offsets are clamped, never trusted.
     """
     return _PAD_COLS.dispatch(backend, x, group_end_offsets, alignment, round_scales_to_power_of_2)
+
+
+# ----------------------------------------------------------------------------------------------
+# pad_and_quantize_fp8_2d_dual
+# ----------------------------------------------------------------------------------------------
+
+_OP_DUAL = "pad_and_quantize_fp8_2d_dual"
+_CONTRACT_DUAL = contract.PAD_AND_QUANTIZE_FP8_2D_DUAL
+
+
+@torch.library.custom_op("cute_kernels::pad_and_quantize_fp8_2d_dual", mutates_args=())
+def _pad_dual_op(
+    x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, round_pow2: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _PAD_DUAL.run_on_device(x, group_end_offsets, alignment, round_pow2)
+
+
+@_pad_dual_op.register_fake
+def _pad_dual_fake(
+    x: torch.Tensor, group_end_offsets: torch.Tensor, alignment: int, round_pow2: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _CONTRACT_DUAL.fake(x, group_end_offsets, alignment, round_pow2)
+
+
+def _fast_dual(target: targets.DeviceTarget, args: tuple):
+    return _fast_launch(target, args, dual=True)
+
+
+def _run_dual(target: targets.DeviceTarget, x, group_end_offsets, alignment, round_pow2):
+    num_groups = checks.check_kernel_group_count(_OP_DUAL, group_end_offsets)
+    return _launch(target, x, x.shape, group_end_offsets, num_groups, alignment, round_pow2, dual=True)
+
+
+def _reference_dual(x, group_end_offsets, alignment, round_pow2):
+    return reference.pad_and_quantize_fp8_2d_dual(
+        x, group_end_offsets, alignment=alignment, round_scales_to_power_of_2=round_pow2
+    )
+
+
+_PAD_DUAL = KernelOp(
+    _OP_DUAL, _CONTRACT_DUAL.check, _run_dual, _reference_dual, _pad_dual_op, fast=_fast_dual
+)
+
+
+def pad_and_quantize_fp8_2d_dual(
+    x: torch.Tensor,
+    group_end_offsets: torch.Tensor,
+    *,
+    alignment: int = 16,
+    round_scales_to_power_of_2: bool = True,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Both FP8 rowwise operands of x (M, K) from two reads of x: its rows, as
+    ``quantize_fp8_2d(x, axis="row", group_end_offsets=offs)``, and its grouped column (wgrad)
+    operand in token groups padded to ``alignment`` rows, as :func:`pad_and_quantize_fp8_2d_cols`,
+    bit for bit (SPEC sections 4 and 7). x is read by the dual amax pass (row and column maxima)
+    and the dual cast, against three reads for the two ops.
+
+    Same arguments as :func:`pad_and_quantize_fp8_2d_cols`. Returns ``(q_row, s_row, q_col, s_col,
+    padded_start, padded_end)``: q_row ``float8_e4m3fn`` (M, K) row-major and s_row fp32 (M,), the
+    rows past the last group end unspecified (left unwritten, as the bounded row op's), then
+    :func:`pad_and_quantize_fp8_2d_cols`'s four outputs. No host sync; offsets are clamped, never
+    trusted.
+    """
+    rounding = round_scales_to_power_of_2
+    return _PAD_DUAL.dispatch(backend, x, group_end_offsets, alignment, rounding)

@@ -65,6 +65,7 @@ __all__ = [
     "grouped_gemm_fp8_rowwise_reference",
     "inverse_scale",
     "pad_and_quantize_fp8_2d_cols",
+    "pad_and_quantize_fp8_2d_dual",
     "pad_and_quantize_mxfp8_2d",
     "pad_token_groups",
     "padded_group_offsets",
@@ -800,6 +801,25 @@ def pad_and_quantize_fp8_2d_cols(
         round_scales_to_power_of_2=round_scales_to_power_of_2,
     )
     return q, scales, padded_start, padded_end
+
+
+def pad_and_quantize_fp8_2d_dual(
+    x: Tensor, group_end_offsets: Tensor, *, alignment: int = 16, round_scales_to_power_of_2: bool = True
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(q_row, s_row, q_col, s_col, padded_start, padded_end)``: the row operand of
+    :func:`quantize_fp8_2d` with ``axis="row"`` and the row groups (rows past the last group end
+    unspecified by contract: here q 0 and scale 1.0) and :func:`pad_and_quantize_fp8_2d_cols`'s
+    outputs, bit for bit (SPEC sections 4 and 7)."""
+    contract.PAD_AND_QUANTIZE_FP8_2D_DUAL.check(x, group_end_offsets, alignment, round_scales_to_power_of_2)
+    check_group_end_offsets(group_end_offsets, x.shape[0], op="pad_and_quantize_fp8_2d_dual")
+    rounding = round_scales_to_power_of_2
+    q_row, s_row = quantize_fp8_2d(
+        x, axis="row", group_end_offsets=group_end_offsets, round_scales_to_power_of_2=rounding
+    )
+    cols = pad_and_quantize_fp8_2d_cols(
+        x, group_end_offsets, alignment=alignment, round_scales_to_power_of_2=rounding
+    )
+    return q_row, s_row, *cols
 
 
 def quantize_fp8_3d(

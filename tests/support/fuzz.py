@@ -342,13 +342,14 @@ def _fp8_cols_case(draw, limits: Limits, op: str) -> Case:
 
 
 @st.composite
-def _fp8_cols_padded_case(draw, limits: Limits) -> Case:
-    """FP8 column scales into padded groups: x (M, K) of any K, group sizes around the alignment."""
+def _fp8_cols_padded_case(draw, limits: Limits, op: str) -> Case:
+    """FP8 column scales into padded groups (``fp8_dual_padded``: and the rows): x (M, K) of any K,
+    group sizes around the alignment."""
     alignment = draw(_ALIGNMENTS)
     rows, cols = draw(matrix_shape(limits, col_multiple=1))
     ends = tuple(draw(group_ends(rows, tile=alignment)))
     kwargs = (("alignment", alignment), ("round_scales_to_power_of_2", draw(st.booleans())))
-    return Case("fp8_cols_padded", (rows, cols), draw(_QUANT_DTYPES), draw(_SEEDS), ends, kwargs)
+    return Case(op, (rows, cols), draw(_QUANT_DTYPES), draw(_SEEDS), ends, kwargs)
 
 
 @st.composite
@@ -411,7 +412,8 @@ def case_strategy(op: str, limits: Limits = Limits()) -> st.SearchStrategy[Case]
         "quantize_3d": lambda: _quantize_3d_case(limits),
         "fp8_cols": lambda: _fp8_cols_case(limits, "fp8_cols"),
         "fp8_dual": lambda: _fp8_cols_case(limits, "fp8_dual"),
-        "fp8_cols_padded": lambda: _fp8_cols_padded_case(limits),
+        "fp8_cols_padded": lambda: _fp8_cols_padded_case(limits, "fp8_cols_padded"),
+        "fp8_dual_padded": lambda: _fp8_cols_padded_case(limits, "fp8_dual_padded"),
         "fp8_3d": lambda: _fp8_3d_case(limits, "fp8_3d"),
         "fp8_3d_dual": lambda: _fp8_3d_case(limits, "fp8_3d_dual"),
         "fp8_rows_bounded": lambda: _fp8_rows_bounded_case(limits),
@@ -503,6 +505,8 @@ def _call(module, case: Case, inputs: Inputs, backend: dict) -> tuple:
         return module.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets, **kw, **backend)
     if case.op == "fp8_cols_padded":
         return module.pad_and_quantize_fp8_2d_cols(x, offsets, **kw, **backend)
+    if case.op == "fp8_dual_padded":
+        return module.pad_and_quantize_fp8_2d_dual(x, offsets, **kw, **backend)
     if case.op == "fp8_dual":
         return module.quantize_fp8_2d_dual(x, group_end_offsets=offsets, **kw, **backend)
     if case.op == "fp8_3d":
@@ -535,19 +539,22 @@ def check_case(case: Case, run: Run = Run()) -> None:
     for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
         assert a.shape == e.shape, f"{case!r} output {i}: shape {tuple(a.shape)} vs {tuple(e.shape)}"
         assert same_strides(a, e), f"{case!r} output {i}: strides {a.stride()} vs {e.stride()}"
-        a, e = defined_rows(case, a), defined_rows(case, e)
+        a, e = defined_rows(case, a, i), defined_rows(case, e, i)
         assert_same_bytes(a, e, f"{case!r} output {i}")
 
 
 #: Ops whose outputs are defined only on the rows below the last group end (the kernels leave the
 #: other rows unwritten): their comparison stops there.
 BOUNDED_OPS = ("fp8_rows_bounded", "fp8_dequant", "swiglu", "swiglu_bwd")
+#: Ops with some outputs defined only below the last group end: those outputs' indices.
+BOUNDED_OUTPUTS = {"fp8_dual_padded": (0, 1)}
 
 
-def defined_rows(case: Case, output: torch.Tensor) -> torch.Tensor:
-    """``output`` restricted to the rows the contract defines: below the last end for
-    :data:`BOUNDED_OPS` (valid ends: 0 <= last <= M), every row otherwise."""
-    if case.op not in BOUNDED_OPS:
+def defined_rows(case: Case, output: torch.Tensor, index: int = 0) -> torch.Tensor:
+    """``output`` (the op's output ``index``) restricted to the rows the contract defines: below
+    the last end for :data:`BOUNDED_OPS` and :data:`BOUNDED_OUTPUTS` (valid ends: 0 <= last <= M),
+    every row otherwise."""
+    if case.op not in BOUNDED_OPS and index not in BOUNDED_OUTPUTS.get(case.op, ()):
         return output
     return output[: case.ends[-1]]
 
@@ -596,7 +603,7 @@ def _garbage_kwargs(op: str) -> tuple:
     kw = {"swizzle_m": {"groups": "M"}, "swizzle_k": {"groups": "K"}}.get(op, {})
     if op in ("pad", "unpad", "pad_and_quantize"):
         kw = {"alignment": 32}
-    if op == "fp8_cols_padded":
+    if op in ("fp8_cols_padded", "fp8_dual_padded"):
         kw = {"alignment": 128}
     return tuple(kw.items())  # fp8_cols / fp8_dual / fp8_rows_bounded / fp8_dequant: the defaults
 
@@ -615,6 +622,7 @@ OPS = (
     "fp8_cols",
     "fp8_dual",
     "fp8_cols_padded",
+    "fp8_dual_padded",
     "fp8_3d",
     "fp8_3d_dual",
     "fp8_rows_bounded",

@@ -73,6 +73,7 @@ def _cases():
         cases.append(("quantize_fp8_2d", (x, axis, ends.clone(), False)))
     cases.append(("quantize_fp8_2d_dual", (x, ends.clone(), True)))
     cases.append(("pad_and_quantize_fp8_2d_cols", (x, ends.clone(), 32, True)))
+    cases.append(("pad_and_quantize_fp8_2d_dual", (x, ends.clone(), 64, False)))
     for axis in ("K", "N"):
         cases.append(("quantize_fp8_3d", (w, axis, False)))
     cases.append(("quantize_fp8_3d_dual", (w, True)))

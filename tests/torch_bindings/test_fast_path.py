@@ -334,6 +334,11 @@ OPS: dict[str, tuple[Any, Callable[[], list[list[Any]]], Callable[[tuple], bool]
         # no rows or no columns: the outputs from PyTorch ops, no launch
         lambda args: isinstance(args[0], torch.Tensor) and _empty(args[0]),
     ),
+    "pad_and_quantize_fp8_2d_dual": (
+        pad_quantize_fp8._PAD_DUAL,
+        lambda: [quant_x(), offsets(), ALIGNMENTS, FLAGS],
+        lambda args: isinstance(args[0], torch.Tensor) and _empty(args[0]),
+    ),
     "quantize_fp8_2d": (
         quantize_fp8._QUANTIZE_2D,
         lambda: [quant_x(), ["row", "col", "K", None], offsets(), FLAGS],

@@ -1,11 +1,13 @@
-"""pad_and_quantize_fp8_2d_cols on the GPU: the grouped FP8 column operand written into padded token
-groups, bit-exact to the reference (quantize_fp8_2d(pad_token_groups(x)[0], axis="col",
-group_end_offsets=padded_end)): q bytes and strides, fp32 scale bits and the padded offsets, on
-random data and special values (a NaN column's padding rows are 0x7F), every alignment, both
-roundings, bf16 and fp32, element loads (K odd, unaligned x), empty groups and rows past the last
-group, on poisoned memory, no sync, no recompile when M, K or the offsets change, CUDA-graph
-replay with new data and offsets, fullgraph torch.compile. The group patterns are fuzzed in
-tests/torch_bindings/test_fuzz_gpu.py (op fp8_cols_padded)."""
+"""pad_and_quantize_fp8_2d_cols and pad_and_quantize_fp8_2d_dual (the same, with the row operand) on
+the GPU: the grouped FP8 column operand written into padded token groups, bit-exact to the
+reference (quantize_fp8_2d(pad_token_groups(x)[0], axis="col", group_end_offsets=padded_end)): q
+bytes and strides, fp32 scale bits and the padded offsets (the dual: also its rows below the last
+group end, and no write past it), on random data and special values (a NaN column's padding rows
+are 0x7F), every alignment, both roundings, bf16 and fp32, element loads (K odd, unaligned x),
+empty groups and rows past the last group, on poisoned memory, no sync, no recompile when M, K or
+the offsets change, CUDA-graph replay with new data and offsets, fullgraph torch.compile. The group
+patterns are fuzzed in tests/torch_bindings/test_fuzz_gpu.py (ops fp8_cols_padded,
+fp8_dual_padded)."""
 
 from __future__ import annotations
 
@@ -31,16 +33,29 @@ GROUPS = [
 ]
 
 
+_NAMES = ("q", "scales", "padded_start", "padded_end")
+_DUAL_NAMES = ("q_row", "s_row", *_NAMES)
+
+
 def _check(x: torch.Tensor, ends: list[int], alignment: int, rounding: bool = True) -> None:
+    """Both ops against their references: the column op, and the dual (its row outputs compared
+    below the last group end, the rows the contract defines; the garbage the allocator was
+    poisoned with stays in the others)."""
     offsets = torch.tensor(ends, dtype=torch.int32, device=x.device)
     kw = {"alignment": alignment, "round_scales_to_power_of_2": rounding}
     with no_sync():
         got = torch_bindings.pad_and_quantize_fp8_2d_cols(x, offsets, backend="cute", **kw)
+        got_dual = torch_bindings.pad_and_quantize_fp8_2d_dual(x, offsets, backend="cute", **kw)
     want = reference.pad_and_quantize_fp8_2d_cols(x, offsets, **kw)
-    for name, g, w in zip(("q", "scales", "padded_start", "padded_end"), got, want, strict=True):
-        assert g.shape == w.shape, (name, g.shape, w.shape)
-        assert same_strides(g, w), (name, g.stride(), w.stride())
-        assert_same_bytes(g, w, name)
+    want_dual = reference.pad_and_quantize_fp8_2d_dual(x, offsets, **kw)
+    bound = min(max(ends[-1], 0), x.shape[0])
+    for names, outs, wants in ((_NAMES, got, want), (_DUAL_NAMES, got_dual, want_dual)):
+        for name, g, w in zip(names, outs, wants, strict=True):
+            assert g.shape == w.shape, (name, g.shape, w.shape)
+            assert same_strides(g, w), (name, g.stride(), w.stride())
+            if name in ("q_row", "s_row"):
+                g, w = g[:bound], w[:bound]
+            assert_same_bytes(g, w, name)
 
 
 @pytest.mark.parametrize("rounding", [True, False])
@@ -129,6 +144,44 @@ def test_cuda_graph_replay():
             assert_same_bytes(a, e)
 
 
+def test_dual_rows_past_the_last_end_are_left_alone():
+    """The dual writes no row of q_row past the last group end (a dispatch's static worst-case
+    rows): its outputs taken from a fresh memory pool whose one free block was filled with 0xA5
+    (q_row, 2 MiB, is split from it), those bytes stay 0xA5."""
+    x = _random_x((4096, 512), torch.bfloat16, torch.Generator().manual_seed(12))
+    ends = torch.tensor([0, 1000, 2500], dtype=torch.int32, device="cuda")
+    torch_bindings.pad_and_quantize_fp8_2d_dual(x, ends)  # compile first
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        filler = torch.full((64 << 20,), 0xA5, dtype=torch.uint8, device="cuda")
+        del filler
+        q_row, s_row, *_ = torch_bindings.pad_and_quantize_fp8_2d_dual(x, ends)
+    assert bool((q_row[2500:].view(torch.uint8) == 0xA5).all())
+    want = reference.pad_and_quantize_fp8_2d_dual(x, ends)
+    assert_same_bytes(q_row[:2500], want[0][:2500])
+    assert_same_bytes(s_row[:2500], want[1][:2500])
+    del q_row, s_row, _
+
+
+def test_dual_cuda_graph_replay():
+    gen = torch.Generator().manual_seed(13)
+    x = _random_x((3000, 1024), torch.bfloat16, gen)
+    ends = torch.tensor([100, 100, 1500, 2990], dtype=torch.int32, device="cuda")
+    torch_bindings.pad_and_quantize_fp8_2d_dual(x, ends, alignment=128)  # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = torch_bindings.pad_and_quantize_fp8_2d_dual(x, ends, alignment=128)
+    for new_ends in ([0, 700, 701, 3000], [5, 6, 7, 8]):
+        x.copy_(_random_x((3000, 1024), torch.bfloat16, gen))
+        ends.copy_(torch.tensor(new_ends, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = reference.pad_and_quantize_fp8_2d_dual(x, ends, alignment=128)
+        bound = new_ends[-1]
+        for i, (a, e) in enumerate(zip(got, want, strict=True)):
+            assert_same_bytes(a[:bound] if i < 2 else a, e[:bound] if i < 2 else e)
+
+
 def test_fullgraph_compile():
     x = _random_x((300, 64), torch.bfloat16, torch.Generator().manual_seed(6))
     offsets = torch.tensor([0, 100, 290], dtype=torch.int32, device="cuda")
@@ -139,3 +192,11 @@ def test_fullgraph_compile():
     got = torch.compile(fn, fullgraph=True)(x, offsets)
     for g, w in zip(got, reference.pad_and_quantize_fp8_2d_cols(x, offsets, alignment=128), strict=True):
         assert_same_bytes(g, w)
+
+    def dual(x, offsets):
+        return torch_bindings.pad_and_quantize_fp8_2d_dual(x, offsets, alignment=128)
+
+    got = torch.compile(dual, fullgraph=True)(x, offsets)
+    want = reference.pad_and_quantize_fp8_2d_dual(x, offsets, alignment=128)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert_same_bytes(g[:290] if i < 2 else g, w[:290] if i < 2 else w)

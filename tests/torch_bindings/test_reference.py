@@ -568,6 +568,7 @@ def _offset_value_calls(ends: torch.Tensor) -> dict[str, object]:
         "quantize_fp8_2d": lambda: tb.quantize_fp8_2d(x, group_end_offsets=ends),
         "quantize_fp8_2d_dual": lambda: tb.quantize_fp8_2d_dual(x, group_end_offsets=ends),
         "pad_and_quantize_fp8_2d_cols": lambda: tb.pad_and_quantize_fp8_2d_cols(x, ends),
+        "pad_and_quantize_fp8_2d_dual": lambda: tb.pad_and_quantize_fp8_2d_dual(x, ends),
         "swiglu_quantize_fp8": lambda: tb.swiglu_quantize_fp8(h13, group_end_offsets=ends),
         "swiglu_backward_quantize_fp8": lambda: tb.swiglu_backward_quantize_fp8(
             x, h13, group_end_offsets=ends
