@@ -11,7 +11,12 @@ import pytest
 import torch
 
 import torch_bindings as tb
-from tests.support.grouped_mm_cases import fp32_swiglu_experts, layout_ends, sqnr_db
+from tests.support.grouped_mm_cases import (
+    count_fp8_column_operands,
+    fp32_swiglu_experts,
+    layout_ends,
+    sqnr_db,
+)
 from torch_bindings import ep
 from torch_bindings.moe import experts
 
@@ -371,16 +376,17 @@ def test_no_grad_makes_no_backward_operands(device, recipe, monkeypatch):
     pass, the single 1x32 pass), and its output equals the training forward's."""
     module = _module(device, recipe)
     x, _, ends = _batch(device)
-    calls = {"cols": 0}
-    cls = experts.RECIPES[recipe]
-    name = "cols" if recipe == "fp8_rowwise" else "_both"  # what makes a column operand
-    original = getattr(cls, name)
+    if recipe == "fp8_rowwise":
+        calls = count_fp8_column_operands(monkeypatch)
+    else:  # the dual pass makes mxfp8's column operands
+        calls = {"cols": 0}
+        original = experts.Mxfp8._both
 
-    def counted(self, t, e):
-        calls["cols"] += 1
-        return original(self, t, e)
+        def counted(self, t, e):
+            calls["cols"] += 1
+            return original(self, t, e)
 
-    monkeypatch.setattr(cls, name, counted)
+        monkeypatch.setattr(experts.Mxfp8, "_both", counted)
     with torch.no_grad():
         evaluated = module(x, ends)
     assert calls["cols"] == 0

@@ -12,7 +12,14 @@ import torch
 
 import torch_bindings as tb
 from tests.conftest import no_sync, random_group_ends
-from tests.support.grouped_mm_cases import LAYOUTS, fp32_grouped_mm, fp32_swiglu_experts, layout_ends, sqnr_db
+from tests.support.grouped_mm_cases import (
+    LAYOUTS,
+    count_fp8_column_operands,
+    fp32_grouped_mm,
+    fp32_swiglu_experts,
+    layout_ends,
+    sqnr_db,
+)
 from torch_bindings.moe import grouped_mm
 
 # SQNR floors (dB): the issue's 25 for one FP8/MXFP8 GEMM; bf16 operands only round the output.
@@ -313,14 +320,7 @@ def test_gpu_torch_compile_fullgraph(recipe, gemm):
 def test_cpu_no_grad_makes_no_wgrad_operand(monkeypatch):
     """Under torch.no_grad the forward quantizes no wgrad (column) operand of x, though w requires a
     gradient; the output equals the training forward's."""
-    calls = {"cols": 0}
-    original = grouped_mm._fp8_cols
-
-    def counted(*args):
-        calls["cols"] += 1
-        return original(*args)
-
-    monkeypatch.setattr(grouped_mm, "_fp8_cols", counted)
+    calls = count_fp8_column_operands(monkeypatch)
     gen = torch.Generator().manual_seed(6)
     x = torch.randn(96, 64, generator=gen).bfloat16()
     w = (torch.randn(3, 32, 64, generator=gen) / 8).bfloat16().requires_grad_()

@@ -23,7 +23,14 @@ import torch
 import torch_bindings as tb
 from cute_kernels.grouped_gemm_sm90 import GroupedGemmSm90Kernel
 from tests.conftest import no_sync
-from tests.support.grouped_mm_cases import LAYOUTS, fp32_grouped_mm, fp32_swiglu_experts, layout_ends, sqnr_db
+from tests.support.grouped_mm_cases import (
+    LAYOUTS,
+    count_fp8_column_operands,
+    fp32_grouped_mm,
+    fp32_swiglu_experts,
+    layout_ends,
+    sqnr_db,
+)
 from torch_bindings import ep, grouped_gemm_sm90, reference
 from torch_bindings.moe import experts, grouped_mm
 
@@ -210,14 +217,7 @@ def test_op_computes_only_the_gradients_asked_for(need, fake_kernel):
 
 
 def test_op_no_grad_makes_no_wgrad_operand(fake_kernel, monkeypatch):
-    calls = Counter()
-    original = grouped_mm._fp8_cols
-
-    def counted(*args):
-        calls["cols"] += 1
-        return original(*args)
-
-    monkeypatch.setattr(grouped_mm, "_fp8_cols", counted)
+    calls = count_fp8_column_operands(monkeypatch)
     x, w, _ = _inputs(50, 2, 32, 32)
     ends = torch.tensor([20, 50], dtype=torch.int32)
     with torch.no_grad():
@@ -308,14 +308,7 @@ def test_experts_compute_only_the_gradients_asked_for(frozen, fake_kernel):
 def test_experts_no_grad_makes_no_wgrad_operands(fake_kernel, monkeypatch):
     module = _module()
     x, _, ends = _batch(77, (0, 1, 76, 0))
-    calls = Counter()
-    original = experts.Fp8Rowwise.cols
-
-    def counted(self, t, e):
-        calls["cols"] += 1
-        return original(self, t, e)
-
-    monkeypatch.setattr(experts.Fp8Rowwise, "cols", counted)
+    calls = count_fp8_column_operands(monkeypatch)
     with torch.no_grad():
         evaluated = module(x, ends)
     assert calls["cols"] == 0 and fake_kernel.forms() == Counter({"2d3d": 2})

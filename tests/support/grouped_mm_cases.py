@@ -65,3 +65,26 @@ def layout_ends(rows: int, groups: int, sizes, seed: int = 0) -> list[int]:
         total += size
         ends.append(total)
     return ends
+
+
+def count_fp8_column_operands(monkeypatch) -> dict:
+    """Count every FP8 rowwise column (wgrad) operand the training layer makes: the quantizers that
+    make one, patched in ``torch_bindings.moe.grouped_mm`` (the padded column op, the padded dual,
+    ``quantize_fp8_2d(axis="col")``), each call one operand. Returns the live counter
+    ``{"cols": n}``."""
+    from torch_bindings.moe import grouped_mm
+
+    calls = {"cols": 0}
+
+    def counting(original, makes_cols):
+        def counted(*args, **kwargs):
+            calls["cols"] += bool(makes_cols(*args, **kwargs))
+            return original(*args, **kwargs)
+
+        return counted
+
+    for name in ("pad_and_quantize_fp8_2d_cols", "pad_and_quantize_fp8_2d_dual"):
+        monkeypatch.setattr(grouped_mm, name, counting(getattr(grouped_mm, name), lambda *a, **k: True))
+    is_cols = lambda t, axis="row", **k: axis == "col"  # noqa: E731
+    monkeypatch.setattr(grouped_mm, "quantize_fp8_2d", counting(grouped_mm.quantize_fp8_2d, is_cols))
+    return calls

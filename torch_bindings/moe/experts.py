@@ -170,6 +170,15 @@ class Fp8Rowwise:
         torch's on unaligned groups, 128 for the project's: ``grouped_mm.fp8_wgrad_cols``)."""
         return Operand(*_mm.fp8_wgrad_cols(t, ends, self.step))
 
+    def operands(self, t: Tensor, ends: Tensor, rows: bool, cols: bool):
+        """t's row and column operands, each only when asked for (else None): both from one dual
+        pass where the columns come in padded groups (``grouped_mm.fp8_row_and_wgrad_cols``), else
+        the single ops (the same bytes)."""
+        if rows and cols:
+            q, s, q_col, s_col, wgrad_ends = _mm.fp8_row_and_wgrad_cols(t, ends, self.step)
+            return Operand(q, s), Operand(q_col, s_col, wgrad_ends)
+        return (self.rows(t, ends) if rows else None), (self.cols(t, ends) if cols else None)
+
     def tokens_rows(self, tokens: QuantizedTokens) -> Operand:
         return Operand(tokens.q, tokens.scales)
 
@@ -312,9 +321,7 @@ def _x_operands(call: ExpertsCall, ops, x: Tensor, ends: Tensor, need_cols: bool
         return rows, (
             ops.cols(call.tokens.dequantized(backend=call.step.backend), ends) if need_cols else None
         )
-    if isinstance(ops, Mxfp8):
-        return ops.operands(x, ends, True, need_cols)
-    return ops.rows(x, ends), (ops.cols(x, ends) if need_cols else None)
+    return ops.operands(x, ends, True, need_cols)
 
 
 @dataclass(eq=False)
@@ -421,14 +428,9 @@ class _DownFn(torch.autograd.Function):
         need_h13 = ctx.needs_input_grad[0] and _will_run_next(ctx)
         g = grad_out.to(torch.bfloat16).contiguous()
         del grad_out
-        if isinstance(ops, Mxfp8):  # one dual pass where both are needed
-            g_rows, g_cols = ops.operands(g, ends, need_h13, need_w2)
-        else:
-            g_rows, g_cols = None, (ops.cols(g, ends) if need_w2 else None)
+        g_rows, g_cols = ops.operands(g, ends, need_h13, need_w2)  # one dual pass where both are needed
         grad_h13 = None
         if need_h13:
-            if g_rows is None:
-                g_rows = ops.rows(g, ends)
             del g
             grad_h = ops.dgrad_mm(g_rows, _weight(call, ops, "w2", w2, "dgrad"), ends)
             del g_rows

@@ -43,7 +43,7 @@ from .. import backend as _backend
 from .. import checks, reference
 from ..checks import CUTE_GEMMS
 from ..pad import pad_token_groups, unpad_token_groups
-from ..pad_quantize_fp8 import pad_and_quantize_fp8_2d_cols
+from ..pad_quantize_fp8 import pad_and_quantize_fp8_2d_cols, pad_and_quantize_fp8_2d_dual
 from ..quantize_3d import quantize_mxfp8_3d
 from ..quantize_dual import quantize_mxfp8_2d_dual
 from ..quantize_fp8 import quantize_fp8_2d, quantize_fp8_3d
@@ -302,6 +302,20 @@ def fp8_wgrad_cols(t: torch.Tensor, ends: torch.Tensor, step: _Step):
     return q, s, ends
 
 
+def fp8_row_and_wgrad_cols(t: torch.Tensor, ends: torch.Tensor, step: _Step):
+    """``(q, s, q_col, s_col, wgrad_ends)``: t's FP8 row operand (``quantize_fp8_2d(axis="row",
+    group_end_offsets=ends)``'s bytes below the last end) and its column (wgrad) operand
+    (:func:`fp8_wgrad_cols`'s). Where the columns come in padded groups, both come from one dual
+    (``pad_and_quantize_fp8_2d_dual``: t read twice, not three times); else from the two ops."""
+    if step.cols_alignment:
+        q, s, q_col, s_col, _, padded_end = pad_and_quantize_fp8_2d_dual(
+            t, ends, alignment=step.cols_alignment, backend=step.backend
+        )
+        return q, s, q_col, s_col, padded_end
+    q, s = quantize_fp8_2d(t, axis="row", group_end_offsets=ends, backend=step.backend)
+    return q, s, *fp8_wgrad_cols(t, ends, step)
+
+
 def _fp8_cols(t: torch.Tensor, groups: _Groups, step: _Step):
     """:func:`fp8_wgrad_cols` of t over the call's groups (fp8_rowwise steps never pad: t has the
     caller's rows)."""
@@ -316,9 +330,11 @@ def _fp8_forward(x, w, groups: _Groups, _x_aligned, step: _Step, need_w: bool, t
     if tokens is not None:
         q, s = tokens.q, tokens.scales
         cols = _fp8_cols(tokens.dequantized(backend=step.backend), groups, step) if need_w else (None,) * 3
+    elif need_w:
+        q, s, *cols = fp8_row_and_wgrad_cols(x, groups.ends, step)
     else:
         q, s = quantize_fp8_2d(x, axis="row", group_end_offsets=groups.ends, backend=step.backend)
-        cols = _fp8_cols(x, groups, step) if need_w else (None,) * 3
+        cols = (None,) * 3
     y = _fp8_gemm(q, q_w.transpose(-2, -1), s, s_w, groups.ends, step)
     return y, cols[:2]
 
@@ -330,14 +346,19 @@ def _fp8_backward(grad_y, w, groups: _Groups, saved, step: _Step, need_x: bool, 
     nearer copy speed, notes/grouped-gemm-op.md)."""
     q_col_x, s_col_x = saved
     grad_x = grad_w = None
-    if need_x:
+    q = s = q_col = s_col = wgrad_ends = None
+    if need_x and need_w:
+        q, s, q_col, s_col, wgrad_ends = fp8_row_and_wgrad_cols(grad_y, groups.ends, step)
+    elif need_x:
         q, s = quantize_fp8_2d(grad_y, axis="row", group_end_offsets=groups.ends, backend=step.backend)
+    elif need_w:
+        q_col, s_col, wgrad_ends = _fp8_cols(grad_y, groups, step)
+    if need_x:
         # (E, N, K) column-major: dgrad's right operand
         q_w, s_w = quantize_fp8_3d(w, axis="N", backend=step.backend)
         grad_x = _fp8_gemm(q, q_w, s, s_w, groups.ends, step)
     if need_w:
-        # x's column operand (saved) has the layout of grad_y's, made by the same function
-        q_col, s_col, wgrad_ends = _fp8_cols(grad_y, groups, step)
+        # x's column operand (saved) has the layout of grad_y's, made by the same functions
         grad_w = _fp8_gemm(q_col.t(), q_col_x, s_col, s_col_x, wgrad_ends, step)
     return grad_x, grad_w
 
