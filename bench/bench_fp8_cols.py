@@ -27,9 +27,16 @@ G in (8, 64), alignments 16 and 128): bytes moved = 2 reads of x + q (its padded
 beside it ``unpadded_us``, the same groups' ``quantize_fp8_2d(axis="col")`` (q of M rows), and
 ``slowdown`` = us / unpadded_us.
 
+The padded dual (``pad_and_quantize_fp8_2d_dual``, part ``padded_dual``, the 2-D shapes at (G, A) in
+(8, 16), (8, 128), (64, 128)): bytes moved = 2 reads of x + q_row + q_col (its padded rows) + both
+scales; beside it ``singles_us``, the bounded row op then ``pad_and_quantize_fp8_2d_cols`` (x read
+three times), ``speedup`` = singles_us / us, and ``same_bytes``: every output against theirs (the row
+outputs below the last group end).
+
 Run (GPU machine, project root on PYTHONPATH; exits 2 without a GPU)::
 
-    python -m bench.bench_fp8_cols [--quick] [--rows M ...] [--parts cols,3d,dual,3d_dual,padded] [--out DIR]
+    python -m bench.bench_fp8_cols [--quick] [--rows M ...] [--out DIR]
+        [--parts cols,3d,dual,3d_dual,padded,padded_dual]
     python -m bench.bench_fp8_cols --once   # the 3-D dual and its N single call, untimed (ncu)
 """
 
@@ -129,6 +136,37 @@ def bench_padded(rows: int, cols: int, groups: int, alignment: int) -> dict:
     )
     return {"shape": f"{rows}x{cols}", "G": groups, "A": alignment, "us": us, "GB/s": gbps(moved, us),
             "ratio": copy_us / us, "unpadded_us": unpadded_us, "slowdown": us / unpadded_us}  # fmt: skip
+
+
+def bench_padded_dual(rows: int, cols: int, groups: int, alignment: int) -> dict:
+    """``pad_and_quantize_fp8_2d_dual`` (two reads of x) beside the two ops it replaces: the bounded
+    row op then ``pad_and_quantize_fp8_2d_cols`` (three reads), with their bytes compared (the rows
+    below the last group end)."""
+    device, ends, _, sets = _inputs_2d(rows, cols, groups, 4 * rows * cols)
+
+    def run(x):
+        return torch_bindings.pad_and_quantize_fp8_2d_dual(x, ends, alignment=alignment)
+
+    def singles(x):
+        rows_out = torch_bindings.quantize_fp8_2d(x, axis="row", group_end_offsets=ends)
+        return (*rows_out, *torch_bindings.pad_and_quantize_fp8_2d_cols(x, ends, alignment=alignment))
+
+    x0 = sets[0][0]
+    got, want = run(x0), singles(x0)
+    q_row, s_row, q_col, s_col = got[:4]
+    moved = 2 * x0.numel() * x0.element_size() + q_row.numel() + q_col.numel()
+    moved += (s_row.numel() + s_col.numel()) * 4
+    us = time_cuda(run, sets)
+    copy_us = copy_baseline_best(moved, device)[0].us
+    singles_us = time_cuda(singles, sets)
+    bound = int(ends[-1])  # test data: the one sync, outside the timed calls
+    same = all(
+        torch.equal(a[:bound].view(torch.uint8), b[:bound].view(torch.uint8)) if i < 2 else torch.equal(a, b)
+        for i, (a, b) in enumerate(zip(got, want, strict=True))
+    )
+    return {"shape": f"{rows}x{cols}", "G": groups, "A": alignment, "us": us, "GB/s": gbps(moved, us),
+            "ratio": copy_us / us, "singles_us": singles_us, "speedup": singles_us / us,
+            "same_bytes": "yes" if same else "NO"}  # fmt: skip
 
 
 def bench_dual(rows: int, cols: int, groups: int, anchors: tuple) -> dict:
@@ -245,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: 0, or 2 without a GPU."""
     parser = make_parser(__doc__.splitlines()[0])  # --quick: K = 7168, M = 16384, 131072
     parser.add_argument("--rows", type=int, nargs="+", help="these M only (default: all, or --quick's)")
-    add_parts_arg(parser, ("cols", "3d", "dual", "3d_dual", "padded"))
+    add_parts_arg(parser, ("cols", "3d", "dual", "3d_dual", "padded", "padded_dual"))
     parser.add_argument("--once", action="store_true", help="the 3-D dual at 16 x 8192 x 5120, untimed (ncu)")
     args = parser.parse_args(argv)
     if cuda_or_none("bench_fp8_cols") is None:
@@ -287,12 +325,20 @@ def main(argv: list[str] | None = None) -> int:
                 progress(f"padded {rows}x{cols} G={groups} A={alignment}")
                 padded.append(bench_padded(rows, cols, groups, alignment))
                 torch.cuda.empty_cache()
+    padded_duals = []
+    for rows in rows_list if "padded_dual" in parts else ():
+        for cols in cols_list:
+            for groups, alignment in ((8, 16), (8, 128), (64, 128)):
+                progress(f"padded dual {rows}x{cols} G={groups} A={alignment}")
+                padded_duals.append(bench_padded_dual(rows, cols, groups, alignment))
+                torch.cuda.empty_cache()
     print(f"device: {torch.cuda.get_device_name()}")
     for title, stem, rows_ in (
         ("FP8 column scales, two passes (bf16, power-of-2 scales)", "fp8_cols", results),
         ("FP8 dual (row and column scales), two passes (bf16, power-of-2 scales)", "fp8_dual", duals),
         ("FP8 3-D dual (K and N scales of w), two passes (bf16, power-of-2 scales)", "fp8_dual_3d", duals_3d),
         ("FP8 column scales into padded groups (bf16, power-of-2 scales)", "fp8_cols_padded", padded),
+        ("FP8 dual into padded groups (bf16, power-of-2 scales)", "fp8_dual_padded", padded_duals),
     ):
         if not rows_:
             continue
