@@ -80,8 +80,9 @@ def _pad_cols_fake(
 
 
 def _fast_launch(target: targets.DeviceTarget, args: tuple, dual: bool):
-    """``KernelOp.fast``: the contract's checks and the kernel-path checks from metadata reads (the
-    column passes' keys name no kernel whose wrapper the offsets' rank could be left to)."""
+    """``KernelOp.fast`` (``dual``: of the dual op): the contract's checks and the kernel-path checks
+    from metadata reads (the column passes' keys name no kernel whose wrapper the offsets' rank
+    could be left to)."""
     x, group_end_offsets, alignment, round_pow2 = args
     shape = _fast_shape(x, round_pow2)
     if shape is None or len(shape) != 2 or not (shape[0] and shape[1]):
@@ -94,22 +95,24 @@ def _fast_launch(target: targets.DeviceTarget, args: tuple, dual: bool):
     return _launch(target, x, shape, group_end_offsets, num_groups, alignment, round_pow2, dual)
 
 
-def _fast(target: targets.DeviceTarget, args: tuple):
-    return _fast_launch(target, args, dual=False)
+def _kernel_op(op: str, op_contract, custom_op, dual: bool, reference_fn) -> KernelOp:
+    """The ``KernelOp`` of ``op`` (the column op, or with ``dual`` the dual): its checks, kernel path,
+    reference, custom op and fast path."""
+
+    def run(target: targets.DeviceTarget, x, group_end_offsets, alignment, round_pow2):
+        num_groups = checks.check_kernel_group_count(op, group_end_offsets)  # any x alignment: element loads
+        return _launch(target, x, x.shape, group_end_offsets, num_groups, alignment, round_pow2, dual)
+
+    def reference_op(x, group_end_offsets, alignment, round_pow2):
+        return reference_fn(x, group_end_offsets, alignment=alignment, round_scales_to_power_of_2=round_pow2)
+
+    def fast(target: targets.DeviceTarget, args: tuple):
+        return _fast_launch(target, args, dual)
+
+    return KernelOp(op, op_contract.check, run, reference_op, custom_op, fast=fast)
 
 
-def _run(target: targets.DeviceTarget, x, group_end_offsets, alignment, round_pow2):
-    num_groups = checks.check_kernel_group_count(_OP, group_end_offsets)  # any x alignment: element loads
-    return _launch(target, x, x.shape, group_end_offsets, num_groups, alignment, round_pow2)
-
-
-def _reference(x, group_end_offsets, alignment, round_pow2):
-    return reference.pad_and_quantize_fp8_2d_cols(
-        x, group_end_offsets, alignment=alignment, round_scales_to_power_of_2=round_pow2
-    )
-
-
-_PAD_COLS = KernelOp(_OP, _CONTRACT.check, _run, _reference, _pad_cols_op, fast=_fast)
+_PAD_COLS = _kernel_op(_OP, _CONTRACT, _pad_cols_op, False, reference.pad_and_quantize_fp8_2d_cols)
 
 
 def pad_and_quantize_fp8_2d_cols(
@@ -158,24 +161,7 @@ def _pad_dual_fake(
     return _CONTRACT_DUAL.fake(x, group_end_offsets, alignment, round_pow2)
 
 
-def _fast_dual(target: targets.DeviceTarget, args: tuple):
-    return _fast_launch(target, args, dual=True)
-
-
-def _run_dual(target: targets.DeviceTarget, x, group_end_offsets, alignment, round_pow2):
-    num_groups = checks.check_kernel_group_count(_OP_DUAL, group_end_offsets)
-    return _launch(target, x, x.shape, group_end_offsets, num_groups, alignment, round_pow2, dual=True)
-
-
-def _reference_dual(x, group_end_offsets, alignment, round_pow2):
-    return reference.pad_and_quantize_fp8_2d_dual(
-        x, group_end_offsets, alignment=alignment, round_scales_to_power_of_2=round_pow2
-    )
-
-
-_PAD_DUAL = KernelOp(
-    _OP_DUAL, _CONTRACT_DUAL.check, _run_dual, _reference_dual, _pad_dual_op, fast=_fast_dual
-)
+_PAD_DUAL = _kernel_op(_OP_DUAL, _CONTRACT_DUAL, _pad_dual_op, True, reference.pad_and_quantize_fp8_2d_dual)
 
 
 def pad_and_quantize_fp8_2d_dual(

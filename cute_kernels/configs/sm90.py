@@ -175,9 +175,6 @@ def quantize_fp8_col_cast(variant):
     # grouped byte stores (R % 16 != 0) spill under the 168-register cap, and so do the dual's
     # row stores (2-D and experts: the same row side): 2 CTAs per SM
     spills = variant.dual or (variant.grouped and not variant.vector_stores)
-    if variant.dual and variant.layout == "padded":
-        # the padded dual: one block of loads at 4 CTAs per SM, as the tuned 3-D dual
-        return Fp8ColCastConfig(min_ctas_per_sm=4, load_blocks=1)
     return Fp8ColCastConfig(min_ctas_per_sm=2 if spills else 3, load_blocks=2 if fits else 1)
 
 

@@ -11,7 +11,8 @@ so a case stays small to print.
 Every case runs the op with ``backend="cute"`` under ``torch.cuda.set_sync_debug_mode("error")`` on
 dirty memory (the caching allocator's free blocks filled with random bytes first) and compares every
 output byte with ``torch_bindings.reference``; for the ops bounded by the last group end
-(:data:`BOUNDED_OPS`), every byte of the rows below it (the rows past it are unspecified).
+(:data:`BOUNDED_OPS`, and the outputs in :data:`BOUNDED_OUTPUTS`), every byte of the rows below it
+(the rows past it are unspecified).
 
 Used by ``tests/torch_bindings/test_fuzz_gpu.py`` (fixed seeds, GPU suite), by ``make fuzz``
 (minutes, any seed) and by ``make sanitize`` (small shapes and garbage offsets under compute-sanitizer)::

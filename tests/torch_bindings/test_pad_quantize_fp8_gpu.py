@@ -125,23 +125,27 @@ def test_no_recompiles_across_shapes_and_offsets():
     assert torch_bindings.compile_stats.compiles + torch_bindings.compile_stats.disk_loads == before
 
 
-def test_cuda_graph_replay():
-    """New data and new offsets between replays: the padded offsets and the q rows follow them."""
+@pytest.mark.parametrize("dual", [False, True])
+def test_cuda_graph_replay(dual):
+    """New data and new offsets between replays: the padded offsets and the q rows follow them (the
+    dual's row outputs compared below the last end)."""
+    op = torch_bindings.pad_and_quantize_fp8_2d_dual if dual else torch_bindings.pad_and_quantize_fp8_2d_cols
+    want_op = reference.pad_and_quantize_fp8_2d_dual if dual else reference.pad_and_quantize_fp8_2d_cols
     gen = torch.Generator().manual_seed(11)
     x = _random_x((3000, 1024), torch.bfloat16, gen)
     ends = torch.tensor([100, 100, 1500, 2990], dtype=torch.int32, device="cuda")
-    torch_bindings.pad_and_quantize_fp8_2d_cols(x, ends, alignment=128)  # compile outside capture
+    op(x, ends, alignment=128)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        got = torch_bindings.pad_and_quantize_fp8_2d_cols(x, ends, alignment=128)
+        got = op(x, ends, alignment=128)
     for new_ends in ([0, 700, 701, 3000], [3000, 3000, 3000, 3000], [5, 6, 7, 8]):
         x.copy_(_random_x((3000, 1024), torch.bfloat16, gen))
         ends.copy_(torch.tensor(new_ends, dtype=torch.int32))
         graph.replay()
         torch.cuda.synchronize()
-        want = reference.pad_and_quantize_fp8_2d_cols(x, ends, alignment=128)
-        for a, e in zip(got, want, strict=True):
-            assert_same_bytes(a, e)
+        rows = 2 if dual else 0  # the dual's row outputs: defined below the last end
+        for i, (a, e) in enumerate(zip(got, want_op(x, ends, alignment=128), strict=True)):
+            assert_same_bytes(a[: new_ends[-1]] if i < rows else a, e[: new_ends[-1]] if i < rows else e)
 
 
 def test_dual_rows_past_the_last_end_are_left_alone():
@@ -161,25 +165,6 @@ def test_dual_rows_past_the_last_end_are_left_alone():
     assert_same_bytes(q_row[:2500], want[0][:2500])
     assert_same_bytes(s_row[:2500], want[1][:2500])
     del q_row, s_row, _
-
-
-def test_dual_cuda_graph_replay():
-    gen = torch.Generator().manual_seed(13)
-    x = _random_x((3000, 1024), torch.bfloat16, gen)
-    ends = torch.tensor([100, 100, 1500, 2990], dtype=torch.int32, device="cuda")
-    torch_bindings.pad_and_quantize_fp8_2d_dual(x, ends, alignment=128)  # compile outside capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        got = torch_bindings.pad_and_quantize_fp8_2d_dual(x, ends, alignment=128)
-    for new_ends in ([0, 700, 701, 3000], [5, 6, 7, 8]):
-        x.copy_(_random_x((3000, 1024), torch.bfloat16, gen))
-        ends.copy_(torch.tensor(new_ends, dtype=torch.int32))
-        graph.replay()
-        torch.cuda.synchronize()
-        want = reference.pad_and_quantize_fp8_2d_dual(x, ends, alignment=128)
-        bound = new_ends[-1]
-        for i, (a, e) in enumerate(zip(got, want, strict=True)):
-            assert_same_bytes(a[:bound] if i < 2 else a, e[:bound] if i < 2 else e)
 
 
 def test_fullgraph_compile():

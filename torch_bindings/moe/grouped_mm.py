@@ -342,8 +342,9 @@ def _fp8_forward(x, w, groups: _Groups, _x_aligned, step: _Step, need_w: bool, t
 def _fp8_backward(grad_y, w, groups: _Groups, saved, step: _Step, need_x: bool, need_w: bool):
     """Rows of grad_y for the dgrad and its column operand for the wgrad (both over the caller's
     groups: any sizes; the columns in padded groups where the wgrad GEMM needs them), each only when
-    its gradient is asked for (rows and columns in two kernels rather than the dual: they run
-    nearer copy speed, notes/grouped-gemm-op.md)."""
+    its gradient is asked for; both from one padded dual where the columns are padded
+    (:func:`fp8_row_and_wgrad_cols`), else from the row and column ops (the unpadded dual ran
+    slower than the pair, notes/grouped-gemm-op.md)."""
     q_col_x, s_col_x = saved
     grad_x = grad_w = None
     q = s = q_col = s_col = wgrad_ends = None
