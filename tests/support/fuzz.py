@@ -11,8 +11,8 @@ so a case stays small to print.
 Every case runs the op with ``backend="cute"`` under ``torch.cuda.set_sync_debug_mode("error")`` on
 dirty memory (the caching allocator's free blocks filled with random bytes first) and compares every
 output byte with ``torch_bindings.reference``; for the ops bounded by the last group end
-(:data:`BOUNDED_OPS`, and the outputs in :data:`BOUNDED_OUTPUTS`), every byte of the rows below it
-(the rows past it are unspecified).
+(the outputs :data:`BOUNDED` names), every byte of the rows below it (the rows past it are
+unspecified).
 
 Used by ``tests/torch_bindings/test_fuzz_gpu.py`` (fixed seeds, GPU suite), by ``make fuzz``
 (minutes, any seed) and by ``make sanitize`` (small shapes and garbage offsets under compute-sanitizer)::
@@ -544,18 +544,24 @@ def check_case(case: Case, run: Run = Run()) -> None:
         assert_same_bytes(a, e, f"{case!r} output {i}")
 
 
-#: Ops whose outputs are defined only on the rows below the last group end (the kernels leave the
-#: other rows unwritten): their comparison stops there.
-BOUNDED_OPS = ("fp8_rows_bounded", "fp8_dequant", "swiglu", "swiglu_bwd")
-#: Ops with some outputs defined only below the last group end: those outputs' indices.
-BOUNDED_OUTPUTS = {"fp8_dual_padded": (0, 1)}
+#: Ops with outputs defined only on the rows below the last group end (the kernels leave the other
+#: rows unwritten), and which outputs (their indices; None: every one): their comparison stops there.
+BOUNDED = {
+    "fp8_rows_bounded": None,
+    "fp8_dequant": None,
+    "swiglu": None,
+    "swiglu_bwd": None,
+    "fp8_dual_padded": (0, 1),  # q_row, s_row; the padded column outputs are whole
+}
+BOUNDED_OPS = tuple(BOUNDED)
 
 
 def defined_rows(case: Case, output: torch.Tensor, index: int = 0) -> torch.Tensor:
     """``output`` (the op's output ``index``) restricted to the rows the contract defines: below
-    the last end for :data:`BOUNDED_OPS` and :data:`BOUNDED_OUTPUTS` (valid ends: 0 <= last <= M),
-    every row otherwise."""
-    if case.op not in BOUNDED_OPS and index not in BOUNDED_OUTPUTS.get(case.op, ()):
+    the last end for the outputs :data:`BOUNDED` names (valid ends: 0 <= last <= M), every row
+    otherwise."""
+    outputs = BOUNDED.get(case.op, ())
+    if outputs is not None and index not in outputs:
         return output
     return output[: case.ends[-1]]
 

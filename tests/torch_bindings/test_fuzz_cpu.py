@@ -64,3 +64,6 @@ def test_bounded_ops_compare_the_rows_below_the_last_end():
     assert fuzz.defined_rows(case, torch.zeros(10, 4)).shape == (7, 4)
     whole = fuzz.Case("fp8_cols", (10, 4), torch.bfloat16, 0, (3, 7))
     assert fuzz.defined_rows(whole, torch.zeros(10, 4)).shape == (10, 4)
+    dual = fuzz.Case("fp8_dual_padded", (10, 4), torch.bfloat16, 0, (3, 7))
+    assert fuzz.defined_rows(dual, torch.zeros(10, 4), 0).shape == (7, 4)  # q_row
+    assert fuzz.defined_rows(dual, torch.zeros(64, 4), 2).shape == (64, 4)  # q_col: whole
