@@ -13,6 +13,7 @@ cute kernel is sm_90a only); without a CUDA GPU it exits 2.
     python -m bench.bench_grouped_gemm [--quick] [--out DIR]
     python -m bench.bench_grouped_gemm --once wgrad   # two launches of ours per shape, for ncu
     python -m bench.bench_grouped_gemm --probe        # where our wgrad's time goes (below)
+    python -m bench.bench_grouped_gemm --shapes E8xM4096xK1024xN1024,E64xM8192xK2048xN1024
 
 ``--probe``: our wgrad with the skewed groups, with their ends rounded down to 16 rows (no head to
 mask when boxes start at 16-row multiples) and to 128 rows (no partial box: nothing masked), each
@@ -23,6 +24,7 @@ length (E N rows, K columns, reduction M / E: the same output tiles and k-tiles 
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 
@@ -48,6 +50,18 @@ class Shape:
 
 
 SHAPES = (Shape(8, 16384, 7168, 2048), Shape(16, 16384, 5120, 8192))
+
+
+def parse_shapes(text: str) -> tuple[Shape, ...]:
+    """``--shapes``: comma-separated ``E<experts>xM<tokens>xK<dim>xN<hidden>`` (e.g.
+    ``E8xM16384xK7168xN2048``); ``ValueError`` naming the item otherwise."""
+    shapes = []
+    for item in text.split(","):
+        match = re.fullmatch(r"E(\d+)xM(\d+)xK(\d+)xN(\d+)", item.strip())
+        if match is None:
+            raise ValueError(f"--shapes: {item!r} is not E<experts>xM<tokens>xK<dim>xN<hidden>")
+        shapes.append(Shape(*map(int, match.groups())))
+    return tuple(shapes)
 
 
 def _operands(s: Shape, device: torch.device, ends: list[int], torch_ends: list[int]):
@@ -215,7 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     gemms = ("forward", "dgrad", "wgrad", "wgrad_padded")
     parser.add_argument("--once", choices=gemms, help="two launches of ours per shape, untimed (ncu)")
     parser.add_argument("--probe", action="store_true", help="where our wgrad's time goes")
+    parser.add_argument(
+        "--shapes", type=parse_shapes, help="E8xM16384xK7168xN2048,... (default: bench_moe's)"
+    )
     args = parser.parse_args(argv)
+    shapes = args.shapes or (SHAPES[:1] if args.quick else SHAPES)
     device = cuda_or_none("bench_grouped_gemm")
     if device is None:
         return 2
@@ -225,12 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if args.once:
-        for s in SHAPES[:1] if args.quick else SHAPES:
+        for s in shapes:
             progress(f"grouped GEMM once: {s.name} {args.once}")
             run_once(s, device, args.once)
         return 0
     rows = []
-    for s in SHAPES[:1] if args.quick else SHAPES:
+    for s in shapes:
         progress(f"grouped GEMM{' probe' if args.probe else ''}: {s.name}")
         rows += probe_rows(s, device) if args.probe else rows_for(s, device)
     title = "our wgrad against problems of the same tiles" if args.probe else "FP8 grouped GEMM, sm_90a"

@@ -3,8 +3,9 @@
 A Qwen3-MoE model (4 layers, hidden 2048, 8 experts top-2, expert hidden 2048, 16 heads of 128,
 vocab 32k; bf16 parameters, AdamW) trains on 16k tokens per step (8 x 2048) with the model's own
 experts (``experts_implementation="grouped_mm"``: bf16 ``torch._grouped_mm``) and ours
-(``"cute_bf16"``, ``"cute_fp8_rowwise"``, and on sm_90 ``"cute_fp8_rowwise_sm90"``: the project's own
-FP8 grouped GEMM; ``torch_bindings.moe.hf.register``). Reported: ms per step
+(``"cute_bf16"``, ``"cute_fp8_rowwise"`` (``gemm="auto"``: on an H200 the project's own FP8 grouped
+GEMM, elsewhere torch's), and on sm_90 ``"cute_fp8_rowwise_sm90"``: the project's own FP8 grouped
+GEMM, ``gemm="cute"``; ``torch_bindings.moe.hf.register``). Reported: ms per step
 (median of timed steps, each synchronized), the speedup over the model's own experts, peak memory.
 
 Run (GPU machine, project root on PYTHONPATH, transformers installed)::
@@ -25,7 +26,7 @@ from bench.common.device import cuda_or_none
 from bench.common.report import report
 
 IMPLEMENTATIONS = ("grouped_mm", "cute_bf16", "cute_fp8_rowwise")
-#: On an sm_90 GPU also: fp8_rowwise on the project's own grouped GEMM (``gemm="cute"``, opt-in).
+#: On an sm_90 GPU also: fp8_rowwise on the project's own grouped GEMM (``gemm="cute"``).
 OWN_GEMM = "cute_fp8_rowwise_sm90"
 
 

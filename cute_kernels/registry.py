@@ -86,7 +86,7 @@ KERNELS: dict[str, KernelEntry] = {
         KernelEntry("dequantize_fp8_rows", "cute_kernels.dequant_fp8", "DequantFp8RowsKernel"),
         KernelEntry("quantize_tma", "cute_kernels.experimental.quantize_tma", "QuantizeTmaKernel", False),
         KernelEntry(
-            "grouped_gemm_sm90", "cute_kernels.grouped_gemm_sm90", "GroupedGemmSm90Kernel", False, False
+            "grouped_gemm_sm90", "cute_kernels.grouped_gemm_sm90", "GroupedGemmSm90Kernel", True, False
         ),
     )
 }

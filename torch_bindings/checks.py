@@ -334,7 +334,7 @@ GROUPED_MM_RECIPES = ("fp8_rowwise", "mxfp8", "bf16")
 #: ``gemm`` values that run the project's sm_90a kernel: for every GEMM, or for the 2d x 3d ones.
 CUTE_GEMMS = ("cute", "cute_2d3d")
 GROUPED_MM_GEMMS = ("auto", "native", "emulated", *CUTE_GEMMS)
-#: Recipes ``gemm="cute"`` / ``"cute_2d3d"`` (the project's own grouped GEMM, experimental, opt-in) run.
+#: Recipes ``gemm="cute"`` / ``"cute_2d3d"`` (the project's own grouped GEMM) run.
 CUTE_GEMM_RECIPES = ("fp8_rowwise",)
 # K and N must be multiples of this for the recipe's operands: 16-byte rows for the FP8 GEMMs (and
 # for bf16's), whole 32-element blocks for MXFP8 (SPEC section 8).

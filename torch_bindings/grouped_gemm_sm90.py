@@ -1,7 +1,8 @@
-"""Launcher of the experimental sm_90a FP8 grouped GEMM (``cute_kernels.grouped_gemm_sm90``): its GPU
-tests, ``bench/bench_grouped_gemm.py``, and the explicit opt-ins ``gemm="cute"`` / ``"cute_2d3d"`` of
-``scaled_grouped_mm`` / ``GroupedExperts`` (recipe ``"fp8_rowwise"``). ``gemm="auto"`` never picks
-it: not yet measured on every sm_90 part (notes/grouped-gemm-sm90.md, Decision).
+"""Launcher of the sm_90a FP8 rowwise grouped GEMM (``cute_kernels.grouped_gemm_sm90``): its GPU
+tests, ``bench/bench_grouped_gemm.py``, and ``gemm="cute"`` / ``"cute_2d3d"`` of
+``scaled_grouped_mm`` / ``GroupedExperts`` (recipe ``"fp8_rowwise"``), which ``gemm="auto"`` picks
+on the devices where it was measured faster than torch's GEMM
+(``torch_bindings.moe.grouped_mm.AUTO_OWN_GEMM_DEVICES``; notes/grouped-gemm-sm90.md).
 
 Operands as the kernel takes them (``cute_kernels.grouped_gemm_sm90`` module docstring); the
 reference is ``torch_bindings.reference.grouped_gemm_fp8_rowwise_reference`` (same arguments).

@@ -74,11 +74,11 @@ def test_instruction_hashes_are_the_recorded_ones(compiled):
     assert not any(name.startswith("grouped_gemm_sm90") and arch != ARCH for name, arch in table)
 
 
-def test_registry_entry_is_experimental_and_sm90_only():
+def test_registry_entry_is_production_and_sm90_only():
     from cute_kernels import registry
 
     entry = registry.entry("grouped_gemm_sm90")
-    assert not entry.production and not entry.bandwidth_bound
+    assert entry.production and not entry.bandwidth_bound
     assert set(TARGETS) == {"grouped_gemm_sm90_2d3d", "grouped_gemm_sm90_2d2d"}
     assert all(build.archs == (ARCH,) for build in TARGETS.values())
     variant = entry.variants()[0]

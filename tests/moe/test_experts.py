@@ -1,7 +1,7 @@
 """The expert block (SPEC section 8): fused gate/up layout, precision in (fp32, autocast), only the
 gradients asked for, the weight cache, quantized tokens from a dispatch, constructors, errors.
-CPU tests run the reference quantizers and the emulated GEMMs; GPU tests (marked) the kernels and
-the native FP8 GEMM."""
+CPU tests run the reference quantizers and the emulated GEMMs; GPU tests (marked) the kernels with
+torch's FP8 GEMM and with ``gemm="auto"``'s (see ``DEVICES``)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,14 @@ from tests.support.grouped_mm_cases import (
 from torch_bindings import ep
 from torch_bindings.moe import experts
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-GEMM = {"cpu": "auto", "cuda": "native"}
+# "cuda" runs torch's FP8 GEMM (gemm="native"); "cuda:0" the same GPU with gemm="auto": the
+# project's own GEMM where auto picks it (grouped_mm.AUTO_OWN_GEMM_DEVICES), else torch's again.
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.gpu),
+    pytest.param("cuda:0", marks=pytest.mark.gpu, id="cuda-auto"),
+]
+GEMM = {"cpu": "auto", "cuda": "native", "cuda:0": "auto"}
 E, D, H = 4, 64, 32
 # SQNR floors (dB) against fp32 math: three chained FP8 GEMMs and a SwiGLU (the issue's 22);
 # bf16 operands only round.

@@ -349,7 +349,7 @@ def test_step_names_the_gemms_that_are_ours(monkeypatch, gemm, own, cols_alignme
     operands come in padded groups (torch's wgrad: 16 rows, none for groups the caller aligned;
     ``gemm="cute"``: 128 rows whatever the caller says); mxfp8 pads unaligned groups."""
     monkeypatch.setattr(grouped_mm, "gemm_path", lambda recipe, device, choice: gemm)
-    monkeypatch.setattr(grouped_mm, "gemm_path_quiet", lambda recipe, device: "native")
+    monkeypatch.setattr(grouped_mm, "torch_gemm_path", lambda recipe, device: "native")
     ends = torch.tensor([4, 8], dtype=torch.int32)
     step = grouped_mm.make_step("fp8_rowwise", gemm, ends, False, "auto", op="test")
     assert (step.own_gemms, step.aligned, step.emulated, step.cols_alignment) == (
@@ -369,7 +369,7 @@ def test_step_2d3d_keeps_the_wgrads_torch_path(monkeypatch):
     """``gemm="cute_2d3d"``: the wgrad stays torch's, emulated where torch's path is, and caller-aligned
     groups stay aligned."""
     monkeypatch.setattr(grouped_mm, "gemm_path", lambda recipe, device, choice: "cute_2d3d")
-    monkeypatch.setattr(grouped_mm, "gemm_path_quiet", lambda recipe, device: "emulated")
+    monkeypatch.setattr(grouped_mm, "torch_gemm_path", lambda recipe, device: "emulated")
     ends = torch.tensor([16, 32], dtype=torch.int32)
     step = grouped_mm.make_step("fp8_rowwise", "cute_2d3d", ends, True, "auto", op="test")
     assert (step.own_gemms, step.aligned, step.emulated) == ("2d3d", True, True)

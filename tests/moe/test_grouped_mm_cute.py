@@ -421,8 +421,9 @@ def test_cute_takes_at_most_256_experts(gemm, fake_kernel):
     assert fake_kernel.calls == []
 
 
-def test_auto_never_picks_cute(fake_kernel):
-    """Even where the kernel could run, ``gemm="auto"`` keeps torch's GEMM or the emulation."""
+def test_auto_keeps_torchs_gemm_where_not_measured(fake_kernel):
+    """Where the kernel could run but the device is not one ``"auto"`` picks it on (here: the CPU),
+    ``gemm="auto"`` keeps torch's GEMM or the emulation."""
     x, w, grad_y = _inputs(48, 2, 32, 32)
     ends = torch.tensor([16, 48], dtype=torch.int32)
     _op(x, w, ends, grad_y, gemm="auto")
@@ -431,13 +432,60 @@ def test_auto_never_picks_cute(fake_kernel):
     assert grouped_mm.gemm_path_quiet("fp8_rowwise", torch.device("cpu")) == "emulated"
 
 
-def test_capabilities_report_cute_as_opt_in(monkeypatch):
+@pytest.mark.parametrize(
+    "name, recipe, picks",
+    [
+        ("NVIDIA H200", "fp8_rowwise", True),
+        ("NVIDIA H100 80GB HBM3", "fp8_rowwise", False),
+        ("NVIDIA H200", "mxfp8", False),
+        ("NVIDIA H200", "bf16", False),
+    ],
+)
+def test_auto_picks_the_own_gemm_on_the_measured_devices(monkeypatch, name, recipe, picks):
+    monkeypatch.setattr(grouped_mm, "cute_gemm_reason", lambda device: None)
+    monkeypatch.setattr(grouped_mm, "_device_name", lambda index: name)
+    cuda = torch.device("cuda", 0)
+    assert grouped_mm.auto_runs_own_gemm(recipe, cuda) is picks
+    if picks:  # (otherwise torch's path, which asks the CUDA runtime)
+        assert grouped_mm.gemm_path_quiet(recipe, cuda) == "cute"
+    assert not grouped_mm.auto_runs_own_gemm(recipe, torch.device("cpu"))
+    monkeypatch.setattr(grouped_mm, "cute_gemm_reason", lambda device: "no CuTeDSL")
+    assert not grouped_mm.auto_runs_own_gemm(recipe, cuda)
+
+
+def test_auto_runs_the_own_gemm_where_it_picks_it(fake_kernel, monkeypatch):
+    """Where ``"auto"`` picks the project's GEMM, a call runs what ``gemm="cute"`` runs, bit for bit;
+    with more experts than the kernel takes, or ``backend="reference"``, it runs torch's GEMM."""
+    monkeypatch.setattr(grouped_mm, "auto_runs_own_gemm", lambda recipe, device: recipe == "fp8_rowwise")
+    x, w, grad_y = _inputs(300, 4, 64, 32)
+    ends = torch.tensor(layout_ends(300, 4, [0, 37, 200, 63]), dtype=torch.int32)
+    auto = _op(x, w, ends, grad_y, gemm="auto")
+    assert fake_kernel.forms() == Counter({"2d3d": 2, "2d2d": 1})
+    cute = _op(x, w, ends, grad_y, gemm="cute")
+    owned = int(ends[-1])
+    for name, a, b in zip(("y", "grad_x", "grad_w"), auto, cute, strict=True):
+        rows = slice(None) if name == "grad_w" else slice(0, owned)
+        assert torch.equal(a[rows].view(torch.uint8), b[rows].view(torch.uint8)), name
+    step = grouped_mm.make_step("fp8_rowwise", "auto", ends, False, "auto", op="test")
+    assert (step.own_gemms, step.cols_alignment) == ("all", grouped_mm.CUTE_WGRAD_ALIGNMENT)
+    many = torch.full((257,), 16, dtype=torch.int32)
+    for ends_, backend in ((many, "auto"), (ends, "reference")):
+        step = grouped_mm.make_step("fp8_rowwise", "auto", ends_, False, backend, op="test")
+        assert (step.own_gemms, step.emulated) == ("", True)  # torch's GEMM: here its emulation
+    assert grouped_mm.make_step("bf16", "auto", ends, False, "auto", op="test").own_gemms == ""
+
+
+def test_capabilities_report_the_own_gemm(monkeypatch):
     cpu = tb.capabilities("cpu")
     assert cpu.cute_gemm == {"fp8_rowwise": "unavailable"} and "gemm='cute'" in str(cpu)
     monkeypatch.setattr(grouped_mm, "cute_gemm_reason", lambda device: None)
     here = tb.capabilities("cpu")
     assert here.cute_gemm == {"fp8_rowwise": "opt-in"}
-    assert here.gemm["fp8_rowwise"] == "emulated", "what auto runs does not change"
+    assert here.gemm["fp8_rowwise"] == "emulated", "auto keeps torch's path where it does not pick ours"
+    monkeypatch.setattr(grouped_mm, "auto_runs_own_gemm", lambda recipe, device: recipe == "fp8_rowwise")
+    picked = tb.capabilities("cpu")
+    assert picked.cute_gemm == {"fp8_rowwise": "auto"} and picked.gemm["fp8_rowwise"] == "cute"
+    assert picked.gemm["mxfp8"] == "emulated"
 
 
 @pytest.mark.parametrize(
@@ -589,6 +637,9 @@ def test_gpu_cute_experts_match_native_without_sync():
 @pytest.mark.gpu
 def test_gpu_capabilities_report_cute():
     caps = tb.capabilities("cuda")
-    runs = grouped_mm.cute_gemm_reason(torch.device("cuda")) is None
-    assert caps.cute_gemm == {"fp8_rowwise": "opt-in" if runs else "unavailable"}
-    assert caps.gemm["fp8_rowwise"] in ("native", "emulated")
+    cuda = torch.device("cuda")
+    runs = grouped_mm.cute_gemm_reason(cuda) is None
+    picked = grouped_mm.auto_runs_own_gemm("fp8_rowwise", cuda)
+    assert caps.cute_gemm == {"fp8_rowwise": "auto" if picked else "opt-in" if runs else "unavailable"}
+    assert caps.gemm["fp8_rowwise"] == ("cute" if picked else "native")
+    assert picked == (torch.cuda.get_device_name() in grouped_mm.AUTO_OWN_GEMM_DEVICES and runs)

@@ -21,18 +21,21 @@ sm_100); ``"emulated"`` dequantizes the exact quantized operands to bf16 and run
 Hopper). It is slower than the bf16 recipe. ``gemm="auto"`` takes the native path where it exists
 and otherwise the emulation *with a one-time warning*; ``gemm="native"`` raises instead.
 
-``gemm="cute"`` (fp8_rowwise on sm_90 only; experimental, opt-in: not yet measured on every sm_90
-part, so ``"auto"`` never picks it) runs the project's own grouped GEMM
+``gemm="cute"`` (fp8_rowwise on sm_90 only) runs the project's own grouped GEMM
 (``torch_bindings.grouped_gemm_sm90``) for all three GEMMs. Its GEMMs take ragged groups, so
 nothing is padded but the column (wgrad) operands, which the column quantizer writes straight into
 groups padded to :data:`CUTE_WGRAD_ALIGNMENT` rows (:func:`fp8_wgrad_cols`): the wgrad then has no
-group bound inside a reduction box (:func:`_cute_gemm` gives the layouts). ``gemm="cute_2d3d"``
-(the same limits; experimental, opt-in) runs the project's GEMM for the forward and the dgrad
-only (notes/grouped-gemm-sm90.md), and torch's wgrad, as ``"auto"`` would.
+group bound inside a reduction box (:func:`_cute_gemm` gives the layouts). ``"auto"`` picks it for
+fp8_rowwise on the devices of :data:`AUTO_OWN_GEMM_DEVICES` (where it was measured faster than
+torch's in every benchmarked shape) when the kernels run (``backend`` not ``"reference"``) and the
+experts fit it (at most its ``MAX_GROUPS``); elsewhere ``"auto"`` keeps torch's GEMM.
+``gemm="cute_2d3d"`` (the same limits; opt-in) runs the project's GEMM for the forward and the
+dgrad only (notes/grouped-gemm-sm90.md), and torch's wgrad.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -41,7 +44,7 @@ import torch
 
 from .. import backend as _backend
 from .. import checks, reference
-from ..checks import CUTE_GEMMS
+from ..checks import CUTE_GEMM_RECIPES, CUTE_GEMMS
 from ..pad import pad_token_groups, unpad_token_groups
 from ..pad_quantize_fp8 import pad_and_quantize_fp8_2d_cols, pad_and_quantize_fp8_2d_dual
 from ..quantize_3d import quantize_mxfp8_3d
@@ -59,6 +62,11 @@ GROUP_ALIGNMENT = {"fp8_rowwise": 16, "mxfp8": 32, "bf16": 1}
 CUTE_WGRAD_ALIGNMENT = 128
 # GPU major versions where torch._scaled_grouped_mm runs the recipe.
 _NATIVE_MAJORS = {"fp8_rowwise": (9, 10), "mxfp8": (10,)}
+#: Devices (``torch.cuda.get_device_name``) where ``gemm="auto"`` runs fp8_rowwise on the project's
+#: own sm_90a grouped GEMM (``"cute"``): there it was measured faster than torch's
+#: ``_scaled_grouped_mm`` in the forward, the dgrad and the wgrad of every benchmarked shape
+#: (notes/grouped-gemm-sm90.md, "gemm='auto'"). Other sm_90 parts keep torch's GEMM until measured.
+AUTO_OWN_GEMM_DEVICES = frozenset({"NVIDIA H200"})
 _warned: set[tuple[str, str]] = set()
 
 
@@ -87,18 +95,41 @@ def cute_gemm_reason(device: torch.device) -> str | None:
     return None
 
 
-def gemm_path_quiet(recipe: str, device: torch.device) -> str:
-    """What ``gemm="auto"`` runs for ``recipe`` on ``device`` (``"native"`` / ``"emulated"``), with no
-    warning: ``torch_bindings.capabilities`` reports it."""
+@functools.cache
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def auto_runs_own_gemm(recipe: str, device: torch.device) -> bool:
+    """Whether ``gemm="auto"`` runs ``recipe`` on the project's own grouped GEMM on ``device``: an
+    fp8_rowwise call on a GPU of :data:`AUTO_OWN_GEMM_DEVICES` where the kernel runs."""
+    if recipe not in CUTE_GEMM_RECIPES or device.type != "cuda" or cute_gemm_reason(device) is not None:
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _device_name(index) in AUTO_OWN_GEMM_DEVICES
+
+
+def torch_gemm_path(recipe: str, device: torch.device) -> str:
+    """torch's GEMM for ``recipe`` on ``device``: ``"native"``, else ``"emulated"`` (no warning)."""
     return "native" if native_gemm_reason(recipe, device) is None else "emulated"
+
+
+def gemm_path_quiet(recipe: str, device: torch.device) -> str:
+    """What ``gemm="auto"`` runs for ``recipe`` on ``device`` (``"cute"``, ``"native"`` or
+    ``"emulated"``), with no warning: ``torch_bindings.capabilities`` reports it. A call whose
+    experts the own GEMM cannot take, or with ``backend="reference"``, runs torch's instead
+    (:func:`make_step`)."""
+    return "cute" if auto_runs_own_gemm(recipe, device) else torch_gemm_path(recipe, device)
 
 
 def gemm_path(recipe: str, device: torch.device, gemm: str = "auto") -> str:
     """``"native"``, ``"emulated"``, ``"cute"`` or ``"cute_2d3d"``: the GEMMs a call with these
     arguments runs. ``gemm="native"`` raises ``RuntimeError`` where the native GEMM is missing;
-    ``"auto"`` then picks the emulation and warns once per (recipe, device type). ``gemm="cute"`` and
-    ``"cute_2d3d"`` (checked to be fp8_rowwise by ``checks``) raise ``RuntimeError`` where the kernel
-    cannot run; ``"auto"`` never picks them."""
+    ``"auto"`` picks ``"cute"`` where :func:`auto_runs_own_gemm`, else the native GEMM, else the
+    emulation with a warning once per (recipe, device type). ``gemm="cute"`` and ``"cute_2d3d"``
+    (checked to be fp8_rowwise by ``checks``) raise ``RuntimeError`` where the kernel cannot run."""
+    if gemm == "auto" and auto_runs_own_gemm(recipe, device):
+        return "cute"
     if gemm in CUTE_GEMMS:
         why = cute_gemm_reason(device)
         if why is not None:
@@ -164,17 +195,20 @@ def make_step(recipe: str, gemm: str, ends: torch.Tensor, aligned: bool, backend
     128 rows for ``gemm="cute"``, else 16 unless the caller's groups are aligned); mxfp8 pads
     unaligned groups. ``"cute_2d3d"`` keeps torch's wgrad (native, or the emulation where it is
     missing, then without the warning). Both cute paths take at most ``MAX_GROUPS`` experts
-    (``ValueError`` naming ``group_end_offsets`` otherwise)."""
+    (``ValueError`` naming ``group_end_offsets`` otherwise); ``"auto"`` then, and with
+    ``backend="reference"``, runs torch's GEMM instead of the own one."""
     path = gemm_path(recipe, ends.device, gemm)
     if path in CUTE_GEMMS:
         from cute_kernels.grouped_gemm_sm90 import MAX_GROUPS
 
-        if ends.numel() > MAX_GROUPS:
+        if gemm == "auto" and (ends.numel() > MAX_GROUPS or backend == "reference"):
+            path = torch_gemm_path(recipe, ends.device)
+        elif ends.numel() > MAX_GROUPS:
             groups = ends.numel()
             raise ValueError(
                 f"{op}: gemm={path!r} takes at most {MAX_GROUPS} experts, group_end_offsets has {groups}"
             )
-    torch_path = gemm_path_quiet(recipe, ends.device) if path == "cute_2d3d" else path  # the wgrad's
+    torch_path = torch_gemm_path(recipe, ends.device) if path == "cute_2d3d" else path  # the wgrad's
     own_gemms = {"cute": "all", "cute_2d3d": "2d3d"}.get(path, "")
     if recipe == "fp8_rowwise":  # no pad pass: only the wgrad operands are padded, by their quantizer
         cols_alignment = CUTE_WGRAD_ALIGNMENT if path == "cute" else 0 if aligned else GROUP_ALIGNMENT[recipe]
@@ -555,10 +589,11 @@ def scaled_grouped_mm(
     tokens); gradients come back in each input's dtype, only those ``needs_input_grad`` asks for.
     Recipes: ``"fp8_rowwise"`` (SPEC section 7 operands; K, N multiples of 16), ``"mxfp8"`` (SPEC
     sections 2-4 operands; K, N multiples of 32), ``"bf16"`` (``torch._grouped_mm``; K, N multiples
-    of 8). ``gemm``: ``"auto"`` (native GEMM, or the emulation with a one-time warning),
-    ``"native"`` (error where missing), ``"emulated"``, ``"cute"`` (fp8_rowwise on sm_90, at most
+    of 8). ``gemm``: ``"auto"`` (``"cute"`` for fp8_rowwise where :func:`auto_runs_own_gemm`, else
+    the native GEMM, or the emulation with a one-time warning), ``"native"`` (torch's; error where
+    missing), ``"emulated"``, ``"cute"`` (fp8_rowwise on sm_90, at most
     256 experts: the project's own grouped GEMM, its wgrad operands in 128-row padded groups;
-    experimental, opt-in; ``RuntimeError`` elsewhere, CPU included) or ``"cute_2d3d"`` (the same
+    ``RuntimeError`` elsewhere, CPU included) or ``"cute_2d3d"`` (the same
     limits: the project's GEMM for the forward and dgrad, torch's wgrad); see the module docstring and
     :func:`gemm_path`. ``backend``: the quantization and padding ops' (``"auto"``: the kernels on a
     supported GPU, the reference on CPU, an error on a CUDA device where the kernels cannot run;
