@@ -83,6 +83,7 @@ from cute_utils.columns import PAIR, as_one_expert, block_half_view, column_pair
 from cute_utils.fp8 import fp8_quant_scale_masked, reciprocal_rn
 from cute_utils.groups import (
     MAX_GROUPS,
+    clamped_end,
     find_group,
     group_bounds,
     group_of_row,
@@ -233,10 +234,13 @@ class CastSource:
 @dataclass(frozen=True)
 class DualRows:
     """The dual's row side in the cast pass: ``q`` (1, M, K) or (E, N, K) row-major E4M3,
-    ``q_scales`` the row tile's 128 row ``q_scale`` in shared memory."""
+    ``q_scales`` the row tile's 128 row ``q_scale`` in shared memory, ``end`` the rows it writes:
+    the groups layout's clamped last end (rows past it are left unwritten, as the bounded row op
+    leaves them), else every row (None in the padded cast, whose halves bound it)."""
 
     q: cute.Tensor
     q_scales: cute.Tensor
+    end: object = None
 
 
 @dataclass(frozen=True)
@@ -679,8 +683,12 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
         src = CastSource(amax, offsets, mask, steps)
         dual = None
         if cutlass.const_expr(self.variant.dual):
+            end = rows
+            if cutlass.const_expr(self.variant.grouped):
+                end = clamped_end(offsets, offsets.shape[0] - 1, rows)
             rows_at = Columns(e, tid, rows, cols)
-            dual = DualRows(q_rows, self._row_q_scales(src, row_scales, row_tile * TILE_M, rows_at, experts))
+            row_q = self._row_q_scales(src, row_scales, row_tile * TILE_M, rows_at, experts, end)
+            dual = DualRows(q_rows, row_q, end)
         first_tile = chunk * tiles_per_cta
         last_tile = cutlass.min(first_tile + tiles_per_cta, ceil_div(cols, TILE_K))
         for tile in cutlass.range(first_tile, last_tile, unroll=1):
@@ -689,17 +697,19 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
             self._row_tile(x, qt, src, at, row_tile * TILE_M, dual)
 
     @cute.jit
-    def _row_q_scales(self, src: CastSource, row_scales, first_row: Int32, at: Columns, experts: Int32):
+    def _row_q_scales(
+        self, src: CastSource, row_scales, first_row: Int32, at: Columns, experts: Int32, end: Int32
+    ):
         """Dual: the ``q_scale`` of each of the row tile's 128 rows of expert ``at.e`` (thread ``t``:
-        row ``first_row + t``; 0 past R) into shared memory, returned as a (128,) tensor; the CTAs
-        of column chunk 0 also store the rows' dequantization scales ``1 / q_scale`` in
-        ``row_scales`` (M,) or (E, N). Ends with a CTA barrier."""
+        row ``first_row + t``; 0 from row ``end`` on) into shared memory, returned as a (128,)
+        tensor; the CTAs of column chunk 0 also store the dequantization scales ``1 / q_scale`` of
+        the rows below ``end`` in ``row_scales`` (M,) or (E, N). Ends with a CTA barrier."""
         tid, _, _ = cute.arch.thread_idx()
         _, chunk, _ = cute.arch.block_idx()
         row_q_scales = SmemAllocator().allocate_tensor(Float32, cute.make_layout(TILE_M), 16)
         row = first_row + tid
         q_scale = Float32(0.0)
-        if row < at.rows:
+        if row < end:
             row_words = self._row_words(src.offsets, experts, at.e, at.rows, at.cols)
             q_scale = fp8_quant_scale_masked(src.amax[row_words + row], src.mask)
             if chunk == 0:
@@ -812,16 +822,16 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
 
     @cute.jit
     def _store_rows(self, raw, dual: DualRows, at: Columns, row0: Int32, first_row: Int32):
-        """Dual: the block's rows below R times their row ``q_scale`` as E4M3 into q (1, M, K) or
-        (E, N, K) row-major: each lane's column pair, one 2-byte store per row (``vector_loads``;
-        else per column)."""
+        """Dual: the block's rows below ``dual.end`` times their row ``q_scale`` as E4M3 into q
+        (1, M, K) or (E, N, K) row-major: each lane's column pair, one 2-byte store per row
+        (``vector_loads``; else per column)."""
         k0 = at.pair * PAIR
         rows = None
         if cutlass.const_expr(self.variant.vector_loads):
-            rows = _block_rows(dual.q, at, row0)  # addressed from row0, stored below R only
+            rows = _block_rows(dual.q, at, row0)  # addressed from row0, stored below the end only
         for i in cutlass.range_constexpr(BLOCK):
             row = row0 + i
-            if row < at.rows:
+            if row < dual.end:
                 q_pair = _row_pair_e4m3(raw, i, dual.q_scales[row - first_row])
                 if cutlass.const_expr(self.variant.vector_loads):
                     if k0 < at.cols:

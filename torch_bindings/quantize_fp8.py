@@ -442,10 +442,12 @@ def quantize_fp8_2d_dual(
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(q_row, s_row, q_col, s_col)``: :func:`quantize_fp8_2d` with ``axis="row"`` and with
-    ``axis="col"`` (and the row groups, if given), bit for bit (SPEC section 7), from two reads of
-    x: a zero fill, an amax pass (column or (group, column) maxima and row maxima) and a cast pass
-    writing both q. No host sync; no recompile when M or the offsets change, nor K within its class
-    (the next power of 2; K even or odd, M % 16) or G within its bucket (1, <= 8, <= 64, ...)."""
+    ``axis="col"``, each with the row groups if given, bit for bit (SPEC section 7), from two reads
+    of x: a zero fill, an amax pass (column or (group, column) maxima and row maxima) and a cast
+    pass writing both q. With groups, q_row and s_row are the bounded row op's: the rows past the
+    clamped last end are unspecified and left unwritten (docs/contract.md). No host sync; no
+    recompile when M or the offsets change, nor K within its class (the next power of 2; K even or
+    odd, M % 16) or G within its bucket (1, <= 8, <= 64, ...)."""
     return _QUANTIZE_DUAL.dispatch(backend, x, group_end_offsets, round_scales_to_power_of_2)
 
 

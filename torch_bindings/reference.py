@@ -769,12 +769,16 @@ def quantize_fp8_2d_dual(
     x: Tensor, *, group_end_offsets: Tensor | None = None, round_scales_to_power_of_2: bool = True
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(q_row, s_row, q_col, s_col)``: :func:`quantize_fp8_2d` with ``axis="row"`` and with
-    ``axis="col"`` (and the row groups, if given), bit for bit (SPEC section 7)."""
+    ``axis="col"``, each with the row groups if given, bit for bit (SPEC section 7): with groups the
+    row outputs are those of the bounded row op (the rows past the last end unspecified; here q 0
+    and scale 1.0)."""
     contract.QUANTIZE_FP8_2D_DUAL.check(x, group_end_offsets, round_scales_to_power_of_2)
     if group_end_offsets is not None:  # the values, before the single calls (errors name the dual)
         check_group_end_offsets(group_end_offsets, x.shape[0], op="quantize_fp8_2d_dual")
-    q_row, s_row = quantize_fp8_2d(x, axis="row", round_scales_to_power_of_2=round_scales_to_power_of_2)
     rounding = round_scales_to_power_of_2
+    q_row, s_row = quantize_fp8_2d(
+        x, axis="row", group_end_offsets=group_end_offsets, round_scales_to_power_of_2=rounding
+    )
     q_col, s_col = quantize_fp8_2d(
         x, axis="col", group_end_offsets=group_end_offsets, round_scales_to_power_of_2=rounding
     )

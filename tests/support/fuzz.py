@@ -552,6 +552,7 @@ BOUNDED = {
     "swiglu": None,
     "swiglu_bwd": None,
     "fp8_dual_padded": (0, 1),  # q_row, s_row; the padded column outputs are whole
+    "fp8_dual": (0, 1),  # with groups: q_row, s_row; without, every row is defined
 }
 BOUNDED_OPS = tuple(BOUNDED)
 
@@ -561,7 +562,7 @@ def defined_rows(case: Case, output: torch.Tensor, index: int = 0) -> torch.Tens
     the last end for the outputs :data:`BOUNDED` names (valid ends: 0 <= last <= M), every row
     otherwise."""
     outputs = BOUNDED.get(case.op, ())
-    if outputs is not None and index not in outputs:
+    if case.ends is None or (outputs is not None and index not in outputs):
         return output
     return output[: case.ends[-1]]
 

@@ -28,9 +28,14 @@ def _by_column(shape, dtype, gen) -> torch.Tensor:
     return _random_x(shape[::-1], dtype, gen).t().contiguous()
 
 
+def _row_bound(ends, rows: int) -> int:
+    """The rows a grouped dual's row outputs define: below the clamped last end (all without groups)."""
+    return rows if ends is None else max(0, min(int(ends[-1]), rows))
+
+
 def _check_cols(x: torch.Tensor, ends=None, rounding: bool = True, dual: bool = False) -> None:
-    """quantize_fp8_2d(axis="col") (``dual``: quantize_fp8_2d_dual, all four outputs) against the
-    reference: bytes and strides."""
+    """quantize_fp8_2d(axis="col") (``dual``: quantize_fp8_2d_dual, all four outputs; with groups
+    the row outputs below the last end) against the reference: bytes and strides."""
     offsets = None if ends is None else torch.tensor(ends, dtype=torch.int32, device="cuda")
     kw = {"group_end_offsets": offsets, "round_scales_to_power_of_2": rounding}
     if not dual:
@@ -40,9 +45,11 @@ def _check_cols(x: torch.Tensor, ends=None, rounding: bool = True, dual: bool = 
     with no_sync():
         got = ours(x, backend="cute", **kw)
     want = theirs(x, **kw)
+    bound = _row_bound(ends, x.shape[0])
     for name, g, w in zip(("q_row", "s_row", "q", "scales")[-len(got) :], got, want, strict=True):
         assert same_strides(g, w), (name, g.stride(), w.stride())
-        assert_same_bytes(g, w, name)
+        rows = slice(0, bound) if name in ("q_row", "s_row") else slice(None)
+        assert_same_bytes(g[rows], w[rows], name)
 
 
 @pytest.mark.parametrize("dual", [False, True], ids=["cols", "dual"])
@@ -141,9 +148,41 @@ def test_dual_matches_the_two_single_calls(ends):
     with no_sync():
         got = torch_bindings.quantize_fp8_2d_dual(x, group_end_offsets=offsets, backend="cute")
     want = reference.quantize_fp8_2d_dual(x, group_end_offsets=offsets)
-    for g, w in zip(got, want, strict=True):
+    bound = _row_bound(ends, x.shape[0])
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert same_strides(g, w), (g.stride(), w.stride())
-        assert_same_bytes(g, w)
+        rows = slice(0, bound) if i < 2 else slice(None)
+        assert_same_bytes(g[rows], w[rows])
+    rounding = dict(round_scales_to_power_of_2=True)
+    rows_op = torch_bindings.quantize_fp8_2d(x, axis="row", group_end_offsets=offsets, **rounding)
+    cols_op = torch_bindings.quantize_fp8_2d(x, axis="col", group_end_offsets=offsets, **rounding)
+    for i, (g, w) in enumerate(zip(got, (*rows_op, *cols_op), strict=True)):
+        rows = slice(0, bound) if i < 2 else slice(None)
+        assert_same_bytes(g[rows], w[rows], f"output {i} against the single kernel calls")
+
+
+def test_grouped_dual_leaves_the_rows_past_the_last_end_unwritten():
+    """With groups, q_row and s_row past the last end are left as the allocator gave them (as the
+    bounded row op leaves them): outputs from a fresh memory pool whose free blocks were filled
+    with 0xA5 keep those bytes there (q_row, 2 MiB, comes from the large block; s_row, 16 KiB,
+    from the small pool's 2 MiB segment, filled by two 1 MiB tensors)."""
+    x = _random_x((4096, 512), torch.bfloat16, torch.Generator().manual_seed(13))
+    ends = torch.tensor([0, 1000, 2500], dtype=torch.int32, device="cuda")
+    torch_bindings.quantize_fp8_2d_dual(x, group_end_offsets=ends)  # compile first
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        fillers = [
+            torch.full((size,), 0xA5, dtype=torch.uint8, device="cuda")
+            for size in (64 << 20, 1 << 20, 1 << 20)
+        ]
+        del fillers
+        q_row, s_row, *_ = torch_bindings.quantize_fp8_2d_dual(x, group_end_offsets=ends)
+    assert bool((q_row[2500:].view(torch.uint8) == 0xA5).all()), "q_row past the last end"
+    assert bool((s_row[2500:].view(torch.uint8) == 0xA5).all()), "s_row past the last end"
+    want = reference.quantize_fp8_2d_dual(x, group_end_offsets=ends)
+    assert_same_bytes(q_row[:2500], want[0][:2500])
+    assert_same_bytes(s_row[:2500], want[1][:2500])
+    del q_row, s_row, _
 
 
 @pytest.mark.parametrize("shape", [(0, 64), (4, 0), (0, 3)])
