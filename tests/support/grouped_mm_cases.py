@@ -69,7 +69,7 @@ def layout_ends(rows: int, groups: int, sizes, seed: int = 0) -> list[int]:
 
 def count_fp8_column_operands(monkeypatch) -> dict:
     """Count every FP8 rowwise column (wgrad) operand the training layer makes: the quantizers that
-    make one, patched in ``torch_bindings.moe.grouped_mm`` (the padded column op, the padded dual,
+    make one, patched in ``torch_bindings.moe.grouped_mm`` (the padded column op, both duals,
     ``quantize_fp8_2d(axis="col")``), each call one operand. Returns the live counter
     ``{"cols": n}``."""
     from torch_bindings.moe import grouped_mm
@@ -83,7 +83,7 @@ def count_fp8_column_operands(monkeypatch) -> dict:
 
         return counted
 
-    for name in ("pad_and_quantize_fp8_2d_cols", "pad_and_quantize_fp8_2d_dual"):
+    for name in ("pad_and_quantize_fp8_2d_cols", "pad_and_quantize_fp8_2d_dual", "quantize_fp8_2d_dual"):
         monkeypatch.setattr(grouped_mm, name, counting(getattr(grouped_mm, name), lambda *a, **k: True))
     is_cols = lambda t, axis="row", **k: axis == "col"  # noqa: E731
     monkeypatch.setattr(grouped_mm, "quantize_fp8_2d", counting(grouped_mm.quantize_fp8_2d, is_cols))

@@ -49,7 +49,7 @@ from ..pad import pad_token_groups, unpad_token_groups
 from ..pad_quantize_fp8 import pad_and_quantize_fp8_2d_cols, pad_and_quantize_fp8_2d_dual
 from ..quantize_3d import quantize_mxfp8_3d
 from ..quantize_dual import quantize_mxfp8_2d_dual
-from ..quantize_fp8 import quantize_fp8_2d, quantize_fp8_3d
+from ..quantize_fp8 import quantize_fp8_2d, quantize_fp8_2d_dual, quantize_fp8_3d
 from .tokens import QuantizedTokens, dequant_mx
 
 RECIPES = checks.GROUPED_MM_RECIPES
@@ -339,17 +339,17 @@ def fp8_wgrad_cols(t: torch.Tensor, ends: torch.Tensor, step: _Step):
 def fp8_row_and_wgrad_cols(t: torch.Tensor, ends: torch.Tensor, step: _Step):
     """``(q, s, q_col, s_col, wgrad_ends)``: t's FP8 row operand (``quantize_fp8_2d(axis="row",
     group_end_offsets=ends)``'s bytes below the last end) and its column (wgrad) operand
-    (:func:`fp8_wgrad_cols`'s). Where the columns come in padded groups, both come from one dual
-    (``pad_and_quantize_fp8_2d_dual``: t read twice, not three times); else from the bounded row op
-    and the column op (the unpadded ``quantize_fp8_2d_dual`` would also quantize every row past the
-    last end: an expert-parallel dispatch's static rows, notes/padded-wgrad-operands.md)."""
+    (:func:`fp8_wgrad_cols`'s), both from one dual (t read twice, not three times): into padded
+    groups ``pad_and_quantize_fp8_2d_dual``, else ``quantize_fp8_2d_dual`` over ``ends`` (its row
+    outputs bounded by the last end as the row op's: an expert-parallel dispatch's static rows past
+    it are not written; notes/padded-wgrad-operands.md)."""
     if step.cols_alignment:
         q, s, q_col, s_col, _, padded_end = pad_and_quantize_fp8_2d_dual(
             t, ends, alignment=step.cols_alignment, backend=step.backend
         )
         return q, s, q_col, s_col, padded_end
-    q, s = quantize_fp8_2d(t, axis="row", group_end_offsets=ends, backend=step.backend)
-    return q, s, *fp8_wgrad_cols(t, ends, step)
+    q, s, q_col, s_col = quantize_fp8_2d_dual(t, group_end_offsets=ends, backend=step.backend)
+    return q, s, q_col, s_col, ends
 
 
 def _fp8_cols(t: torch.Tensor, groups: _Groups, step: _Step):
