@@ -242,7 +242,7 @@ def quantize_tma(variant):
     return TmaQuantizeConfig()
 
 
-# --- grouped GEMM, experimental (notes/grouped-gemm-sm90.md) ---
+# --- grouped GEMM (notes/grouped-gemm-sm90.md) ---
 # A (128, 256) tile and a 3-deep ring (144 KiB), CUTLASS's Hopper register split (40 producer / 232
 # consumer registers), 2d2d boxes from 128-row multiples: chosen with `python -m bench.tune
 # grouped_gemm` and `python -m bench.bench_grouped_gemm --probe` (the note's tuning section).

@@ -156,12 +156,15 @@ def test_cpu_input_errors(change, error, match):
 
 # (K, N): K > N, K < N and K = N (row tiles, column tiles and the K classes of the kernels differ).
 GPU_DIMS = [(256, 64), (64, 256), (128, 128)]
+# The GPU paths of each recipe (fp8_rowwise on torch's GEMM); the no-sync, graph and compile tests
+# also run fp8_rowwise with gemm="auto", the project's GEMM where auto picks it.
+GPU_PATHS = [("fp8_rowwise", "native"), ("mxfp8", "emulated"), ("bf16", "auto")]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims", GPU_DIMS, ids=[f"k{k}n{n}" for k, n in GPU_DIMS])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=[case[0] for case in LAYOUTS])
-@pytest.mark.parametrize("recipe, gemm", [("fp8_rowwise", "native"), ("mxfp8", "emulated"), ("bf16", "auto")])
+@pytest.mark.parametrize("recipe, gemm", GPU_PATHS)
 def test_gpu_recipes_match_fp32_math(recipe, gemm, layout, dims):
     _, rows, groups, sizes = layout
     _check_against_fp32(recipe, gemm, rows, layout_ends(rows, groups, sizes), *dims, "cuda")
@@ -191,13 +194,13 @@ def test_cpu_fuzzed_layouts(seed):
 def test_gpu_fuzzed_layouts(seed, poison_cuda_allocator):
     """Seeded layouts on dirty memory (the allocator's free blocks poisoned first)."""
     rows, ends, k, n = fuzz_case(seed)
-    for recipe, gemm in (("fp8_rowwise", "native"), ("mxfp8", "emulated"), ("bf16", "auto")):
+    for recipe, gemm in GPU_PATHS:
         poison_cuda_allocator(1 << 26)
         _check_against_fp32(recipe, gemm, rows, ends, k, n, "cuda")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("recipe, gemm", [("fp8_rowwise", "native"), ("mxfp8", "emulated"), ("bf16", "auto")])
+@pytest.mark.parametrize("recipe, gemm", GPU_PATHS)
 def test_gpu_module_matches_fp32_math(recipe, gemm):
     ends = layout_ends(3000, 8, None, seed=3)
     _check_module(recipe, gemm, 3000, 8, 256, 128, ends, "cuda")
@@ -211,7 +214,7 @@ def _op_step(x, w, ends, grad_y, recipe, gemm):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("recipe, gemm", [("fp8_rowwise", "native"), ("mxfp8", "emulated"), ("bf16", "auto")])
+@pytest.mark.parametrize("recipe, gemm", [*GPU_PATHS, ("fp8_rowwise", "auto")])
 def test_gpu_no_sync_and_cuda_graph(recipe, gemm):
     """Forward + backward never sync, and a CUDA graph of them replays the eager bits."""
     x, w, grad_y = _inputs(1000, 8, 256, 128, "cuda")
@@ -296,7 +299,7 @@ def test_gpu_module_no_sync(recipe):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("recipe, gemm", [("fp8_rowwise", "native"), ("mxfp8", "emulated"), ("bf16", "auto")])
+@pytest.mark.parametrize("recipe, gemm", [*GPU_PATHS, ("fp8_rowwise", "auto")])
 def test_gpu_torch_compile_fullgraph(recipe, gemm):
     """Forward + backward under torch.compile(fullgraph=True) give the eager results."""
     x, w, grad_y = _inputs(1000, 8, 256, 128, "cuda")
@@ -305,6 +308,7 @@ def test_gpu_torch_compile_fullgraph(recipe, gemm):
     x.requires_grad_()
     w.requires_grad_()
     eager = [t.detach().clone() for t in _op_step(x, w, ends, grad_y, recipe, gemm)]
+    grouped_mm._names_by_index.clear()  # trace "auto"'s device-name lookup cold, as a first call does
     compiled = torch.compile(
         lambda a, b, e: tb.scaled_grouped_mm(a, b, e, recipe=recipe, gemm=gemm), fullgraph=True
     )

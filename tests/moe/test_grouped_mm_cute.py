@@ -1,6 +1,6 @@
 """``gemm="cute"``: the project's own sm_90a FP8 grouped GEMM under ``scaled_grouped_mm``,
-``GroupedExperts`` and ``MoELayer`` (fp8_rowwise only; experimental, opt-in, never picked by
-``"auto"``). CPU tests replace the kernel launch
+``GroupedExperts`` and ``MoELayer`` (fp8_rowwise only; what ``"auto"`` runs on the devices of
+``grouped_mm.AUTO_OWN_GEMM_DEVICES``, opt-in elsewhere). CPU tests replace the kernel launch
 (``torch_bindings.grouped_gemm_sm90._launch_kernel``) with :class:`FakeKernel`, which checks every
 operand as the compiled kernel and its ``can_implement`` require (dtypes, compact row-major
 layouts, 16-byte alignment, shared sizes, the 2d2d reduction a multiple of 16) and writes the fp32
@@ -451,6 +451,24 @@ def test_auto_picks_the_own_gemm_on_the_measured_devices(monkeypatch, name, reci
     assert not grouped_mm.auto_runs_own_gemm(recipe, torch.device("cpu"))
     monkeypatch.setattr(grouped_mm, "cute_gemm_reason", lambda device: "no CuTeDSL")
     assert not grouped_mm.auto_runs_own_gemm(recipe, cuda)
+
+
+def test_device_name_traces_cold_under_fullgraph_compile(monkeypatch):
+    """``"auto"``'s device-name lookup is a constant of a ``torch.compile`` trace, also when no eager
+    call filled its cache (dynamo cannot trace ``torch.cuda.get_device_name``'s string)."""
+    from types import SimpleNamespace
+
+    # the real get_device_name on a CPU machine: only the properties it reads are faked
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(name="NVIDIA H200")
+    )
+    monkeypatch.setattr(grouped_mm, "_names_by_index", {})
+    torch._dynamo.reset()
+
+    def fn(x):
+        return x + 1 if grouped_mm._device_name(0) in grouped_mm.AUTO_OWN_GEMM_DEVICES else x
+
+    assert torch.equal(torch.compile(fn, fullgraph=True)(torch.zeros(3)), torch.ones(3))
 
 
 def test_auto_runs_the_own_gemm_where_it_picks_it(fake_kernel, monkeypatch):

@@ -73,14 +73,22 @@ def test_groups_empty_and_tail():
     assert _bits(q[45:]) == [0] * 40  # rows past the last group
 
 
-def test_dual_is_the_two_single_calls():
+@pytest.mark.parametrize("last", [64, 40, 0])
+def test_dual_is_the_two_single_calls(last):
+    """With groups, the row outputs are the bounded row op's (below the last end the unbounded
+    call's; past it q 0 and scale 1.0), the column outputs the grouped column op's."""
     x = torch.randn(64, 32, dtype=torch.bfloat16)
-    ends = torch.tensor([10, 10, 64], dtype=torch.int32)
+    ends = torch.tensor([min(10, last), min(10, last), last], dtype=torch.int32)
     q_row, s_row, q_col, s_col = R.quantize_fp8_2d_dual(x, group_end_offsets=ends)
-    q1, s1 = R.quantize_fp8_2d(x)
+    q1, s1 = R.quantize_fp8_2d(x, axis="row", group_end_offsets=ends)
     q2, s2 = R.quantize_fp8_2d(x, axis="col", group_end_offsets=ends)
     assert _bits(q_row) == _bits(q1) and torch.equal(s_row, s1)
     assert q_col.stride() == q2.stride() and _bits(q_col) == _bits(q2) and torch.equal(s_col, s2)
+    q_all, s_all = R.quantize_fp8_2d(x)
+    assert _bits(q_row[:last]) == _bits(q_all[:last]) and torch.equal(s_row[:last], s_all[:last])
+    assert _bits(q_row[last:]) == [0] * ((64 - last) * 32) and bool((s_row[last:] == 1.0).all())
+    plain = R.quantize_fp8_2d_dual(x)  # no groups: every row
+    assert _bits(plain[0]) == _bits(q_all) and torch.equal(plain[1], s_all)
 
 
 @pytest.mark.parametrize("shape", [(3, 40, 24), (1, 17, 9), (2, 0, 8), (2, 5, 0), (0, 4, 8)])

@@ -172,8 +172,8 @@ class Fp8Rowwise:
 
     def operands(self, t: Tensor, ends: Tensor, rows: bool, cols: bool):
         """t's row and column operands, each only when asked for (else None): both from one dual
-        pass where the columns come in padded groups (``grouped_mm.fp8_row_and_wgrad_cols``), else
-        the single ops (the same bytes)."""
+        (``grouped_mm.fp8_row_and_wgrad_cols``: padded or not, as the wgrad GEMM needs), else the
+        single ops (the same bytes)."""
         if rows and cols:
             q, s, q_col, s_col, wgrad_ends = _mm.fp8_row_and_wgrad_cols(t, ends, self.step)
             return Operand(q, s), Operand(q_col, s_col, wgrad_ends)

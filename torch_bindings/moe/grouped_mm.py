@@ -35,7 +35,6 @@ dgrad only (notes/grouped-gemm-sm90.md), and torch's wgrad.
 
 from __future__ import annotations
 
-import functools
 import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -95,9 +94,16 @@ def cute_gemm_reason(device: torch.device) -> str | None:
     return None
 
 
-@functools.cache
+_names_by_index: dict[int, str] = {}
+
+
+@torch.compiler.assume_constant_result
 def _device_name(index: int) -> str:
-    return torch.cuda.get_device_name(index)
+    """``torch.cuda.get_device_name(index)``, cached; under ``torch.compile`` a constant of the
+    trace (dynamo cannot trace a torch call that returns a string)."""
+    if index not in _names_by_index:
+        _names_by_index[index] = torch.cuda.get_device_name(index)
+    return _names_by_index[index]
 
 
 def auto_runs_own_gemm(recipe: str, device: torch.device) -> bool:
@@ -134,7 +140,7 @@ def gemm_path(recipe: str, device: torch.device, gemm: str = "auto") -> str:
         why = cute_gemm_reason(device)
         if why is not None:
             raise RuntimeError(
-                f"scaled_grouped_mm: gemm={gemm!r} cannot run here: {why}. It runs the experimental "
+                f"scaled_grouped_mm: gemm={gemm!r} cannot run here: {why}. It runs the project's "
                 "sm_90a FP8 grouped GEMM on an sm_90 GPU; pass gemm='auto' (torch's GEMM or the emulation)."
             )
         return gemm
