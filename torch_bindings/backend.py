@@ -38,11 +38,16 @@ def _device_arch(index: int) -> str | None:
     return _arch_by_index[index]
 
 
+def cuda_index(device: torch.device) -> int:
+    """The index of CUDA ``device``: its own, or the current device's for ``torch.device("cuda")``."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def kernel_arch(device: torch.device) -> tuple[str | None, str]:
     """``(arch, reason)``: the compile target for ``device``, or ``None`` and why not."""
     if device.type != "cuda":
         return None, f"tensors are on {device.type}, the kernels need a CUDA device"
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = cuda_index(device)
     arch = _device_arch(index)
     if arch is None:
         capability = torch.cuda.get_device_capability(index)

@@ -52,7 +52,7 @@ def _launch_kernel(form: str, *operands: torch.Tensor) -> None:
     from cute_kernels.grouped_gemm_sm90 import GroupedGemmSm90Kernel, GroupedGemmVariant
 
     device = operands[0].device
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _backend.cuda_index(device)
     variant = GroupedGemmVariant(form)
     kernel = compiled(GroupedGemmSm90Kernel.name, variant, _ARCH)
     kernel(*operands, _backend.resident_ctas(index, _cluster(form)))

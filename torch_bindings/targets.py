@@ -84,7 +84,7 @@ def known(tensor: torch.Tensor) -> DeviceTarget | None:
 
 def target(device: torch.device, arch: str) -> DeviceTarget:
     """The target of CUDA ``device`` (registered on first use) after ``backend.select`` gave ``arch``."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _backend.cuda_index(device)
     found = _targets.get(index)
     if found is None:
         found = _targets[index] = DeviceTarget(

@@ -22,10 +22,11 @@ over a per-recipe set of operand functions (:class:`Fp8Rowwise`, :class:`Mxfp8`)
 FP8 rowwise takes groups of any sizes and pads nothing: its 2d x 3d GEMMs take them as they are, and
 the column (wgrad) operands are written into padded groups by the column quantizer itself where the
 wgrad GEMM needs it (``grouped_mm.fp8_wgrad_cols``: 16 rows for torch's wgrad unless the caller's
-groups are aligned, 128 rows for the project's own, ``gemm="cute"``, which ``gemm="auto"`` picks on an
-H200; ``gemm="cute_2d3d"`` runs that kernel for the 2d x 3d GEMMs only). MXFP8's groups must start on
-its alignment (``GROUP_ALIGNMENT``): :func:`experts_forward` pads unaligned groups once around the
-block; dispatch output and ``pad_token_groups`` output are aligned already. x may also arrive quantized
+groups are aligned, 128 rows for the project's own, ``gemm="cute"``, which ``gemm="auto"`` picks on
+the devices of ``grouped_mm.AUTO_OWN_GEMM_DEVICES``; ``gemm="cute_2d3d"`` runs that kernel for the
+2d x 3d GEMMs only). MXFP8's groups must start on its alignment (``GROUP_ALIGNMENT``):
+:func:`experts_forward` pads unaligned groups once around the block; dispatch output and
+``pad_token_groups`` output are aligned already. x may also arrive quantized
 (:class:`QuantizedTokens`, from ``ep.dispatch``): its forward operand is used as it is and its
 column operand is made from the dequantized rows.
 """

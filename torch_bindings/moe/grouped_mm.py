@@ -111,8 +111,7 @@ def auto_runs_own_gemm(recipe: str, device: torch.device) -> bool:
     fp8_rowwise call on a GPU of :data:`AUTO_OWN_GEMM_DEVICES` where the kernel runs."""
     if recipe not in CUTE_GEMM_RECIPES or device.type != "cuda" or cute_gemm_reason(device) is not None:
         return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _device_name(index) in AUTO_OWN_GEMM_DEVICES
+    return _device_name(_backend.cuda_index(device)) in AUTO_OWN_GEMM_DEVICES
 
 
 def torch_gemm_path(recipe: str, device: torch.device) -> str:

@@ -2,7 +2,8 @@
 
 ``register()`` adds ``"cute_fp8_rowwise"``, ``"cute_mxfp8"`` and ``"cute_bf16"`` (and
 ``"cute_fp8_rowwise_sm90"``: fp8_rowwise on the project's own FP8 grouped GEMM, ``gemm="cute"``,
-Hopper only; ``"cute_fp8_rowwise"`` runs it too where ``gemm="auto"`` picks it, on an H200) to
+Hopper only; ``"cute_fp8_rowwise"`` runs it too where ``gemm="auto"`` picks it:
+``grouped_mm.AUTO_OWN_GEMM_DEVICES``) to
 ``transformers.integrations.moe.ALL_EXPERTS_FUNCTIONS``, so that a transformers MoE model whose
 experts class uses ``@use_experts_implementation`` (Qwen3-MoE, Mixtral, ...) runs on them with
 ``from_pretrained(..., experts_implementation="cute_fp8_rowwise")`` or

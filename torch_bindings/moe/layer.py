@@ -7,13 +7,13 @@ offsets (E,), to ``out[rows of e] = (silu(x w13[e, :H].T) * (x w13[e, H:].T)) w2
 itself is :func:`torch_bindings.moe.experts.experts_forward` (one GEMM for gate and up, x quantized
 once, SwiGLU fused with the quantization around it, a weight cache, only the gradients asked for).
 
-fp8_rowwise takes groups of any sizes with no pad pass: only its column (wgrad) operands are
-written into padded groups, by their quantizer (16 rows for torch's wgrad, none for groups that
-start on 16 already: ``groups_aligned=True``, the output of ``pad_token_groups`` or of a dispatch;
-128 rows for ``gemm="cute"``, fp8_rowwise on sm_90, what ``"auto"`` runs on an H200; ``gemm="cute_2d3d"`` runs
-the project's GEMM for the 2d x 3d GEMMs only). mxfp8 pads unaligned groups once to its alignment
-around the block and unpads once; aligned groups skip both. Quantized tokens from an FP8 dispatch
-(``DispatchResult.tokens``) skip x's quantization too.
+fp8_rowwise takes groups of any sizes with no pad pass: only its column (wgrad) operands are written
+into padded groups, by their quantizer (16 rows for torch's wgrad, none for groups that start on 16
+already: ``groups_aligned=True``, the output of ``pad_token_groups`` or of a dispatch; 128 rows for
+``gemm="cute"``, fp8_rowwise on sm_90, what ``"auto"`` runs where ``grouped_mm.auto_runs_own_gemm``;
+``gemm="cute_2d3d"`` runs the project's GEMM for the 2d x 3d GEMMs only). mxfp8 pads unaligned
+groups once to its alignment around the block and unpads once; aligned groups skip both. Quantized
+tokens from an FP8 dispatch (``DispatchResult.tokens``) skip x's quantization too.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ class GroupedExperts(torch.nn.Module):
     :func:`scaled_grouped_mm` (``"auto"`` warns once when it must emulate; ``"cute"``: fp8_rowwise
     on sm_90, the project's own grouped GEMM for all six GEMMs with no pad pass (its wgrad operands
     come in 128-row padded groups from their quantizer), what ``"auto"`` runs for fp8_rowwise where
-    ``grouped_mm.auto_runs_own_gemm``; ``"cute_2d3d"``: the
-    same for its four 2d x 3d GEMMs, torch's wgrads; ``RuntimeError`` at the first call elsewhere);
+    ``grouped_mm.auto_runs_own_gemm``; ``"cute_2d3d"``: the same for its four 2d x 3d GEMMs,
+    torch's wgrads; ``RuntimeError`` at the first call elsewhere);
     ``backend``: the quantization and padding ops' (``"auto"`` raises on a CUDA device without the
     kernels);
     ``weight_cache``: keep the weights' quantized operands between calls while the parameters do not
@@ -217,7 +217,8 @@ class MoELayer(torch.nn.Module):
     ``dispatch_recipe`` (default: the recipe itself) what the dispatch sends: ``"fp8_rowwise"`` /
     ``"mxfp8"`` quantize each token once on its sender and the experts take the quantized rows,
     ``"bf16"`` sends bf16 rows. ``gemm``: the experts' (:class:`GroupedExperts`; ``"auto"`` runs
-    ``"cute"`` for fp8_rowwise on an H200, with the default alignment of ``"auto"``).
+    ``"cute"`` for fp8_rowwise where ``grouped_mm.auto_runs_own_gemm``, with ``"auto"``'s default
+    alignment).
     ``alignment``: the dispatch's padded group alignment, one of 16, 32, 64, 128 and a multiple of
     the recipe's (16 rows for fp8_rowwise, 32 for mxfp8; ``ValueError`` otherwise); ``None`` (the
     default): :func:`default_alignment` of ``gemm``. No host sync; capturable in a CUDA graph once
