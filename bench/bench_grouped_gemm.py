@@ -14,12 +14,18 @@ cute kernel is sm_90a only); without a CUDA GPU it exits 2.
     python -m bench.bench_grouped_gemm --once wgrad   # two launches of ours per shape, for ncu
     python -m bench.bench_grouped_gemm --probe        # where our wgrad's time goes (below)
     python -m bench.bench_grouped_gemm --shapes E8xM4096xK1024xN1024,E64xM8192xK2048xN1024
+    python -m bench.bench_grouped_gemm --power [--seconds 3]   # clock and power under load (below)
 
 ``--probe``: our wgrad with the skewed groups, with their ends rounded down to 16 rows (no head to
 mask when boxes start at 16-row multiples) and to 128 rows (no partial box: nothing masked), each
 with boxes starting at the group's first row rounded down to 16 and to 128 (``reduction_align``:
 16-byte or 128-byte aligned TMA boxes), and a forward (2d3d) problem of the same tiles and reduction
 length (E N rows, K columns, reduction M / E: the same output tiles and k-tiles per tile).
+
+``--power``: forward, dgrad and the padded wgrad of ours, torch FP8 and torch bf16, each in a
+sustained loop (``bench.common.power``) with the median SM clock and board power over its steady
+part, and the TFLOP/s as a fraction of the dense peak at that clock (132 SMs x 8192 FP8 or 4096 bf16
+FLOPs per clock on an H100 / H200): at the power limit the clock, not the schedule, sets the time.
 """
 
 from __future__ import annotations
@@ -155,6 +161,30 @@ def rows_for(s: Shape, device: torch.device) -> list[dict]:
     return rows
 
 
+def power_rows(s: Shape, device: torch.device, seconds: float) -> list[dict]:
+    """``--power`` (module docstring): one row per GEMM and implementation."""
+    from bench.common.power import SM90_DENSE_FLOPS_PER_CLOCK, sustained
+    from torch_bindings.backend import num_sms
+
+    ends = skewed_group_ends(s.tokens, s.experts, seed=1)
+    aligned = [e // 16 * 16 for e in ends[:-1]] + [ends[-1]]
+    calls = _calls(_operands(s, device, ends, aligned))
+    flops, sms, rows = 2 * s.tokens * s.dim * s.hidden, num_sms(device.index or 0), []
+    for gemm in ("forward", "dgrad", "wgrad_padded"):
+        for impl, call in calls[gemm].items():
+            call()  # compiles ours before the loop
+            run = sustained(call, device.index or 0, seconds)
+            tflops = flops / run.us / 1e6
+            per_clock = SM90_DENSE_FLOPS_PER_CLOCK["bf16" if impl == "torch_bf16" else "fp8"]
+            peak = sms * per_clock * run.sm_mhz * 1e6 / 1e12
+            row = {"shape": s.name, "gemm": gemm, "impl": impl, "us": round(run.us, 1),
+                   "TFLOPs": round(tflops, 1), "sm_MHz": round(run.sm_mhz), "watts": round(run.watts),
+                   "of_peak_at_clock": round(tflops / peak, 3)}  # fmt: skip
+            progress("  " + ", ".join(f"{k} {v}" for k, v in row.items() if k != "shape"))
+            rows.append(row)
+    return rows
+
+
 def run_once(s: Shape, device: torch.device, gemm: str) -> None:
     """Two launches of our kernel for ``gemm`` at shape ``s`` (the first also compiles), nothing
     timed: what a profiler reads (``ncu -k regex:GroupedGemm``, tests/support/gpu_session.sh)."""
@@ -229,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     gemms = ("forward", "dgrad", "wgrad", "wgrad_padded")
     parser.add_argument("--once", choices=gemms, help="two launches of ours per shape, untimed (ncu)")
     parser.add_argument("--probe", action="store_true", help="where our wgrad's time goes")
+    parser.add_argument("--power", action="store_true", help="SM clock and board power under load")
+    parser.add_argument("--seconds", type=float, default=3.0, help="--power: seconds per loop (default 3)")
     parser.add_argument(
         "--shapes", type=parse_shapes, help="E8xM16384xK7168xN2048,... (default: bench_moe's)"
     )
@@ -247,12 +279,18 @@ def main(argv: list[str] | None = None) -> int:
             progress(f"grouped GEMM once: {s.name} {args.once}")
             run_once(s, device, args.once)
         return 0
+    mode = "probe" if args.probe else "power" if args.power else ""
+    collect = {"probe": probe_rows, "power": lambda s, d: power_rows(s, d, args.seconds), "": rows_for}[mode]
     rows = []
     for s in shapes:
-        progress(f"grouped GEMM{' probe' if args.probe else ''}: {s.name}")
-        rows += probe_rows(s, device) if args.probe else rows_for(s, device)
-    title = "our wgrad against problems of the same tiles" if args.probe else "FP8 grouped GEMM, sm_90a"
-    json_path = output_paths(args.out, "grouped_gemm_probe" if args.probe else "grouped_gemm")[0]
+        progress(f"grouped GEMM{' ' + mode if mode else ''}: {s.name}")
+        rows += collect(s, device)
+    title = {
+        "probe": "our wgrad against problems of the same tiles",
+        "power": "FP8 grouped GEMM under sustained load: SM clock and board power",
+        "": "FP8 grouped GEMM, sm_90a",
+    }[mode]
+    json_path = output_paths(args.out, f"grouped_gemm_{mode}" if mode else "grouped_gemm")[0]
     report(rows, list(rows[0]), title, json_path=json_path, panel_key=None)
     return 0
 

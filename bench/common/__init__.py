@@ -15,7 +15,9 @@ Used by the ``bench_*`` scripts, the tuner (``bench.tune``) and ``demo``. One mo
 * :mod:`.cli` -- the shared options, the results folder and :func:`progress`;
 * :mod:`.groups` -- group-size generators (:func:`skewed_group_ends`, :func:`block_group_ends`).
 * :mod:`.tuning` -- the tuner's sweep, ranking and table writing; :mod:`.tuned` -- the tuned table
-  (not re-exported: only ``bench.tune`` uses them).
+  (not re-exported: only ``bench.tune`` uses them);
+* :mod:`.power` -- a call in a sustained loop with the SM clock and board power it ran at
+  (not re-exported: only ``bench_grouped_gemm --power`` uses it).
 
 Every public name is re-exported here, so ``from bench.common import X`` works as before.
 

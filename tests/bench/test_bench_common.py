@@ -560,3 +560,28 @@ def test_trace_ops_times_the_outer_ops_and_restores_dispatch() -> None:
     with pytest.raises(KeyError, match="step failed"):
         trace_ops(failing)
     assert KernelOp.dispatch is original
+
+
+# ------------------------------------------------------------------------------------------
+# clock and power under sustained load (bench_grouped_gemm --power)
+# ------------------------------------------------------------------------------------------
+
+
+def test_power_samples_skip_unusable_lines_and_the_settling_third() -> None:
+    from bench.common.power import parse_samples, steady_medians
+
+    text = "900, 300.5\n[N/A], 650.0\n1300, 690.1\n\n1320, 692.0\n1310, 691.0\n1330"
+    pairs = parse_samples(text)
+    assert pairs == [(900.0, 300.5), (1300.0, 690.1), (1320.0, 692.0), (1310.0, 691.0)]
+    assert steady_medians(pairs) == (1310.0, 691.0, 3)  # the first of four samples is left out
+    with pytest.raises(ValueError, match="no clock"):
+        steady_medians(parse_samples("[N/A], [N/A]\n"))
+
+
+def test_power_mode_is_an_option_of_the_gemm_bench() -> None:
+    from bench.bench_grouped_gemm import __doc__ as doc
+    from bench.bench_grouped_gemm import main
+
+    assert "--power" in doc
+    if not torch.cuda.is_available():
+        assert main(["--power", "--seconds", "0.1"]) == 2  # no GPU: the bench's usual exit
