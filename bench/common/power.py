@@ -84,7 +84,7 @@ def sustained(
         end_at = time.monotonic() + seconds * (1 - SETTLE_FRACTION)
         calls = 0
         start.record()
-        while time.monotonic() < end_at:
+        while calls == 0 or time.monotonic() < end_at:  # at least one batch is timed
             for _ in range(batch):
                 fn()
             calls += batch
