@@ -23,9 +23,9 @@ with boxes starting at the group's first row rounded down to 16 and to 128 (``re
 length (E N rows, K columns, reduction M / E: the same output tiles and k-tiles per tile).
 
 ``--power``: forward, dgrad and the padded wgrad of ours, torch FP8 and torch bf16, each in a
-sustained loop (``bench.common.power``) with the median SM clock and board power over its steady
-part, and the TFLOP/s as a fraction of the dense peak at that clock (132 SMs x 8192 FP8 or 4096 bf16
-FLOPs per clock on an H100 / H200): at the power limit the clock, not the schedule, sets the time.
+sustained loop of eager calls (``bench.common.power``; ``--seconds`` each, default 3) with the
+median SM clock and board power over its steady part, and the TFLOP/s as a fraction of the dense
+peak at that clock (the device's SM count x 8192 FP8 or 4096 bf16 FLOPs per SM per clock on sm_90).
 """
 
 from __future__ import annotations
@@ -257,14 +257,17 @@ def probe_rows(s: Shape, device: torch.device) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0])
     gemms = ("forward", "dgrad", "wgrad", "wgrad_padded")
-    parser.add_argument("--once", choices=gemms, help="two launches of ours per shape, untimed (ncu)")
-    parser.add_argument("--probe", action="store_true", help="where our wgrad's time goes")
-    parser.add_argument("--power", action="store_true", help="SM clock and board power under load")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--once", choices=gemms, help="two launches of ours per shape, untimed (ncu)")
+    mode.add_argument("--probe", action="store_true", help="where our wgrad's time goes")
+    mode.add_argument("--power", action="store_true", help="SM clock and board power under load")
     parser.add_argument("--seconds", type=float, default=3.0, help="--power: seconds per loop (default 3)")
     parser.add_argument(
         "--shapes", type=parse_shapes, help="E8xM16384xK7168xN2048,... (default: bench_moe's)"
     )
     args = parser.parse_args(argv)
+    if args.seconds <= 0 or (args.seconds != 3.0 and not args.power):
+        parser.error("--seconds takes a positive number, with --power")
     shapes = args.shapes or (SHAPES[:1] if args.quick else SHAPES)
     device = cuda_or_none("bench_grouped_gemm")
     if device is None:

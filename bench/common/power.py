@@ -1,10 +1,10 @@
 """A call in a sustained loop, with the SM clock and board power the GPU runs it at.
 
-A GEMM timed by graph replays runs long enough to reach the board's power limit; there the clock
-falls until the limit holds, so time follows energy per operation rather than the schedule alone
-(notes/grouped-gemm-sm90.md, "Power-bound"). :func:`sustained` runs a call for some seconds while
-``nvidia-smi`` samples the device's SM clock and power draw, and reports the median of each over
-the steady part of the run beside the time per call.
+A GEMM that runs for seconds reaches the board's power limit, and there the clock falls until the
+limit holds (notes/grouped-gemm-sm90.md, "Power-bound"). :func:`sustained` runs a call for some
+seconds while ``nvidia-smi`` samples the device's SM clock and power draw, and reports the median
+of each over the steady part of the run beside the time per call. The calls are eager, with a host
+sync every ``batch`` of them: their times are not those of graph replays (``timing.time_cuda``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import statistics
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,40 +60,70 @@ def steady_medians(pairs: list[tuple[float, float]]) -> tuple[float, float, int]
     return statistics.median(p[0] for p in steady), statistics.median(p[1] for p in steady), len(steady)
 
 
+def _sampler_query(smi: str, device_index: int) -> list[str]:
+    """The ``nvidia-smi`` command that samples CUDA device ``device_index`` every 50 ms, named by
+    its UUID (``nvidia-smi`` numbers GPUs its own way, ignoring ``CUDA_VISIBLE_DEVICES``)."""
+    import torch
+
+    uuid = torch.cuda.get_device_properties(device_index).uuid
+    return [smi, "-i", f"GPU-{uuid}", "--query-gpu=clocks.sm,power.draw",
+            "--format=csv,noheader,nounits", "-lms", "50"]  # fmt: skip
+
+
+def _run_loop(fn: Callable[[], object], seconds: float, batch: int) -> tuple[float, int]:
+    """(milliseconds, calls) of the timed part of the loop: a third of ``seconds`` to let the clock
+    settle, then at least one batch and until ``seconds`` are over, timed with CUDA events."""
+    import torch
+
+    settle_until = time.monotonic() + seconds * SETTLE_FRACTION
+    while time.monotonic() < settle_until:
+        for _ in range(batch):
+            fn()
+        torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    end_at = time.monotonic() + seconds * (1 - SETTLE_FRACTION)
+    calls = 0
+    start.record()
+    while calls == 0 or time.monotonic() < end_at:
+        for _ in range(batch):
+            fn()
+        calls += batch
+        torch.cuda.synchronize()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop), calls
+
+
 def sustained(
     fn: Callable[[], object], device_index: int, seconds: float = 3.0, batch: int = 20
 ) -> SustainedRun:
-    """Run ``fn`` (queued on the current CUDA stream) for about ``seconds``: a third of them to
-    let the clock settle, the rest timed with CUDA events, ``batch`` calls between host syncs, while
-    ``nvidia-smi`` samples device ``device_index`` every 50 ms. ``RuntimeError`` without
-    ``nvidia-smi``."""
-    import torch
-
+    """Run ``fn`` (queued on the current CUDA stream) for about ``seconds`` (``_run_loop``) while
+    ``nvidia-smi`` samples CUDA device ``device_index`` into a temporary file. ``ValueError`` for a
+    non-positive ``seconds`` or ``batch``; ``RuntimeError`` without ``nvidia-smi`` or when it
+    printed no usable sample (its exit code and message in the error)."""
+    if seconds <= 0 or batch <= 0:
+        raise ValueError(f"seconds ({seconds}) and batch ({batch}) must be positive")
     smi = shutil.which("nvidia-smi")
     if smi is None:
         raise RuntimeError("--power needs nvidia-smi on the PATH (it samples the clock and power)")
-    query = [smi, "-i", str(device_index), "--query-gpu=clocks.sm,power.draw",
-             "--format=csv,noheader,nounits", "-lms", "50"]  # fmt: skip
-    sampler = subprocess.Popen(query, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    with tempfile.TemporaryFile("w+") as samples, tempfile.TemporaryFile("w+") as errors:
+        sampler = subprocess.Popen(
+            _sampler_query(smi, device_index), stdout=samples, stderr=errors, text=True
+        )
+        try:
+            ms, calls = _run_loop(fn, seconds, batch)
+        finally:
+            sampler.terminate()
+            try:
+                sampler.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                sampler.kill()
+                sampler.wait()
+        samples.seek(0)
+        errors.seek(0)
+        text, message = samples.read(), errors.read().strip()
     try:
-        settle_until = time.monotonic() + seconds * SETTLE_FRACTION
-        while time.monotonic() < settle_until:
-            for _ in range(batch):
-                fn()
-            torch.cuda.synchronize()
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        end_at = time.monotonic() + seconds * (1 - SETTLE_FRACTION)
-        calls = 0
-        start.record()
-        while calls == 0 or time.monotonic() < end_at:  # at least one batch is timed
-            for _ in range(batch):
-                fn()
-            calls += batch
-            torch.cuda.synchronize()
-        stop.record()
-        torch.cuda.synchronize()
-    finally:
-        sampler.terminate()
-        text = sampler.communicate()[0]
-    mhz, watts, count = steady_medians(parse_samples(text))
-    return SustainedRun(start.elapsed_time(stop) * 1e3 / calls, mhz, watts, count)
+        mhz, watts, count = steady_medians(parse_samples(text))
+    except ValueError as exc:
+        raise RuntimeError(f"nvidia-smi (exit {sampler.returncode}): {message or text[:200]!r}") from exc
+    return SustainedRun(ms * 1e3 / calls, mhz, watts, count)

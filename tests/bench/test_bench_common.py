@@ -585,3 +585,52 @@ def test_power_mode_is_an_option_of_the_gemm_bench() -> None:
     assert "--power" in doc
     if not torch.cuda.is_available():
         assert main(["--power", "--seconds", "0.1"]) == 2  # no GPU: the bench's usual exit
+
+
+def _fake_nvidia_smi(tmp_path, monkeypatch, line: str) -> None:
+    """An ``nvidia-smi`` on PATH that records its arguments and prints ``line`` six times; CUDA
+    events, syncs and device properties faked so that ``sustained`` runs on a CPU."""
+    import os
+    from types import SimpleNamespace
+
+    script = tmp_path / "nvidia-smi"
+    script.write_text(
+        f'#!/bin/sh\necho "$@" > {tmp_path}/args\nfor i in 1 2 3 4 5 6; do echo "{line}"; done\n'
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+    class Event:
+        def __init__(self, **_):
+            pass
+
+        def record(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 2.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid="abc-123"))
+
+
+def test_sustained_samples_the_device_by_uuid(tmp_path, monkeypatch) -> None:
+    from bench.common import power
+
+    _fake_nvidia_smi(tmp_path, monkeypatch, "1300, 690.5")
+    calls = []
+    run = power.sustained(lambda: calls.append(1), 0, seconds=0.3, batch=4)
+    assert (run.sm_mhz, run.watts, run.samples) == (1300.0, 690.5, 4)
+    assert len(calls) % 4 == 0 and run.us > 0
+    assert "-i GPU-abc-123" in (tmp_path / "args").read_text()
+    with pytest.raises(ValueError, match="positive"):
+        power.sustained(lambda: None, 0, seconds=0.3, batch=0)
+
+
+def test_sustained_says_what_nvidia_smi_printed(tmp_path, monkeypatch) -> None:
+    from bench.common import power
+
+    _fake_nvidia_smi(tmp_path, monkeypatch, "[N/A], [N/A]")
+    with pytest.raises(RuntimeError, match="N/A"):
+        power.sustained(lambda: None, 0, seconds=0.2, batch=1)
