@@ -136,13 +136,17 @@ def _calls(ops: dict) -> dict:
     }
 
 
-def rows_for(s: Shape, device: torch.device) -> list[dict]:
+def _bench_calls(s: Shape, device: torch.device) -> dict:
+    """:func:`_calls` on the bench's skewed groups (torch's wgrad on their ends rounded down to 16)."""
     ends = skewed_group_ends(s.tokens, s.experts, seed=1)
     aligned = [e // 16 * 16 for e in ends[:-1]] + [ends[-1]]
-    ops = _operands(s, device, ends, aligned)
+    return _calls(_operands(s, device, ends, aligned))
+
+
+def rows_for(s: Shape, device: torch.device) -> list[dict]:
     flops = 2 * s.tokens * s.dim * s.hidden
     rows = []
-    for gemm, impls in _calls(ops).items():
+    for gemm, impls in _bench_calls(s, device).items():
         row = {"shape": s.name, "gemm": gemm}
         for impl, call in impls.items():
             try:
@@ -166,9 +170,7 @@ def power_rows(s: Shape, device: torch.device, seconds: float) -> list[dict]:
     from bench.common.power import SM90_DENSE_FLOPS_PER_CLOCK, sustained
     from torch_bindings.backend import num_sms
 
-    ends = skewed_group_ends(s.tokens, s.experts, seed=1)
-    aligned = [e // 16 * 16 for e in ends[:-1]] + [ends[-1]]
-    calls = _calls(_operands(s, device, ends, aligned))
+    calls = _bench_calls(s, device)
     flops, sms, rows = 2 * s.tokens * s.dim * s.hidden, num_sms(device.index or 0), []
     for gemm in ("forward", "dgrad", "wgrad_padded"):
         for impl, call in calls[gemm].items():
