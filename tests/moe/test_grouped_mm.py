@@ -352,7 +352,7 @@ def test_step_names_the_gemms_that_are_ours(monkeypatch, gemm, own, cols_alignme
     wgrad: 2-D); fp8_rowwise never pads (its 2d x 3d GEMMs take any groups), only its column
     operands come in padded groups (torch's wgrad: 16 rows, none for groups the caller aligned;
     ``gemm="cute"``: 128 rows whatever the caller says); mxfp8 pads unaligned groups."""
-    monkeypatch.setattr(grouped_mm, "gemm_path", lambda recipe, device, choice: gemm)
+    monkeypatch.setattr(grouped_mm, "gemm_path", lambda recipe, device, choice, *call: gemm)
     monkeypatch.setattr(grouped_mm, "torch_gemm_path", lambda recipe, device: "native")
     ends = torch.tensor([4, 8], dtype=torch.int32)
     step = grouped_mm.make_step("fp8_rowwise", gemm, ends, False, "auto", op="test")
@@ -372,7 +372,7 @@ def test_step_names_the_gemms_that_are_ours(monkeypatch, gemm, own, cols_alignme
 def test_step_2d3d_keeps_the_wgrads_torch_path(monkeypatch):
     """``gemm="cute_2d3d"``: the wgrad stays torch's, emulated where torch's path is, and caller-aligned
     groups stay aligned."""
-    monkeypatch.setattr(grouped_mm, "gemm_path", lambda recipe, device, choice: "cute_2d3d")
+    monkeypatch.setattr(grouped_mm, "gemm_path", lambda recipe, device, choice, *call: "cute_2d3d")
     monkeypatch.setattr(grouped_mm, "torch_gemm_path", lambda recipe, device: "emulated")
     ends = torch.tensor([16, 32], dtype=torch.int32)
     step = grouped_mm.make_step("fp8_rowwise", "cute_2d3d", ends, True, "auto", op="test")

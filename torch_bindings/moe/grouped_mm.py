@@ -123,17 +123,34 @@ def gemm_path_quiet(recipe: str, device: torch.device) -> str:
     """What ``gemm="auto"`` runs for ``recipe`` on ``device`` (``"cute"``, ``"native"`` or
     ``"emulated"``), with no warning: ``torch_bindings.capabilities`` reports it. A call whose
     experts the own GEMM cannot take, or with ``backend="reference"``, runs torch's instead
-    (:func:`make_step`)."""
+    (:func:`gemm_path`)."""
     return "cute" if auto_runs_own_gemm(recipe, device) else torch_gemm_path(recipe, device)
 
 
-def gemm_path(recipe: str, device: torch.device, gemm: str = "auto") -> str:
+def _own_gemm_takes(experts: int | None, backend: str) -> bool:
+    """Whether a call of ``experts`` groups (None: not asked) with this ``backend`` suits the
+    project's own GEMM under ``gemm="auto"``: at most its ``MAX_GROUPS`` experts, and the kernels
+    asked for (``backend`` not ``"reference"``)."""
+    if backend == "reference":
+        return False
+    if experts is None:
+        return True
+    from cute_kernels.grouped_gemm_sm90 import MAX_GROUPS
+
+    return experts <= MAX_GROUPS
+
+
+def gemm_path(
+    recipe: str, device: torch.device, gemm: str = "auto", experts: int | None = None, backend: str = "auto"
+) -> str:
     """``"native"``, ``"emulated"``, ``"cute"`` or ``"cute_2d3d"``: the GEMMs a call with these
-    arguments runs. ``gemm="native"`` raises ``RuntimeError`` where the native GEMM is missing;
-    ``"auto"`` picks ``"cute"`` where :func:`auto_runs_own_gemm`, else the native GEMM, else the
-    emulation with a warning once per (recipe, device type). ``gemm="cute"`` and ``"cute_2d3d"``
-    (checked to be fp8_rowwise by ``checks``) raise ``RuntimeError`` where the kernel cannot run."""
-    if gemm == "auto" and auto_runs_own_gemm(recipe, device):
+    arguments (``experts`` groups, None where not known; the quantization ``backend``) runs.
+    ``gemm="native"`` raises ``RuntimeError`` where the native GEMM is missing; ``"auto"`` picks
+    ``"cute"`` where :func:`auto_runs_own_gemm` and the call suits it (:func:`_own_gemm_takes`), else
+    the native GEMM, else the emulation with a warning once per (recipe, device type).
+    ``gemm="cute"`` and ``"cute_2d3d"`` (checked to be fp8_rowwise by ``checks``) raise
+    ``RuntimeError`` where the kernel cannot run."""
+    if gemm == "auto" and auto_runs_own_gemm(recipe, device) and _own_gemm_takes(experts, backend):
         return "cute"
     if gemm in CUTE_GEMMS:
         why = cute_gemm_reason(device)
@@ -201,14 +218,12 @@ def make_step(recipe: str, gemm: str, ends: torch.Tensor, aligned: bool, backend
     unaligned groups. ``"cute_2d3d"`` keeps torch's wgrad (native, or the emulation where it is
     missing, then without the warning). Both cute paths take at most ``MAX_GROUPS`` experts
     (``ValueError`` naming ``group_end_offsets`` otherwise); ``"auto"`` then, and with
-    ``backend="reference"``, runs torch's GEMM instead of the own one."""
-    path = gemm_path(recipe, ends.device, gemm)
+    ``backend="reference"``, runs torch's GEMM instead of the own one (:func:`gemm_path`)."""
+    path = gemm_path(recipe, ends.device, gemm, ends.numel(), backend)
     if path in CUTE_GEMMS:
         from cute_kernels.grouped_gemm_sm90 import MAX_GROUPS
 
-        if gemm == "auto" and (ends.numel() > MAX_GROUPS or backend == "reference"):
-            path = torch_gemm_path(recipe, ends.device)
-        elif ends.numel() > MAX_GROUPS:
+        if ends.numel() > MAX_GROUPS:
             groups = ends.numel()
             raise ValueError(
                 f"{op}: gemm={path!r} takes at most {MAX_GROUPS} experts, group_end_offsets has {groups}"
