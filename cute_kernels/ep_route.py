@@ -13,20 +13,29 @@ Three kernels, each one launch:
   histogram (warp-aggregated shared atomics: ``match.any`` groups the lanes of one expert, the
   lowest adds the group's size), counts its warps' sub-chunks into one shared row per warp, turns
   the rows into running starts (a scan over the warps per expert), then ranks its pairs. No CTA
-  waits for another; the CTA of the last chunk writes the counts. CTAs take chunks from the last
-  one down, so the longest prefix counts start first.
-- :class:`EpLayoutKernel` (after the exchange): ``all_counts`` (R, E) int32 of every rank (row
-  stride free: the exchange's (R, E + 1) rows), this ``rank``, ``rows`` and the alignment A ->
-  ``dst_index[i] = dest_rank * rows + padded_start[e] + (pairs of e on lower ranks) +
-  position[i]`` (-1 dropped) and this rank's ``padded_start`` / ``padded_end`` / ``sizes``
-  (E_local,) int32. Every CTA computes the (E,) destination bases in shared memory (column sums
-  of the counts, a scan of the padded sizes, per receiving rank); CTA 0 writes the offsets.
-- :class:`EpZeroFillKernel` (receiver, one launch per buffer): writes ``word`` (0, or the bits of
-  fp32 1.0 for the fp8_rowwise scale rows) into every row of ``buf`` (rows, W) that no pair
-  fills: ``[padded_start[j] + sizes[j], padded_end[j])`` of every group and ``[end, limit)`` with
-  ``end = padded_end[G - 1]``, ``limit = max(filled[0], end)`` (reused buffers) or ``rows``
-  (``fresh``). Its work items are those rows only (a scan of the groups' padding), over a grid of
-  at most ``ctas_per_sm`` CTAs per SM (the launcher's ``sms``).
+  waits for another; the CTA of the last chunk writes the counts, and the same words into row
+  ``table_row`` of every (R, n) count table of ``peers`` (the count exchange's post: Int64 addresses,
+  none at R = 1). CTAs take chunks from the last one down, so the longest prefix counts start
+  first.
+- :class:`EpLayoutKernel` (after the exchange): ``all_counts`` (R, n) int32 of every rank, the
+  counts in columns ``[0, E)`` (the exchange's (R, E + 1) table, the tickets in column E), this
+  ``rank``, ``rows`` and the alignment A -> ``dst_index[i] = dest_rank * rows + padded_start[e] +
+  (pairs of e on lower ranks) + position[i]`` (-1 dropped) and this rank's ``padded_start`` /
+  ``padded_end`` / ``sizes`` (E_local,) int32. Every CTA computes the (E,) destination bases in
+  shared memory (column sums of the counts, a scan of the padded sizes, per receiving rank); CTA 0
+  writes the offsets and, by ``mode`` (:data:`LAYOUT_TRACK` / :data:`LAYOUT_CHECK` /
+  :data:`LAYOUT_RESET`), a slot's ``state`` (3,) int32: ``state[1] = state[0]`` (the previous
+  call's end, for this call's zero fill) and ``state[0]`` the new end; ``state[2]`` 1 when every
+  rank's ticket (column E) is ``ticket``, else 0; the tickets overwritten by -1 once read (a slot a
+  CUDA graph captured).
+- :class:`EpZeroFillKernel` (receiver, one launch for a dispatch's buffers): writes ``word`` into
+  the row buffer ``buf`` (rows, W) and ``word_a`` / ``word_b`` into the 4-byte words of ``aux_a`` /
+  ``aux_b`` (rows, A) int32 (the scale rows, whose word is the bits of fp32 1.0 for fp8_rowwise,
+  and the tags), in every row that no pair fills: ``[padded_start[j] + sizes[j], padded_end[j])``
+  of every group and ``[end, limit)`` with ``end = padded_end[G - 1]``, ``limit = max(filled[0],
+  end)`` (reused buffers) or ``rows`` (``fresh``). Its work items are those rows only (a scan of
+  the groups' padding), over a grid of at most ``ctas_per_sm`` CTAs per SM (the launcher's
+  ``sms``).
 
 E <= ``EP_MAX_EXPERTS`` (``cute_utils.constants``); all sizes symbolic (P, E, R, rows, W): one
 compile per (kernel, id dtype or buffer dtype and vector width, arch). Results are exactly those of
@@ -44,7 +53,7 @@ from cutlass import BFloat16, Float8E4M3FN, Float8E8M0FNU, Float32, Int32, Int64
 from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import ceil_div
-from cute_utils.constants import EP_FILL_VARIANTS, EP_MAX_EXPERTS
+from cute_utils.constants import EP_FILL_VARIANTS, EP_MAX_EXPERTS, LAYOUT_CHECK, LAYOUT_RESET, LAYOUT_TRACK
 from cute_utils.groups import find_group, search_steps
 from cute_utils.scan import cta_exclusive_scan
 
@@ -215,8 +224,9 @@ def _word_view(t: cute.Tensor, vector_bytes: int) -> cute.Tensor:
 
 class EpRouteKernel(Kernel):
     """Per-expert counts and stable ranks of a sender's pairs (module docstring). Launch:
-    ``kernel(ids, counts, position, experts, tail)``: ``ids`` (P,) int32/int64, ``counts`` Int32
-    (n,) with n >= E, ``position`` Int32 (P,), E <= ``EP_MAX_EXPERTS``."""
+    ``kernel(ids, counts, position, peers, experts, tail, table_row)``: ``ids`` (P,) int32/int64,
+    ``counts`` Int32 (n,) with n >= E, ``position`` Int32 (P,), ``peers`` Int64 (R',) addresses of
+    (R', n) Int32 count tables (R' = 0: none), E <= ``EP_MAX_EXPERTS``."""
 
     name = "ep_route"
 
@@ -244,8 +254,9 @@ class EpRouteKernel(Kernel):
         ids = cute.runtime.make_fake_compact_tensor(dtype, (pairs,), assumed_align=dtype.width // 8)
         counts = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
         position = cute.runtime.make_fake_compact_tensor(Int32, (pairs,), assumed_align=4)
+        peers = cute.runtime.make_fake_compact_tensor(Int64, (cute.sym_int(),), assumed_align=8)
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-        return ids, counts, position, Int32(1), Int32(0), stream
+        return ids, counts, position, peers, Int32(1), Int32(0), Int32(0), stream
 
     @cute.jit
     def __call__(
@@ -253,18 +264,27 @@ class EpRouteKernel(Kernel):
         ids: cute.Tensor,  # (P,) int32/int64 expert id of each pair, pair order
         counts: cute.Tensor,  # Int32 (n,), n >= E: counts[0:E) written, counts[E] = tail if n > E
         position: cute.Tensor,  # Int32 (P,) written: rank among its expert's pairs, -1 dropped
+        peers: cute.Tensor,  # Int64 (R',) addresses of (R', n) Int32 tables: counts also to row `row`
         experts: Int32,  # E
         tail: Int32,  # the value of counts[E]
+        table_row: Int32,  # the peers' table row this rank writes
         stream,
     ):
         chunks = cutlass.max(ceil_div(ids.shape[0], self.config.chunk_pairs), 1)
-        self.kernel(ids, counts, position, experts, tail).launch(
+        self.kernel(ids, counts, position, peers, experts, tail, table_row).launch(
             grid=[chunks, 1, 1], block=[self.threads, 1, 1], stream=stream
         )
 
     @cute.kernel
     def kernel(
-        self, ids: cute.Tensor, counts: cute.Tensor, position: cute.Tensor, experts: Int32, tail: Int32
+        self,
+        ids: cute.Tensor,
+        counts: cute.Tensor,
+        position: cute.Tensor,
+        peers: cute.Tensor,
+        experts: Int32,
+        tail: Int32,
+        table_row: Int32,
     ):
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
@@ -296,6 +316,8 @@ class EpRouteKernel(Kernel):
             _count_key(row, keys[s], work.experts)
         cute.arch.sync_threads()
         self._starts(work, hist, table, counts, tail)
+        if work.last:
+            _post_counts(work, counts, peers, table_row, tail, self.threads)
         cute.arch.sync_threads()
         for s in cutlass.range_constexpr(self.config.steps):
             rank = _rank_key(row, keys[s], work.experts)
@@ -342,6 +364,24 @@ class EpRouteKernel(Kernel):
             counts[work.experts] = tail
 
 
+@cute.jit
+def _post_counts(
+    work: _Chunk, counts: cute.Tensor, peers: cute.Tensor, row: Int32, tail: Int32, threads: cutlass.Constexpr
+):
+    """Row ``row`` of each peer's (R', n) Int32 table (``peers``: R' addresses, n = counts' length)
+    gets the words :meth:`EpRouteKernel._starts` wrote: each thread copies the counts it wrote
+    itself (program order, no barrier), thread 0 the tail."""
+    width = counts.shape[0]
+    for p in cutlass.range(peers.shape[0]):
+        ptr = cute.make_ptr(Int32, peers[p], cute.AddressSpace.gmem, assumed_align=4)
+        table = cute.make_tensor(ptr, cute.make_layout((peers.shape[0], width), stride=(width, 1)))
+        for e in cutlass.range(work.tid, work.experts, threads):
+            if e < width:
+                table[row, e] = counts[e]
+        if work.tid == 0 and work.experts < width:
+            table[row, work.experts] = tail
+
+
 # --- Layout -----------------------------------------------------------------------------------------
 
 
@@ -374,11 +414,32 @@ def _padded(n: Int32, alignment: Int32) -> Int32:
     return (n + alignment - 1) // alignment * alignment
 
 
+@cute.jit
+def _slot_state(counts: _Counts, starts: cute.Tensor, state: cute.Tensor, ticket: Int32, mode: Int32):
+    """One thread's update of a slot's ``state`` by ``mode`` (module docstring): the end of this
+    rank's last padded group from the scanned ``starts``, the tickets in column E of the counts."""
+    if (mode & LAYOUT_TRACK) != 0:
+        first = counts.rank * counts.local
+        last = first + counts.local - 1
+        received, _ = _column(counts, last)
+        state[1] = state[0]
+        state[0] = starts[last] - starts[first] + _padded(received, counts.alignment)
+    if (mode & LAYOUT_CHECK) != 0:
+        ok = Int32(1)
+        for s in cutlass.range(counts.all_counts.shape[0]):
+            if counts.all_counts[s, counts.experts] != ticket:
+                ok = Int32(0)
+            if (mode & LAYOUT_RESET) != 0:
+                counts.all_counts[s, counts.experts] = Int32(-1)
+        state[2] = ok
+
+
 class EpLayoutKernel(Kernel):
     """Destination rows of a sender's pairs and this rank's padded groups (module docstring).
-    Launch: ``kernel(ids, position, all_counts, dst_index, padded_start, padded_end, sizes, rank,
-    rows, alignment)``; E = ``all_counts.shape[1]`` <= ``EP_MAX_EXPERTS``, E_local = E / R the
-    length of the three offsets."""
+    Launch: ``kernel(ids, position, all_counts, dst_index, padded_start, padded_end, sizes, state,
+    rank, rows, alignment, experts, ticket, mode)``: ``all_counts`` (R, n) with n >= E (n > E
+    under :data:`LAYOUT_CHECK`: column E holds the tickets), E <= ``EP_MAX_EXPERTS``, E_local = E / R
+    the length of the three offsets; ``state`` Int32 (>= 3,), untouched when ``mode`` is 0."""
 
     name = "ep_layout"
 
@@ -405,32 +466,53 @@ class EpLayoutKernel(Kernel):
         )
         dst_index = cute.runtime.make_fake_compact_tensor(Int32, (pairs,), assumed_align=4)
         offsets = [cute.runtime.make_fake_compact_tensor(Int32, (local,), assumed_align=4) for _ in range(3)]
+        state = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-        return ids, position, all_counts, dst_index, *offsets, Int32(0), Int32(1), Int32(32), stream
+        scalars = (Int32(0), Int32(1), Int32(32), Int32(1), Int32(0), Int32(0))
+        return ids, position, all_counts, dst_index, *offsets, state, *scalars, stream
 
     @cute.jit
     def __call__(
         self,
         ids: cute.Tensor,  # (P,) int32/int64 expert ids (outside [0, E): dropped)
         position: cute.Tensor,  # Int32 (P,) the route kernel's ranks
-        all_counts: cute.Tensor,  # Int32 (R, E) row-major, any row stride: counts of every rank
+        all_counts: cute.Tensor,  # Int32 (R, n) row-major, n >= E, any row stride: counts of every rank
         dst_index: cute.Tensor,  # Int32 (P,) written: dest_rank * rows + dest_row, -1 dropped
         padded_start: cute.Tensor,  # Int32 (E_local,) written: this rank's groups
         padded_end: cute.Tensor,  # Int32 (E_local,) written
         sizes: cute.Tensor,  # Int32 (E_local,) written: pairs received per local expert
+        state: cute.Tensor,  # Int32 (>= 3,) a slot's fill end and ticket check (by mode)
         rank: Int32,
         rows: Int32,  # the static row count of every rank's buffer
         alignment: Int32,
+        experts: Int32,  # E
+        ticket: Int32,  # the value every rank's column E must hold (LAYOUT_CHECK)
+        mode: Int32,  # LAYOUT_TRACK | LAYOUT_CHECK | LAYOUT_RESET bits
         stream,
     ):
         ctas = cutlass.max(ceil_div(ids.shape[0], self.threads * self.config.pairs), 1)
-        self.kernel(
-            ids, position, all_counts, dst_index, padded_start, padded_end, sizes, rank, rows, alignment
-        ).launch(grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream)
+        tensors = (ids, position, all_counts, dst_index, padded_start, padded_end, sizes, state)
+        self.kernel(*tensors, rank, rows, alignment, experts, ticket, mode).launch(
+            grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream
+        )
 
     @cute.kernel
     def kernel(
-        self, ids, position, all_counts, dst_index, padded_start, padded_end, sizes, rank, rows, alignment
+        self,
+        ids,
+        position,
+        all_counts,
+        dst_index,
+        padded_start,
+        padded_end,
+        sizes,
+        state,
+        rank,
+        rows,
+        alignment,
+        experts,
+        ticket,
+        mode,
     ):
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
@@ -438,7 +520,7 @@ class EpLayoutKernel(Kernel):
         starts = smem.allocate_tensor(Int32, cute.make_layout(EP_MAX_EXPERTS), 16)
         bases = smem.allocate_tensor(Int32, cute.make_layout(EP_MAX_EXPERTS), 16)
         warp_totals = smem.allocate_tensor(Int32, cute.make_layout(self.threads // _WARP), 16)
-        experts = cutlass.min(all_counts.shape[1], EP_MAX_EXPERTS)
+        experts = cutlass.min(cutlass.min(experts, all_counts.shape[1]), EP_MAX_EXPERTS)
         counts = _Counts(all_counts, rank, experts, cutlass.max(experts // all_counts.shape[0], 1), alignment)
         for e in cutlass.range(tid, experts, self.threads):
             received, before = _column(counts, e)
@@ -456,6 +538,8 @@ class EpLayoutKernel(Kernel):
                 padded_start[j] = start
                 padded_end[j] = start + _padded(received, alignment)
                 sizes[j] = received
+            if tid == 0 and mode != 0:
+                _slot_state(counts, starts, state, ticket, mode)
         cute.arch.sync_threads()
         self._place(ids, position, dst_index, bases, experts)
 
@@ -507,11 +591,12 @@ def _fill_row(fill: _FillRows, v: Int32) -> Int32:
 
 
 class EpZeroFillKernel(Kernel):
-    """The receiver's zero fill of one buffer (module docstring). Launch: ``kernel(buf,
-    padded_start, padded_end, sizes, filled, fresh, word, sms)``: ``buf`` (rows, W) row-major
-    of the variant's dtype, rows whole vectors; the offsets Int32 (G,) with G <= ``EP_MAX_EXPERTS``;
-    ``filled`` Int32 (>= 1,) (read unless ``fresh``); ``word`` the Int32 bits every word of a filled
-    row gets."""
+    """The receiver's zero fill of a dispatch's buffers (module docstring). Launch: ``kernel(buf,
+    aux_a, aux_b, padded_start, padded_end, sizes, filled, fresh, word, word_a, word_b, sms)``:
+    ``buf`` (rows, W) row-major of the variant's dtype, rows whole vectors; ``aux_a`` / ``aux_b``
+    Int32 (rows, A) row-major (a buffer given twice is filled twice, with the same words); the
+    offsets Int32 (G,) with G <= ``EP_MAX_EXPERTS``; ``filled`` Int32 (>= 1,) (read unless
+    ``fresh``); ``word`` / ``word_a`` / ``word_b`` the Int32 bits every word of a filled row gets."""
 
     name = "ep_zero_fill"
 
@@ -542,32 +627,56 @@ class EpZeroFillKernel(Kernel):
         buf = cute.runtime.make_fake_compact_tensor(
             dtype, (cute.sym_int(), cols), stride_order=(1, 0), assumed_align=variant.vector_bytes
         )
+        aux = [
+            cute.runtime.make_fake_compact_tensor(
+                Int32, (cute.sym_int(), cute.sym_int()), stride_order=(1, 0), assumed_align=4
+            )
+            for _ in range(2)
+        ]
         groups = cute.sym_int()
         offsets = [cute.runtime.make_fake_compact_tensor(Int32, (groups,), assumed_align=4) for _ in range(3)]
         filled = cute.runtime.make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-        return buf, *offsets, filled, Int32(0), Int32(0), Int32(1), stream
+        return buf, *aux, *offsets, filled, Int32(0), Int32(0), Int32(0), Int32(0), Int32(1), stream
 
     @cute.jit
     def __call__(
         self,
         buf: cute.Tensor,  # (rows, W) row-major, rows whole vectors
+        aux_a: cute.Tensor,  # Int32 (rows, A) row-major
+        aux_b: cute.Tensor,  # Int32 (rows, B) row-major
         padded_start: cute.Tensor,  # Int32 (G,)
         padded_end: cute.Tensor,  # Int32 (G,)
         sizes: cute.Tensor,  # Int32 (G,) data rows of each group (from its start)
         filled: cute.Tensor,  # Int32 (>= 1,): filled[0] the previous call's end (unless fresh)
-        fresh: Int32,  # 1: fresh buffer, every row past the data is filled
-        word: Int32,  # the bits every 4-byte word of a filled row gets
+        fresh: Int32,  # 1: fresh buffers, every row past the data is filled
+        word: Int32,  # the bits every 4-byte word of a filled row of buf gets
+        word_a: Int32,  # ... of aux_a
+        word_b: Int32,  # ... of aux_b
         sms: Int32,  # the GPU's SMs: at most ctas_per_sm CTAs each, looping over the rows
         stream,
     ):
         ctas = cutlass.max(cutlass.min(ceil_div(buf.shape[0], self.warps), sms * self.config.ctas_per_sm), 1)
-        self.kernel(buf, padded_start, padded_end, sizes, filled, fresh, word).launch(
+        offsets = (padded_start, padded_end, sizes)
+        self.kernel(buf, aux_a, aux_b, *offsets, filled, fresh, word, word_a, word_b).launch(
             grid=[ctas, 1, 1], block=[self.threads, 1, 1], stream=stream
         )
 
     @cute.kernel
-    def kernel(self, buf, padded_start, padded_end, sizes, filled, fresh: Int32, word: Int32):
+    def kernel(
+        self,
+        buf,
+        aux_a,
+        aux_b,
+        padded_start,
+        padded_end,
+        sizes,
+        filled,
+        fresh: Int32,
+        word: Int32,
+        word_a: Int32,
+        word_b: Int32,
+    ):
         tid, _, _ = cute.arch.thread_idx()
         smem = SmemAllocator()
         prefix = smem.allocate_tensor(Int32, cute.make_layout(EP_MAX_EXPERTS), 16)
@@ -587,31 +696,39 @@ class EpZeroFillKernel(Kernel):
         if fresh == 0:
             limit = cutlass.min(cutlass.max(filled[0], end), rows)
         count = cutlass.min(padding + cutlass.max(limit - end, 0), rows)
-        self._fill(buf, _FillRows(prefix, data_end, groups, padding, end, count), word, tid)
+        fill = _FillRows(prefix, data_end, groups, padding, end, count)
+        self._fill(buf, aux_a, aux_b, fill, word, word_a, word_b, tid)
 
     @cute.jit
-    def _fill(self, buf: cute.Tensor, fill: _FillRows, word: Int32, tid: Int32):
-        """Store ``word`` into every vector of the fill's rows: items of ``32 * vectors_per_lane``
-        vectors of one row, a warp's items ``warps * CTAs`` apart."""
+    def _fill(self, buf, aux_a, aux_b, fill: _FillRows, word: Int32, word_a: Int32, word_b: Int32, tid):
+        """Store the words into the fill's rows: per row, items of ``32 * vectors_per_lane`` vectors
+        of ``buf`` and one item for both aux rows; a warp's items ``warps * CTAs`` apart."""
         cta, _, _ = cute.arch.block_idx()
         ctas, _, _ = cute.arch.grid_dim()
-        words = _word_view(buf, self.variant.vector_bytes)
+        vectors = _word_view(buf, self.variant.vector_bytes)
         row_chunk = _WARP * self.per_lane
-        chunks = ceil_div(words.shape[1], row_chunk)
+        chunks = ceil_div(vectors.shape[1], row_chunk)
         lane = tid % _WARP
-        frag = cute.make_rmem_tensor(cute.make_layout(words.shape[2]), Int32)
+        frag = cute.make_rmem_tensor(cute.make_layout(vectors.shape[2]), Int32)
         for q in cutlass.range_constexpr(self.variant.vector_bytes // 4):
             frag[q] = word
         warp = cta * self.warps + cute.arch.make_warp_uniform(tid // _WARP)
-        for item in cutlass.range(warp, fill.count * chunks, ctas * self.warps):
-            v = item // chunks
+        for item in cutlass.range(warp, fill.count * (chunks + 1), ctas * self.warps):
+            v = item // (chunks + 1)
+            chunk = item - v * (chunks + 1)
             row = _fill_row(fill, v)
             if row >= 0 and row < buf.shape[0]:
-                first = (item - v * chunks) * row_chunk + lane
-                for u in cutlass.range_constexpr(self.per_lane):
-                    col = first + u * _WARP
-                    if col < words.shape[1]:
-                        cute.autovec_copy(frag, words[row, col, None])
+                if chunk < chunks:
+                    first = chunk * row_chunk + lane
+                    for u in cutlass.range_constexpr(self.per_lane):
+                        col = first + u * _WARP
+                        if col < vectors.shape[1]:
+                            cute.autovec_copy(frag, vectors[row, col, None])
+                else:
+                    for col in cutlass.range(lane, aux_a.shape[1], _WARP):
+                        aux_a[row, col] = word_a
+                    for col in cutlass.range(lane, aux_b.shape[1], _WARP):
+                        aux_b[row, col] = word_b
 
 
 __all__ = [

@@ -48,17 +48,19 @@ SCATTER_VARIANTS = (
     ("bfloat16", 4),
     ("int32", 4),
 )
-#: (dtype, vector bytes) pairs the EP zero fill (``cute_kernels.ep_route``) is compiled for: every
-#: buffer a dispatch receives into (``torch_bindings.ep_send.buffer_specs``): E4M3 and bf16 rows,
-#: E8M0 scale rows (16 B when D % 512 == 0, else 4 B), fp32 scales and the int32 row tags.
+#: (dtype, vector bytes) pairs the EP zero fill (``cute_kernels.ep_route``) is compiled for: the row
+#: buffer of every dispatch (``torch_bindings.ep_send.buffer_specs``), E4M3 or bf16 rows of whole
+#: 16-byte vectors; the scale rows and tags go with it as 4-byte words.
 EP_FILL_VARIANTS = (
     ("float8_e4m3fn", 16),
-    ("float8_e8m0fnu", 16),
-    ("float8_e8m0fnu", 4),
     ("bfloat16", 16),
-    ("float32", 4),
-    ("int32", 4),
 )
+#: The EP layout kernel's ``mode`` bits (``cute_kernels.ep_route``): keep a slot's fill end in its
+#: state (``state[0]``, the previous end to ``state[1]``), check every rank's ticket into
+#: ``state[2]``, overwrite the tickets once read (a slot a CUDA graph captured).
+LAYOUT_TRACK = 1
+LAYOUT_CHECK = 2
+LAYOUT_RESET = 4
 #: Most experts E the EP routing kernels take (``cute_kernels.ep_route``: shared-memory tables of
 #: this many int32 words); ``torch_bindings.ep`` runs its PyTorch routing for more.
 EP_MAX_EXPERTS = 1024

@@ -23,7 +23,8 @@ def _id_bits(target: str) -> int:
 def test_route_sass(compiled, target):
     """Warp-aggregated shared atomics: one MATCH.ANY and one ATOMS.ADD per id of the prefix count's
     batch and per step of the chunk (counted, then ranked), a shuffle per ranking step; the ids read
-    at their own width, every load of a batch issued before the counting; three CTA barriers."""
+    at their own width, every load of a batch issued before the counting; besides, the count post's
+    two loads (a peer table's 64-bit address, a count read back); three CTA barriers."""
     kernel, text = spill_free_kernel(compiled, target)
     config = configs.pick("ep_route", None, compiled[0])
     per_id = config.loads + 2 * config.steps
@@ -31,8 +32,9 @@ def test_route_sass(compiled, target):
     assert kernel.counts.get("ATOMS.ADD", 0) == per_id, text
     assert kernel.counts.get("SHFL.IDX", 0) == config.steps, text
     bits = _id_bits(target)
-    assert kernel.global_loads(bits) == config.loads + config.steps, text
-    assert kernel.global_loads() == kernel.global_loads(bits), text
+    ids = config.loads + config.steps
+    assert kernel.global_loads(bits) == ids + 1, text
+    assert kernel.global_loads() == ids + 2 and kernel.global_loads(96 - bits) == 1, text
     assert kernel.global_stores() == kernel.global_stores(32), text
     assert kernel.opcode("BAR") == 3, text
 
@@ -50,12 +52,14 @@ def test_layout_sass(compiled, target):
 
 @pytest.mark.parametrize("target", sorted(t for t in TARGETS if t.startswith("ep_zero_fill_")))
 def test_zero_fill_sass(compiled, target):
-    """Stores of the variant's vector only (``vectors_per_lane`` per row chunk) and no load of the
-    buffer: 32-bit loads of the offsets and ``filled`` only; the padding scanned in-kernel."""
+    """The row buffer's stores of the variant's vector (``vectors_per_lane`` per row chunk), the aux
+    buffers' 32-bit words, no load of any buffer: 32-bit loads of the offsets and ``filled`` only;
+    the padding scanned in-kernel."""
     kernel, text = spill_free_kernel(compiled, target)
     width = 8 * int(target.rsplit("_v", 1)[1])
     per_lane = configs.pick("ep_zero_fill", None, compiled[0]).vectors_per_lane
-    assert kernel.global_stores(width) == per_lane and kernel.global_stores() == per_lane, text
+    assert kernel.global_stores(width) == per_lane, text
+    assert kernel.global_stores() == per_lane + kernel.global_stores(32), text
     assert kernel.global_loads() == kernel.global_loads(32), text
     assert kernel.counts.get("SHFL.UP", 0) >= 1, text
 

@@ -467,7 +467,7 @@ def test_ep_kernel_keys_are_named_and_looked_up_as_plain_tuples():
         (ep.ScatterKey, ("row_scatter", "bfloat16", 16), RowGatherVariant("bfloat16", 16)),
         (ep.IdKey, ("ep_route", "int64"), EpIdVariant("int64")),
         (ep.IdKey, ("ep_layout", "int32"), EpIdVariant("int32")),
-        (ep.FillKey, ("ep_zero_fill", "float32", 4), EpFillVariant("float32", 4)),
+        (ep.FillKey, ("ep_zero_fill", "bfloat16", 16), EpFillVariant("bfloat16", 16)),
         (ep.CombineSumKey, ("combine_sum",), CombineSumVariant()),
     ]
 

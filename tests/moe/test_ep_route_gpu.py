@@ -1,11 +1,12 @@
 """The EP routing kernels (``cute_kernels.ep_route``) on the GPU against ``torch_bindings.ep``'s
 PyTorch routing, bit for bit: counts, ranks and the exchange's slot number (route), destinations
 and this rank's padded groups (layout, R = 1..8 ranks simulated, both count-matrix row strides),
-and the zero fill of every buffer kind against the row-scatter zero fill (fresh and reused
-buffers, dirty memory). Fuzzed routings: E up to 1024, T up to 70000, k 1..8, dropped ids (-1,
->= E, int64 ids above 2^32), all pairs to one expert, empty experts, int32 and int64 ids, strided
-topk_idx. Also: no host sync, CUDA-graph replay of new routings, and the PyTorch path for more
-than ``EP_MAX_EXPERTS`` experts."""
+the zero fill of every buffer kind against the row-scatter zero fill (fresh and reused buffers,
+dirty memory), and the R > 1 path's count post (route) and ticket check and fill end (layout).
+Fuzzed routings: E up to 1024, T up to 70000, k 1..8, dropped ids (-1, >= E, int64 ids above
+2^32), all pairs to one expert, empty experts, int32 and int64 ids, strided topk_idx. Also: no
+host sync, CUDA-graph replay of new routings, and the PyTorch path for more than
+``EP_MAX_EXPERTS`` experts."""
 
 from __future__ import annotations
 
@@ -126,6 +127,51 @@ def test_route_and_layout_match_pytorch(case, poison_cuda_allocator):
             for name in ("dst_index", "padded_start", "padded_end", "sizes"):
                 a, b = getattr(got, name), getattr(want, name)
                 assert a.dtype == b.dtype == torch.int32 and torch.equal(a, b), f"rank {rank} {name}"
+
+
+def _tables(ranks: int, width: int) -> tuple[list[torch.Tensor], ep.SharedRows]:
+    """R (R, width) int32 count tables on this GPU standing for the ranks' symmetric tables (dirty:
+    every word 7), and rank 0's view of them as the route kernel's ``post``."""
+    tables = [torch.full((ranks, width), 7, dtype=torch.int32, device="cuda") for _ in range(ranks)]
+    ptrs = torch.tensor([t.data_ptr() for t in tables], dtype=torch.int64, device="cuda")
+    return tables, ep.SharedRows(tables[0], ptrs, ptrs[0:1])
+
+
+@pytest.mark.parametrize("dtype", list(_INT))
+def test_route_posts_and_layout_checks_and_tracks(dtype):
+    """The R > 1 path's fused steps, R tables on one GPU: each rank's route kernel writes its counts
+    and ticket into row ``rank`` of every table; the layout kernel on a whole table equals the
+    PyTorch layout, sets the slot's ticket flag (1; 0 when one rank's ticket differs), moves its fill
+    end (``state[1]`` the old end, ``state[0]`` the new) and, for a captured slot, overwrites the
+    tickets with -1."""
+    ranks, tokens, topk, experts, ticket = 4, 3000, 8, 64, 123457
+    shape = ep.EpShape(ranks, tokens, 128, topk, experts, 32, "bf16")
+    idss = [
+        _ids(kind, tokens, topk, experts, dtype, r)
+        for r, kind in enumerate(("skewed", "dropped", "one", "few"))
+    ]
+    tables, post = _tables(ranks, experts + 1)
+    routings = [ep.route(idss[r], experts, ticket, post, r) for r in range(ranks)]
+    assert all(r.posted for r in routings)
+    sent = torch.stack([torch.cat([r.counts, r.counts.new_full((1,), ticket)]) for r in routings])
+    for r, table in enumerate(tables):
+        assert torch.equal(table, sent), f"table of rank {r}"
+    stacked = torch.stack([ep._route_torch(t, experts).counts for t in idss])
+    for rank in range(ranks):
+        slot = ep.Slot({}, ticket=ticket, state=torch.tensor([555, -9, -9], dtype=torch.int32, device="cuda"))
+        lay = ep.layout(routings[rank], tables[rank], rank, shape, None, slot)
+        want = ep._layout_torch(ep._route_torch(idss[rank], experts), stacked, rank, shape, None)
+        for name in ("dst_index", "padded_start", "padded_end", "sizes"):
+            assert torch.equal(getattr(lay, name), getattr(want, name)), f"rank {rank} {name}"
+        assert lay.tracked and lay.filled is slot.prev_filled and lay.zero_index is None
+        assert slot.state.tolist() == [int(want.padded_end[-1]), 555, 1], f"rank {rank}"
+    tables[1][2, experts] = ticket + 1  # rank 2 chose another slot
+    slot = ep.Slot({}, ticket=ticket, state=torch.zeros(3, dtype=torch.int32, device="cuda"))
+    ep.layout(routings[1], tables[1], 1, shape, None, slot)
+    assert int(slot.ticket_ok) == 0 and bool((tables[1][:, experts] != -1).all())
+    slot.captured = True
+    ep.layout(routings[0], tables[0], 0, shape, None, slot)
+    assert int(slot.ticket_ok) == 1 and bool((tables[0][:, experts] == -1).all())
 
 
 def _dirty_slot(pool: ep.LocalPool, shape: ep.EpShape, seed: int) -> ep.Slot:

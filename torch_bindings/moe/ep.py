@@ -9,12 +9,13 @@ and sums them per token with the routing weights. Both run with no host sync:
 
 1. *Routing* (sender, local): per-expert counts of this rank's pairs and each pair's position
    among the pairs of its expert (stable: pair order). On a GPU steps 1, 3 and 5's zero fill are
-   the kernels of ``cute_kernels.ep_route`` (one launch each, one zero fill per buffer); on CPU
-   (and for more than ``EP_MAX_EXPERTS`` experts) PyTorch ops.
+   the kernels of ``cute_kernels.ep_route`` (one launch each); on CPU (and for more than
+   ``EP_MAX_EXPERTS`` experts) PyTorch ops.
 2. *Exchange*: the (R, E) count matrix: each rank writes its counts (and the slot's ticket) into
-   row ``rank`` of every rank's table in the slot's symmetric memory (one row-scatter launch), then
-   waits at the barrier; the barrier also orders this call after every rank's previous use of the
-   buffers.
+   row ``rank`` of every rank's table in the slot's symmetric memory (the route kernel itself, or
+   one row-scatter launch after the PyTorch routing), then waits at the barrier; the barrier also
+   orders this call after every rank's previous use of the buffers. The layout kernel checks the
+   tickets (a device assert on its flag) and keeps the slot's fill end.
 3. *Layout* (every rank, from the counts alone): each receiver's padded group offsets, and for each
    of this rank's pairs its destination ``rank * rows + row``.
 4. *Send*: the payload is written straight into the receivers' buffers by the row-scatter kernel
@@ -50,7 +51,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-from cute_utils.constants import EP_FILL_VARIANTS, EP_MAX_EXPERTS, SCATTER_VARIANTS
+from cute_utils.constants import (
+    EP_FILL_VARIANTS,
+    EP_MAX_EXPERTS,
+    LAYOUT_CHECK,
+    LAYOUT_RESET,
+    LAYOUT_TRACK,
+    SCATTER_VARIANTS,
+)
 
 from .. import checks, reference, targets
 from ..contract import dtype_name
@@ -124,6 +132,17 @@ class Slot:
     baseline: tuple = ()
     #: Written by a CUDA graph capture: its replays write it again, so no eager call may take it.
     captured: bool = False
+    #: A ``SymmetricPool`` slot's (3,) int32 device state, which the layout kernel keeps
+    #: (``cute_kernels.ep_route``): the fill end (``filled`` views word 0), the previous call's end
+    #: (``prev_filled``, word 1: what this call's zero fill reads) and the ticket check's result
+    #: (``ticket_ok``, word 2, 0-d: 1 when every rank wrote this use's ticket). None elsewhere.
+    state: torch.Tensor | None = None
+    prev_filled: torch.Tensor | None = field(default=None, repr=False)
+    ticket_ok: torch.Tensor | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.state is not None:
+            self.filled, self.prev_filled, self.ticket_ok = self.state[0:1], self.state[1:2], self.state[2]
 
 
 def _use_count(t: torch.Tensor) -> int:
@@ -293,8 +312,8 @@ class SymmetricPool(SlotRing):
         if counts:
             table = self._shared("counts", (self.ranks, counts), torch.int32, device)
             self.barrier()  # every rank's table initialized before any rank posts into it
-        filled = torch.zeros(1, dtype=torch.int32, device=device)
-        return Slot({self.rank: views}, filled, index, counts=table)
+        state = torch.zeros(3, dtype=torch.int32, device=device)
+        return Slot({self.rank: views}, index=index, counts=table, state=state)
 
     def _shared(self, name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> SharedRows:
         """One buffer of symmetric memory (a collective call), its unfilled rows initialized."""
@@ -529,12 +548,14 @@ class Routing:
     int64), ``counts`` (E,) int32 pairs per expert, ``position`` (P,) rank of each pair among the
     pairs of its expert (token, then slot order; PyTorch: int64; the kernel: int32, -1 for a
     dropped pair) and ``message``: the (E + 1,) int32 vector the count exchange sends, ``counts``
-    then the slot's ticket (the kernel writes both; None: the exchange builds it)."""
+    then the slot's ticket (the kernel writes both; None: the exchange builds it); ``posted``: the
+    route kernel also wrote the message into every rank's count table (row ``rank``)."""
 
     expert: torch.Tensor
     counts: torch.Tensor
     position: torch.Tensor
     message: torch.Tensor | None = None
+    posted: bool = False
 
 
 _ID_NAMES = {torch.int32: "int32", torch.int64: "int64"}
@@ -546,10 +567,14 @@ def _routing_target(tensor: torch.Tensor, experts: int):
     return _target(tensor) if experts <= EP_MAX_EXPERTS else None
 
 
-def route(topk_idx: torch.Tensor, experts: int, ticket: int = 0) -> Routing:
+def route(
+    topk_idx: torch.Tensor, experts: int, ticket: int = 0, post: SharedRows | None = None, rank: int = 0
+) -> Routing:
     """:class:`Routing` of topk_idx (T, k) int32/int64 (any strides); on a GPU one launch of the
     route kernel, which also writes ``ticket`` (the slot's :func:`slot_ticket`) after the counts
-    (``Routing.message``)."""
+    (``Routing.message``) and, given the count tables ``post`` ((R, E + 1) int32 per rank), the
+    message into row ``rank`` of every rank's table (``Routing.posted``; the PyTorch routing leaves
+    that to :meth:`SymmetricPool.post_counts`)."""
     target = _routing_target(topk_idx, experts)
     if target is None:
         return _route_torch(topk_idx, experts)
@@ -558,8 +583,9 @@ def route(topk_idx: torch.Tensor, experts: int, ticket: int = 0) -> Routing:
     message = ids.new_empty(experts + 1, dtype=torch.int32)
     position = message.new_empty(ids.shape[0])
     kernel = _kernel(target, IdKey, ("ep_route", _ID_NAMES[ids.dtype]))
-    kernel(ids, message, position, experts, ticket)
-    return Routing(ids, message[:experts], position, message)
+    peers = _no_addresses(ids.device) if post is None else post.ptrs
+    kernel(ids, message, position, peers, experts, ticket, rank)
+    return Routing(ids, message[:experts], position, message, post is not None)
 
 
 def _route_torch(topk_idx: torch.Tensor, experts: int) -> Routing:
@@ -583,7 +609,8 @@ class Layout:
     (1,) int32 end of the rows the previous call filled; None: fresh buffers) and, where the row
     scatter zeroes (CPU, or more groups than the zero-fill kernel takes), ``zero_index`` (rows,)
     int32: the rows this call must zero (padding rows, and rows below the previous call's end that
-    no pair fills), else -1; None where the zero-fill kernel runs (``zero_padding``)."""
+    no pair fills), else -1; None where the zero-fill kernel runs (``zero_padding``). ``tracked``:
+    the layout kernel already recorded this call's end in the slot (``Slot.state``)."""
 
     dst_index: torch.Tensor
     padded_start: torch.Tensor
@@ -591,20 +618,35 @@ class Layout:
     sizes: torch.Tensor
     zero_index: torch.Tensor | None
     filled: torch.Tensor | None = None
+    tracked: bool = False
 
 
 def layout(
-    routing: Routing, all_counts: torch.Tensor, rank: int, shape: EpShape, filled: torch.Tensor | None
+    routing: Routing,
+    all_counts: torch.Tensor,
+    rank: int,
+    shape: EpShape,
+    filled: torch.Tensor | None,
+    slot: Slot | None = None,
 ) -> Layout:
-    """:class:`Layout` of ``rank`` from its routing and the (R, E) int32 counts of all ranks (any row
-    stride); ``filled`` (1,) int32: the end of the rows the previous call on these buffers filled
-    (``None``: fresh buffers, every row no pair fills is zeroed). On a GPU one launch of the layout
-    kernel."""
+    """:class:`Layout` of ``rank`` from its routing and the (R, n) int32 counts of all ranks in
+    columns ``[0, E)`` (any row stride); ``filled`` (1,) int32: the end of the rows the previous
+    call on these buffers filled (``None``: fresh buffers, every row no pair fills is zeroed). On a
+    GPU one launch of the layout kernel. With ``slot`` (a ``SymmetricPool`` dispatch slot,
+    ``all_counts`` its whole (R, E + 1) table, the routing ``posted``), the kernel also checks
+    every rank's ticket into ``slot.ticket_ok`` (the caller asserts it) and keeps the slot's fill
+    end: the result's ``filled`` is the previous end, ``tracked`` True."""
     target = _routing_target(routing.position, shape.experts)
     if target is None:
+        if slot is not None:
+            raise RuntimeError("torch_bindings.ep: a tracked layout needs the routing kernels")
         return _layout_torch(routing, all_counts, rank, shape, filled)
     dst = routing.position.new_empty(shape.pairs)
     start, end, sizes = (dst.new_empty(shape.local_experts) for _ in range(3))
+    state, ticket, mode = _zeros_int(3, dst.device), 0, 0  # mode 0: the kernel leaves state alone
+    if slot is not None:
+        state, ticket, filled = slot.state, slot.ticket, slot.prev_filled
+        mode = LAYOUT_TRACK | LAYOUT_CHECK | (LAYOUT_RESET if slot.captured else 0)
     kernel = _kernel(target, IdKey, ("ep_layout", _ID_NAMES[routing.expert.dtype]))
     kernel(
         routing.expert,
@@ -614,11 +656,15 @@ def layout(
         start,
         end,
         sizes,
+        state,
         rank,
         shape.rows,
         shape.alignment,
+        shape.experts,
+        ticket,
+        mode,
     )
-    return Layout(dst, start, end, sizes, None, filled)
+    return Layout(dst, start, end, sizes, None, filled, slot is not None)
 
 
 def _layout_torch(
@@ -626,7 +672,7 @@ def _layout_torch(
 ) -> Layout:
     """:func:`layout` in PyTorch ops (the routing of :func:`_route_torch`)."""
     ranks, local, align, rows = shape.ranks, shape.local_experts, shape.alignment, shape.rows
-    counts = all_counts.to(torch.int64)
+    counts = all_counts[:, : shape.experts].to(torch.int64)
     received = counts.sum(0).view(ranks, local)
     padded = (received + align - 1) // align * align
     padded_end = torch.cumsum(padded, 1)
@@ -750,7 +796,8 @@ def zero_padding(lay: Layout, bufs: dict) -> None:
     """Step 5a: zero this rank's padding rows, and rows a previous call filled past the new end, in
     every row buffer (local writes to rows no pair fills: no ordering with the peers' sends). An
     fp8_rowwise scale row gets 1.0 (the bits of 1.0 read from a row of ones) rather than 0. On a GPU
-    one zero-fill launch per buffer (``Layout.zero_index`` None), else a row scatter per buffer."""
+    one zero-fill launch for every buffer (``Layout.zero_index`` None), else a row scatter per
+    buffer."""
     if lay.zero_index is None:
         _fill_padding(lay, bufs)
         return
@@ -794,15 +841,19 @@ def fill_unfilled_rows(own: torch.Tensor, name: str) -> None:
 
 def _fill_padding(lay: Layout, bufs: dict) -> None:
     """:func:`zero_padding` by the zero-fill kernel (``cute_kernels.ep_route``): the rows
-    ``_zero_rows`` names, one launch per buffer, reading the offsets and ``filled`` on the device."""
+    ``_zero_rows`` names in every buffer, one launch (q as rows of 16-byte vectors, the scale rows
+    and tags as 4-byte words), reading the offsets and ``filled`` on the device."""
+    q = bufs["q"].own
     target = _target(lay.padded_end)
     fresh = lay.filled is None
     filled = lay.padded_end if fresh else lay.filled  # read only when not fresh
-    for name, rows in bufs.items():
-        own = rows.own
-        word = _padding_word(name, own.dtype)
-        kernel = _kernel(target, FillKey, _row_key("ep_zero_fill", own.dtype, own.shape[1]))
-        kernel(own, lay.padded_start, lay.padded_end, lay.sizes, filled, int(fresh), word, target.num_sms)
+    aux = [
+        (rows.own.view(torch.int32), _padding_word(n, rows.own.dtype)) for n, rows in bufs.items() if n != "q"
+    ]
+    (a, word_a), (b, word_b) = aux if len(aux) == 2 else aux * 2  # tags alone: filled twice
+    kernel = _kernel(target, FillKey, _row_key("ep_zero_fill", q.dtype, q.shape[1]))
+    offsets = (lay.padded_start, lay.padded_end, lay.sizes)
+    kernel(q, a, b, *offsets, filled, int(fresh), 0, word_a, word_b, target.num_sms)
 
 
 #: Read-only index vectors by (what, sizes..., device) (``torch_bindings.device_constants``).
@@ -840,6 +891,13 @@ def _zero_bf16(device: torch.device) -> torch.Tensor:
     )
 
 
+def _no_addresses(device: torch.device) -> torch.Tensor:
+    """A cached (0,) int64 tensor: no count tables for the route kernel to post into."""
+    return _cached_index(
+        ("no addresses", device), device, lambda: torch.empty(0, dtype=torch.int64, device=device)
+    )
+
+
 def _zeros_int(n: int, device: torch.device) -> torch.Tensor:
     """A cached (n,) int32 tensor of 0."""
     return _cached_index(
@@ -871,7 +929,8 @@ def _send_and_land(x: torch.Tensor, lay: Layout, slot: Slot, shape: EpShape, poo
     send_dispatch(x, lay, bufs, shape, pool.rank, scaling_mode)
     zero_padding(lay, bufs)
     pool.barrier()
-    _mark_filled(lay, slot)
+    if not lay.tracked:
+        _mark_filled(lay, slot)
 
 
 def _mark_filled(lay: Layout, slot: Slot) -> None:
@@ -1053,9 +1112,14 @@ def run_dispatch(
     """Steps 1-5 on this rank (module docstring)."""
     rank = pool.rank
     slot = pool.acquire(_family(shape, "dispatch"), _dispatch_kinds(shape), counts=shape.experts + 1)
-    routing = route(topk_idx, shape.experts, slot.ticket)
-    all_counts = pool.exchange_counts(routing, slot)
-    lay = layout(routing, all_counts, rank, shape, slot.filled)
+    routing = route(topk_idx, shape.experts, slot.ticket, slot.counts, rank)
+    if routing.posted:  # a SymmetricPool on the routing kernels: the exchange is the barrier
+        pool.barrier()
+        lay = layout(routing, slot.counts.own, rank, shape, None, slot)
+        torch._assert_async(slot.ticket_ok, _SLOT_MISMATCH)
+    else:
+        all_counts = pool.exchange_counts(routing, slot)
+        lay = layout(routing, all_counts, rank, shape, slot.filled)
     _send_and_land(x, lay, slot, shape, pool, scaling_mode)
     result = finish_dispatch(lay, slot.views[rank], shape, rank, owned=pool.owns_buffers)
     result.pool = pool
