@@ -943,18 +943,21 @@ def finish_dispatch(
 ) -> DispatchResult:
     """Step 5b, after every rank's rows have landed (barrier): the result (q a new view of the
     buffer: the slot stays busy while it lives; the scales of the padded groups; the row tags
-    copied out, or with ``owned`` (the buffers are this call's own: ``LocalPool``) viewed as they
-    are, as are fp8_rowwise's scales)."""
+    copied out, fp8_rowwise's scales with them in one copy, or with ``owned`` (the buffers are this
+    call's own: ``LocalPool``) viewed as they are)."""
     scales = plain = None
+    tags = bufs["tags"].own.view(-1)
     if shape.recipe == "mxfp8":
         plain = bufs["s"].own
         scales = swizzle_scales(plain, group_end_offsets=lay.padded_end, groups="M")
         plain = plain.view(plain.shape)
     elif shape.recipe == "fp8_rowwise":
         scales = bufs["s"].own.view(-1)
-        scales = scales if owned else scales.clone()
-    tags = bufs["tags"].own.view(-1)
-    tags = tags if owned else tags.clone()
+    if not owned and shape.recipe == "fp8_rowwise":  # one launch copies both out (shared storage)
+        both = torch.cat((scales.view(torch.int32), tags))
+        scales, tags = both[: tags.shape[0]].view(torch.float32), both[tags.shape[0] :]
+    elif not owned:
+        tags = tags.clone()
     q = bufs["q"].own
     return DispatchResult(
         q.view(q.shape),
