@@ -157,7 +157,10 @@ def _host_seconds(fn, calls: int = 20) -> float:
 
 
 #: The steps of an eager dispatch and combine whose host time ``host_profile`` reports: module
-#: functions of ``torch_bindings.moe.ep`` and methods of its symmetric pool.
+#: functions of ``torch_bindings.moe.ep`` and methods of its symmetric pool. ``_mark_filled``,
+#: ``post_counts`` and ``received_counts`` run on the PyTorch routing's path only (more than
+#: ``EP_MAX_EXPERTS`` experts): on the kernels' path a step that is not called has no row, and the
+#: ticket flag's ``_assert_async`` counts as ``other``.
 _HOST_STEPS = (
     "route",
     "layout",

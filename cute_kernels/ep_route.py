@@ -49,7 +49,7 @@ from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float8E4M3FN, Float8E8M0FNU, Float32, Int32, Int64
+from cutlass import BFloat16, Float8E4M3FN, Int32, Int64
 from cutlass.memory import SmemAllocator
 
 from cute_utils.blocked import ceil_div
@@ -63,13 +63,11 @@ _WARP = 32
 _FULL_MASK = 0xFFFFFFFF
 #: Expert id dtypes (torch names) the route and layout kernels read.
 ID_TYPES = {"int32": Int32, "int64": Int64}
-#: Buffer dtypes (torch names) the zero fill writes (``EP_FILL_VARIANTS``: a dispatch's buffers).
+#: Row buffer dtypes (torch names) the zero fill writes (``EP_FILL_VARIANTS``: a dispatch's q; its
+#: scale rows and tags go as Int32 words).
 FILL_TYPES = {
     "float8_e4m3fn": Float8E4M3FN,
-    "float8_e8m0fnu": Float8E8M0FNU,
     "bfloat16": BFloat16,
-    "float32": Float32,
-    "int32": Int32,
 }
 #: Static shared memory a CTA may take without an opt-in.
 _SMEM_LIMIT = 48 * 1024
@@ -85,8 +83,8 @@ class EpIdVariant:
 
 @dataclass(frozen=True)
 class EpFillVariant:
-    """The zero fill's compile-time choices: the buffer's ``dtype`` (a :data:`FILL_TYPES` name) and
-    the ``vector_bytes`` its rows are stored with (16 or 4; rows are whole vectors)."""
+    """The zero fill's compile-time choices: the row buffer's ``dtype`` (a :data:`FILL_TYPES` name)
+    and the ``vector_bytes`` its rows are stored with (16: rows are whole vectors)."""
 
     dtype: str
     vector_bytes: int
@@ -264,7 +262,7 @@ class EpRouteKernel(Kernel):
         ids: cute.Tensor,  # (P,) int32/int64 expert id of each pair, pair order
         counts: cute.Tensor,  # Int32 (n,), n >= E: counts[0:E) written, counts[E] = tail if n > E
         position: cute.Tensor,  # Int32 (P,) written: rank among its expert's pairs, -1 dropped
-        peers: cute.Tensor,  # Int64 (R',) addresses of (R', n) Int32 tables: counts also to row `row`
+        peers: cute.Tensor,  # Int64 (R',) addresses of (R', n) Int32 tables: counts to row table_row
         experts: Int32,  # E
         tail: Int32,  # the value of counts[E]
         table_row: Int32,  # the peers' table row this rank writes
@@ -386,8 +384,9 @@ def _post_counts(
 
 
 class _Counts(NamedTuple):
-    """The exchanged counts as a layout CTA reads them: ``all_counts`` (R, E), ``rank``, E (clamped
-    to the tables), ``local`` E_local = E / R and the alignment."""
+    """The exchanged counts as a layout CTA reads them: ``all_counts`` (R, n), the counts in columns
+    ``[0, E)`` (the tickets in column E when n > E), ``rank``, E (clamped to the tables), ``local``
+    E_local = E / R and the alignment."""
 
     all_counts: cute.Tensor
     rank: Int32

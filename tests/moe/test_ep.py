@@ -3,6 +3,9 @@
 R ranks are simulated in one process (``ep.simulate_dispatch``: the real path's steps and kernels,
 R local buffers addressed through the same pointer table); the real multi-GPU run is
 ``tests/support/ep_multigpu.py`` under torchrun (``test_multigpu_under_torchrun``, where >= 2 GPUs exist).
+The two-rank ``SymmetricPool`` tests on CPU run the PyTorch routing's count exchange and ticket check
+(``post_counts`` / ``received_counts``); the GPU path's (the route kernel's post, the layout kernel's
+ticket flag) is tests/moe/test_ep_route_gpu.py's.
 """
 
 from __future__ import annotations
@@ -291,6 +294,18 @@ def test_group_none_is_the_default_group_and_local_is_r1(monkeypatch):
     assert res.shape.ranks == 1 and res.padded_group_end_offsets.shape == (4,)
     with pytest.raises(AssertionError, match="multi-rank group"):
         ep.dispatch(x, ids, num_experts=4, recipe="bf16")
+
+
+def test_slot_state_views():
+    """A slot with a state: ``filled``, ``prev_filled`` and ``ticket_ok`` are views of its words 0,
+    1 and 2 (what the layout kernel writes); a state and a ``filled`` of its own are refused."""
+    state = torch.tensor([7, 8, 1], dtype=torch.int32)
+    slot = ep.Slot({}, state=state)
+    state.add_(10)
+    assert slot.filled.tolist() == [17] and slot.prev_filled.tolist() == [18] and int(slot.ticket_ok) == 11
+    assert slot.ticket_ok.dim() == 0
+    with pytest.raises(ValueError, match="not both"):
+        ep.Slot({}, torch.zeros(1, dtype=torch.int32), state=state)
 
 
 def _two_rank_pool(rank: int, tables: dict):

@@ -138,18 +138,18 @@ def _tables(ranks: int, width: int) -> tuple[list[torch.Tensor], ep.SharedRows]:
 
 
 @pytest.mark.parametrize("dtype", list(_INT))
-def test_route_posts_and_layout_checks_and_tracks(dtype):
+@pytest.mark.parametrize(("ranks", "experts"), [(4, 64), (8, 1024), (3, 33)])
+def test_route_posts_and_layout_checks_and_tracks(dtype, ranks, experts):
     """The R > 1 path's fused steps, R tables on one GPU: each rank's route kernel writes its counts
     and ticket into row ``rank`` of every table; the layout kernel on a whole table equals the
     PyTorch layout, sets the slot's ticket flag (1; 0 when one rank's ticket differs), moves its fill
-    end (``state[1]`` the old end, ``state[0]`` the new) and, for a captured slot, overwrites the
-    tickets with -1."""
-    ranks, tokens, topk, experts, ticket = 4, 3000, 8, 64, 123457
-    shape = ep.EpShape(ranks, tokens, 128, topk, experts, 32, "bf16")
-    idss = [
-        _ids(kind, tokens, topk, experts, dtype, r)
-        for r, kind in enumerate(("skewed", "dropped", "one", "few"))
-    ]
+    end (``state[1]`` the old end, ``state[0]`` the new), and the zero fill then clears the rows up
+    to the old end (equal to the row-scatter fill given that end); for a captured slot the tickets
+    become -1 and the counts stay."""
+    tokens, topk, ticket = 3000, 8, 123457
+    shape = ep.EpShape(ranks, tokens, 128, topk, experts, 32, "fp8_rowwise")
+    kinds = ("skewed", "dropped", "one", "few", "random")
+    idss = [_ids(kinds[r % 5], tokens, topk, experts, dtype, r) for r in range(ranks)]
     tables, post = _tables(ranks, experts + 1)
     routings = [ep.route(idss[r], experts, ticket, post, r) for r in range(ranks)]
     assert all(r.posted for r in routings)
@@ -157,21 +157,33 @@ def test_route_posts_and_layout_checks_and_tracks(dtype):
     for r, table in enumerate(tables):
         assert torch.equal(table, sent), f"table of rank {r}"
     stacked = torch.stack([ep._route_torch(t, experts).counts for t in idss])
+    pool = ep.LocalPool(1, torch.device("cuda"))
+    old_end = shape.rows - 5  # past every new end: the fill clears the tail up to it
     for rank in range(ranks):
-        slot = ep.Slot({}, ticket=ticket, state=torch.tensor([555, -9, -9], dtype=torch.int32, device="cuda"))
+        state = torch.tensor([old_end, -9, -9], dtype=torch.int32, device="cuda")
+        slot = ep.Slot({}, ticket=ticket, state=state)
         lay = ep.layout(routings[rank], tables[rank], rank, shape, None, slot)
         want = ep._layout_torch(ep._route_torch(idss[rank], experts), stacked, rank, shape, None)
         for name in ("dst_index", "padded_start", "padded_end", "sizes"):
             assert torch.equal(getattr(lay, name), getattr(want, name)), f"rank {rank} {name}"
         assert lay.tracked and lay.filled is slot.prev_filled and lay.zero_index is None
-        assert slot.state.tolist() == [int(want.padded_end[-1]), 555, 1], f"rank {rank}"
-    tables[1][2, experts] = ticket + 1  # rank 2 chose another slot
+        assert slot.state.tolist() == [int(want.padded_end[-1]), old_end, 1], f"rank {rank}"
+        got_bufs, want_bufs = _dirty_slot(pool, shape, rank), _dirty_slot(pool, shape, rank)
+        ep.zero_padding(lay, got_bufs.views[0])
+        filled = torch.tensor([old_end], dtype=torch.int32, device="cuda")
+        zero = ep._zero_rows(want.padded_start, want.padded_end, want.sizes, filled, shape.rows)
+        scatter = ep.Layout(want.dst_index, want.padded_start, want.padded_end, want.sizes, zero, filled)
+        ep.zero_padding(scatter, want_bufs.views[0])
+        for name, rows in got_bufs.views[0].items():
+            assert_same(rows.own, want_bufs.views[0][name].own, f"rank {rank}: {name}")
+    tables[1][ranks - 1, experts] = ticket + 1  # the last rank chose another slot
     slot = ep.Slot({}, ticket=ticket, state=torch.zeros(3, dtype=torch.int32, device="cuda"))
     ep.layout(routings[1], tables[1], 1, shape, None, slot)
     assert int(slot.ticket_ok) == 0 and bool((tables[1][:, experts] != -1).all())
     slot.captured = True
     ep.layout(routings[0], tables[0], 0, shape, None, slot)
     assert int(slot.ticket_ok) == 1 and bool((tables[0][:, experts] == -1).all())
+    assert torch.equal(tables[0][:, :experts], sent[:, :experts]), "the reset leaves the counts"
 
 
 def _dirty_slot(pool: ep.LocalPool, shape: ep.EpShape, seed: int) -> ep.Slot:
@@ -188,7 +200,7 @@ def _dirty_slot(pool: ep.LocalPool, shape: ep.EpShape, seed: int) -> ep.Slot:
 @pytest.mark.parametrize("hidden", [128, 640, 2048])
 @pytest.mark.parametrize("fresh", [True, False])
 def test_zero_fill_matches_row_scatter(recipe, hidden, fresh):
-    """Every buffer kind (q, scale rows at 16 or 4 bytes, tags; fp8_rowwise scales get 1.0) after
+    """Every buffer kind (q, e8m0 scale rows, tags; fp8_rowwise scales get 1.0) after
     the zero fill kernel equals the row-scatter zero fill of the same dirty bytes."""
     rng = random.Random(hidden + fresh)
     pool = ep.LocalPool(1, torch.device("cuda"))

@@ -44,6 +44,7 @@ by a ticket (:func:`slot_ticket`). The autograd contexts keep the routing, never
 
 from __future__ import annotations
 
+import contextlib
 import math
 import zlib
 from dataclasses import dataclass, field, replace
@@ -142,6 +143,8 @@ class Slot:
 
     def __post_init__(self) -> None:
         if self.state is not None:
+            if self.filled is not None:
+                raise ValueError("Slot: give state or filled, not both (filled views the state)")
             self.filled, self.prev_filled, self.ticket_ok = self.state[0:1], self.state[1:2], self.state[2]
 
 
@@ -357,7 +360,8 @@ class SymmetricPool(SlotRing):
     def post_counts(self, routing: Routing, slot: Slot) -> None:
         """Write this rank's counts and the slot's ticket (``routing.message``, which the routing
         kernel wrote; the PyTorch routing's counts are copied into one) into row ``rank`` of every
-        rank's table, in one row-scatter launch."""
+        rank's table, in one row-scatter launch. The dispatch's GPU path has the route kernel post
+        instead (``Routing.posted``); this is the PyTorch routing's step."""
         counts = routing.counts
         experts = counts.shape[0]
         mine = routing.message
@@ -537,7 +541,7 @@ def _scatter_rows_reference(src, buffers: list, src_rows, dst_index) -> None:
 #
 # On a GPU the routing kernels (``cute_kernels.ep_route``: notes/ep-routing-kernel.md) compute it all
 # in one launch per step: ``route`` (counts and ranks), ``layout`` (destinations and this rank's
-# groups) and ``zero_padding`` (one zero fill per buffer). The PyTorch functions below them are the
+# groups) and ``zero_padding`` (one zero fill for every buffer). The PyTorch functions below them are the
 # CPU path, the path for more than ``EP_MAX_EXPERTS`` experts, and what the tests compare with.
 
 
@@ -583,6 +587,10 @@ def route(
     message = ids.new_empty(experts + 1, dtype=torch.int32)
     position = message.new_empty(ids.shape[0])
     kernel = _kernel(target, IdKey, ("ep_route", _ID_NAMES[ids.dtype]))
+    if post is not None and post.own.shape[1] != experts + 1:  # the kernel strides the tables by E + 1
+        raise RuntimeError(
+            f"torch_bindings.ep: count tables of {post.own.shape[1]} columns for E = {experts}"
+        )
     peers = _no_addresses(ids.device) if post is None else post.ptrs
     kernel(ids, message, position, peers, experts, ticket, rank)
     return Routing(ids, message[:experts], position, message, post is not None)
@@ -643,8 +651,10 @@ def layout(
         return _layout_torch(routing, all_counts, rank, shape, filled)
     dst = routing.position.new_empty(shape.pairs)
     start, end, sizes = (dst.new_empty(shape.local_experts) for _ in range(3))
-    state, ticket, mode = _zeros_int(3, dst.device), 0, 0  # mode 0: the kernel leaves state alone
+    state, ticket, mode = _no_state(dst.device), 0, 0  # mode 0: the kernel leaves state alone
     if slot is not None:
+        if all_counts.shape[1] <= shape.experts:  # the tickets are column E
+            raise RuntimeError("torch_bindings.ep: a tracked layout needs the (R, E + 1) count table")
         state, ticket, filled = slot.state, slot.ticket, slot.prev_filled
         mode = LAYOUT_TRACK | LAYOUT_CHECK | (LAYOUT_RESET if slot.captured else 0)
     kernel = _kernel(target, IdKey, ("ep_layout", _ID_NAMES[routing.expert.dtype]))
@@ -850,6 +860,10 @@ def _fill_padding(lay: Layout, bufs: dict) -> None:
     aux = [
         (rows.own.view(torch.int32), _padding_word(n, rows.own.dtype)) for n, rows in bufs.items() if n != "q"
     ]
+    if not 1 <= len(aux) <= 2 or any(t.shape[0] != q.shape[0] for t, _ in aux):
+        raise RuntimeError(
+            f"torch_bindings.ep: the zero fill takes q and 1-2 buffers of its rows, got {bufs}"
+        )
     (a, word_a), (b, word_b) = aux if len(aux) == 2 else aux * 2  # tags alone: filled twice
     kernel = _kernel(target, FillKey, _row_key("ep_zero_fill", q.dtype, q.shape[1]))
     offsets = (lay.padded_start, lay.padded_end, lay.sizes)
@@ -898,6 +912,13 @@ def _no_addresses(device: torch.device) -> torch.Tensor:
     )
 
 
+def _no_state(device: torch.device) -> torch.Tensor:
+    """A cached (3,) int32 tensor the layout kernel gets as its slot state in mode 0 (never written)."""
+    return _cached_index(
+        ("no state", device), device, lambda: torch.zeros(3, dtype=torch.int32, device=device)
+    )
+
+
 def _zeros_int(n: int, device: torch.device) -> torch.Tensor:
     """A cached (n,) int32 tensor of 0."""
     return _cached_index(
@@ -924,7 +945,8 @@ def _arange(n: int, device: torch.device) -> torch.Tensor:
 
 def _send_and_land(x: torch.Tensor, lay: Layout, slot: Slot, shape: EpShape, pool, scaling_mode: str) -> None:
     """Steps 4 and 5a on this rank, then the barrier after which every peer's rows have landed;
-    records the new filled end for the next call's zero fill."""
+    records the new filled end for the next call's zero fill (unless the layout kernel did:
+    ``Layout.tracked``)."""
     bufs = slot.views[pool.rank]
     send_dispatch(x, lay, bufs, shape, pool.rank, scaling_mode)
     zero_padding(lay, bufs)
@@ -1123,7 +1145,13 @@ def run_dispatch(
     else:
         all_counts = pool.exchange_counts(routing, slot)
         lay = layout(routing, all_counts, rank, shape, slot.filled)
-    _send_and_land(x, lay, slot, shape, pool, scaling_mode)
+    try:
+        _send_and_land(x, lay, slot, shape, pool, scaling_mode)
+    except BaseException:
+        if lay.tracked:  # the layout moved the fill end before the fill ran: the next fills every row
+            with contextlib.suppress(RuntimeError):  # a broken device raises the original error only
+                slot.filled.fill_(shape.rows)
+        raise
     result = finish_dispatch(lay, slot.views[rank], shape, rank, owned=pool.owns_buffers)
     result.pool = pool
     return result
