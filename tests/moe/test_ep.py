@@ -159,6 +159,38 @@ def test_combine_with_more_tokens_than_a_grid_row():
     _same(out, want, "combine")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("by_src", [False, True])
+def test_scatter_rows_bias_and_destination_by_source(device, by_src):
+    """The row scatter's ``bias`` (added before the skip test) and ``by_src`` (item i goes where
+    ``dst_index[src_rows[i]]`` says; a source row outside ``dst_index`` skips) against the moves
+    written out in Python, into R = 2 local buffers, with source rows outside ``src`` (zero rows)
+    and indices that skip."""
+    gen = torch.Generator().manual_seed(int(by_src))
+    ranks, height, width, items = 2, 60, 64, 90
+    src = torch.randn(50, width, generator=gen).bfloat16()
+    src_rows = torch.randint(-3, 56, (items,), generator=gen, dtype=torch.int32)
+    # distinct destinations (as tags are), some skipped (-1, 0 before the bias) and some past the buffers
+    dst_index = (torch.randperm(ranks * height + 4, generator=gen)[:items] - 1).to(torch.int32)
+    buffers = [torch.full((height, width), 7.0).bfloat16() for _ in range(ranks)]
+    want = [b.clone() for b in buffers]
+    for i in range(items):
+        j = int(src_rows[i]) if by_src else i
+        if not 0 <= j < items:
+            continue
+        d = int(dst_index[j]) - 1
+        if 0 <= d < ranks * height:
+            row = int(src_rows[i])
+            moved = src[row] if 0 <= row < src.shape[0] else torch.zeros(width).bfloat16()
+            want[d // height][d % height] = moved
+    got = [b.to(device) for b in buffers]
+    ptrs = torch.tensor([b.data_ptr() for b in got], dtype=torch.int64, device=device)
+    shared = ep.SharedRows(got[0], ptrs, ptrs[0:1], got)
+    ep.scatter_rows(src.to(device), shared, src_rows.to(device), dst_index.to(device), bias=-1, by_src=by_src)
+    for r in range(ranks):
+        _same(got[r].cpu(), want[r], f"buffer {r}")
+
+
 def test_combine_spread_order_is_a_permutation_far_from_row_order():
     """Combine's send order with several ranks (``_spread_order``): every row once, and neighbouring
     items at least a fifth of the rows apart (rows of one source are contiguous runs)."""

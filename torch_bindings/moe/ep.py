@@ -450,17 +450,25 @@ def scatter_rows(
     dst_index: torch.Tensor,
     *,
     local: bool = False,
+    bias: int = 0,
+    by_src: bool = False,
 ) -> None:
-    """Item i: ``src[src_rows[i]]`` (a zero row when outside src) to row ``dst_index[i] % P`` of
-    buffer ``dst_index[i] // P`` of ``dst`` (``local``: of this rank's own buffer only);
-    ``dst_index < 0`` skips. CUDA: one row-scatter launch; CPU: the same moves in PyTorch."""
+    """Item i: ``src[src_rows[i]]`` (a zero row when outside src) to row ``d % P`` of buffer
+    ``d // P`` of ``dst`` (``local``: of this rank's own buffer only), ``d = dst_index[i] + bias``
+    (``by_src``: ``dst_index[src_rows[i]] + bias``, skipped when that source row is outside
+    ``dst_index``); ``d < 0`` skips. CUDA: one row-scatter launch; CPU: the same moves in PyTorch."""
     ptrs = dst.self_ptr if local else dst.ptrs
     target = _target(src)
     if target is None:
-        _scatter_rows_reference(src, [dst.own] if local else dst.tensors, src_rows, dst_index)
+        index = dst_index.to(torch.int64) + bias
+        if by_src:  # entry N of the extended index: a source row outside dst_index skips
+            rows = src_rows.to(torch.int64)
+            inside = (rows >= 0) & (rows < index.shape[0])
+            index = torch.cat([index, index.new_full((1,), -1)])[torch.where(inside, rows, index.shape[0])]
+        _scatter_rows_reference(src, [dst.own] if local else dst.tensors, src_rows, index)
         return
     kernel = _kernel(target, ScatterKey, _row_key("row_scatter", src.dtype, src.shape[1]))
-    kernel(src, dst.own, src_rows, dst_index, ptrs)
+    kernel(src, dst.own, src_rows, dst_index, ptrs, bias, int(by_src))
 
 
 def _target(tensor: torch.Tensor):
@@ -1002,10 +1010,9 @@ def send_combine(y: torch.Tensor, result: DispatchResult, rows_buffer: SharedRow
     would write to the same source at the same time (notes/ep-dispatch-combine.md)."""
     count = result.shape.rows
     if result.shape.ranks == 1:
-        scatter_rows(y, rows_buffer, _arange(count, y.device), result.tags - 1)
+        scatter_rows(y, rows_buffer, _arange(count, y.device), result.tags, bias=-1)
         return
-    order = _spread_order(count, y.device)
-    scatter_rows(y, rows_buffer, order, result.tags.index_select(0, order) - 1)
+    scatter_rows(y, rows_buffer, _spread_order(count, y.device), result.tags, bias=-1, by_src=True)
 
 
 def _spread_stride(n: int) -> int:
