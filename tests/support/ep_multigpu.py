@@ -6,7 +6,9 @@
 Every rank builds every rank's inputs from one seed, so it can run the reference for the whole group
 (``reference.ep_dispatch`` / ``ep_combine``) and compare its own results byte for byte: skewed
 routing (all pairs to one expert, empty experts, k slots on one rank, dropped ids), repeated calls
-on the same buffers, the bf16 autograd pair, and no host sync once the buffers exist.
+on the same buffers, more experts than the routing kernels take (the PyTorch routing's count
+exchange and ticket check through symmetric memory, a slot used twice), the bf16 autograd pair,
+and no host sync once the buffers exist.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ep_cases import (  # noqa: E402 (this script's folder)
     routing,
 )
 
+from cute_utils.constants import EP_MAX_EXPERTS  # noqa: E402
 from torch_bindings import ep  # noqa: E402
 from torch_bindings import reference as ref  # noqa: E402
 
@@ -206,6 +209,10 @@ def main() -> None:
                     failures.append(f"{recipe} {case} T{tokens} E{experts}: {exc}")
                     print(f"FAIL {failures[-1]}", flush=True)
                 cases += 1
+    for recipe in ("mxfp8", "fp8_rowwise", "bf16"):  # the PyTorch routing, twice on one slot
+        for case in ("random", "dropped"):
+            _check(case, 64, 256, 4, EP_MAX_EXPERTS + ranks, recipe, 16)
+            cases += 1
     _check_autograd(96, 256, 4, 4 * ranks)
     cases += 1
     for recipes, checkpointed in (
