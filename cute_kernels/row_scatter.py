@@ -37,9 +37,10 @@ class RowScatterKernel(RowGatherKernel):
     """Row scatter (module docstring), on the pad kernels' launch shape and row-chunk loop. Launch:
     ``kernel(src, dst, src_rows, dst_index, buffer_ptrs, dst_bias, dst_by_src)``: ``src`` (M, D) and
     ``dst`` (P, D) row-major of one dtype (``dst`` is this process's own buffer: it gives the
-    destinations' shape), ``src_rows`` Int32 (N,), ``dst_index`` Int32 (N,) (any length with
-    ``dst_by_src``), ``buffer_ptrs`` Int64 (R,) base addresses of R buffers shaped like ``dst``,
-    each aligned to the vector width. ``R * P`` must fit in int32."""
+    destinations' shape), ``src_rows`` Int32 (N,), ``dst_index`` Int32: (N,) with ``dst_by_src`` 0
+    (the binding checks; an item past it is skipped), any length with ``dst_by_src``;
+    ``buffer_ptrs`` Int64 (R,) base addresses of R buffers shaped like ``dst``, each aligned to the
+    vector width. ``R * P`` must fit in int32."""
 
     name = "row_scatter"
 

@@ -170,13 +170,18 @@ def test_scatter_rows_bias_and_destination_by_source(device, by_src):
     ranks, height, width, items = 2, 60, 64, 90
     src = torch.randn(50, width, generator=gen).bfloat16()
     src_rows = torch.randint(-3, 56, (items,), generator=gen, dtype=torch.int32)
-    # distinct destinations (as tags are), some skipped (-1, 0 before the bias) and some past the buffers
-    dst_index = (torch.randperm(ranks * height + 4, generator=gen)[:items] - 1).to(torch.int32)
+    # distinct destinations (as tags are), some skipped (-1, 0 before the bias) and some past the
+    # buffers; by source row, fewer than the largest source row (rows 40-55 are outside it)
+    dst_index = (torch.randperm(ranks * height + 4, generator=gen)[: 40 if by_src else items] - 1).to(
+        torch.int32
+    )
+    dst_index[:2] = torch.tensor([0, -1], dtype=torch.int32)
+    src_rows[:3] = torch.tensor([0, 1, 45], dtype=torch.int32)  # by source row: tag 0, -1, outside
     buffers = [torch.full((height, width), 7.0).bfloat16() for _ in range(ranks)]
     want = [b.clone() for b in buffers]
     for i in range(items):
         j = int(src_rows[i]) if by_src else i
-        if not 0 <= j < items:
+        if not 0 <= j < dst_index.shape[0]:
             continue
         d = int(dst_index[j]) - 1
         if 0 <= d < ranks * height:
@@ -268,7 +273,9 @@ def test_misaligned_x_is_refused_before_any_launch():
 @pytest.mark.parametrize("device", DEVICES)
 def test_results_view_their_own_rows_at_r1_and_copy_out_of_a_slot_ring(device):
     """R = 1 buffers are the call's own: the result's scales and tags view them. A reused slot
-    (a ``SlotRing``) is written again by later calls: its results hold copies."""
+    (a ``SlotRing``) is written again by later calls: its results hold copies (fp8_rowwise's scales
+    and tags one copy, each with its own version counter: writing the scales in place leaves the
+    tags, which the autograd contexts save, unversioned)."""
     shape = ep.EpShape(1, 4, 256, 2, 4, 32, "fp8_rowwise")
     ids = torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], device=device)
     x = torch.randn(4, 256, device=device).bfloat16()
@@ -284,6 +291,9 @@ def test_results_view_their_own_rows_at_r1_and_copy_out_of_a_slot_ring(device):
         for got, own in ((res.tags, bufs["tags"].own), (res.scales, bufs["s"].own)):
             assert (got.untyped_storage().data_ptr() == own.untyped_storage().data_ptr()) is owned
             assert torch.equal(got, own.view(-1))
+        version = res.tags._version
+        res.scales.mul_(1.0)
+        assert res.tags._version == version and torch.equal(res.tags, bufs["tags"].own.view(-1))
     assert ep.LocalPool.owns_buffers and not ep.SlotRing.owns_buffers
 
 

@@ -457,6 +457,10 @@ def scatter_rows(
     ``d // P`` of ``dst`` (``local``: of this rank's own buffer only), ``d = dst_index[i] + bias``
     (``by_src``: ``dst_index[src_rows[i]] + bias``, skipped when that source row is outside
     ``dst_index``); ``d < 0`` skips. CUDA: one row-scatter launch; CPU: the same moves in PyTorch."""
+    if not by_src and dst_index.shape[0] != src_rows.shape[0]:
+        raise ValueError(
+            f"scatter_rows: {src_rows.shape[0]} source rows but {dst_index.shape[0]} destinations"
+        )
     ptrs = dst.self_ptr if local else dst.ptrs
     target = _target(src)
     if target is None:
@@ -985,7 +989,11 @@ def finish_dispatch(
         scales = bufs["s"].own.view(-1)
     if not owned and shape.recipe == "fp8_rowwise":  # one launch copies both out (shared storage)
         both = torch.cat((scales.view(torch.int32), tags))
-        scales, tags = both[: tags.shape[0]].view(torch.float32), both[tags.shape[0] :]
+        rows = tags.shape[0]
+        scales = both[:rows].view(torch.float32)
+        # tags on the second half through a tensor of their own: disjoint bytes, so no shared version
+        # counter (an in-place write to the scales must not fail the backward that saved the tags)
+        tags = both.new_empty(0).set_(both.untyped_storage(), rows, (rows,), (1,))
     elif not owned:
         tags = tags.clone()
     q = bufs["q"].own
