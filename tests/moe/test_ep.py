@@ -10,6 +10,7 @@ ticket flag) is tests/moe/test_ep_route_gpu.py's.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import subprocess
@@ -260,6 +261,78 @@ def test_bad_arguments_name_what_is_wrong():
         ep.combine(torch.zeros(res.q.shape[0], 12, dtype=torch.bfloat16), res, torch.ones(4, 2))
     with pytest.raises(ValueError, match="topk_weights"):
         ep.combine(torch.zeros(res.q.shape[0], 8, dtype=torch.bfloat16), res, torch.ones(4, 3))
+
+
+def test_fast_dispatch_check_is_as_strict_as_the_full_check():
+    """``checks.fast_ep_dispatch_ok`` lets ``dispatch`` skip its full checks: every combination of
+    good and bad arguments it accepts, the full check accepts; every valid one with an aligned x it
+    accepts (valid calls do not silently take the slow checks)."""
+    from torch_bindings import checks
+
+    base = torch.zeros(8 * 256 + 8, dtype=torch.bfloat16)
+    xs = {
+        "good": base[:2048].view(8, 256),
+        "misaligned": base[4 : 2048 + 4].view(8, 256),  # 8 bytes off (the full check passes on CPU)
+        "fp32": torch.zeros(8, 256),
+        "3-D": torch.zeros(8, 256, 1, dtype=torch.bfloat16),
+        "strided": torch.zeros(8, 512, dtype=torch.bfloat16)[:, ::2],
+        "D 96": torch.zeros(8, 96, dtype=torch.bfloat16),
+        "D 16": torch.zeros(8, 16, dtype=torch.bfloat16),
+        "subclass": torch.nn.Parameter(torch.zeros(8, 256, dtype=torch.bfloat16), requires_grad=False),
+        "not a tensor": [[0.0] * 256] * 8,
+    }
+    ids = {
+        "good": torch.zeros(8, 2, dtype=torch.int64),
+        "int32 strided": torch.zeros(2, 8, dtype=torch.int32).t(),
+        "int16": torch.zeros(8, 2, dtype=torch.int16),
+        "T 7": torch.zeros(7, 2, dtype=torch.int64),
+        "1-D": torch.zeros(16, dtype=torch.int64),
+    }
+    scalars = itertools.product(
+        [4, 6, 0, True, 4.0],  # num_experts (R = 2)
+        ["mxfp8", "fp8_rowwise", "bf16", "fp4"],  # recipe
+        [32, 16, 24, True],  # alignment
+        ["rceil", "floor", "round"],  # scaling_mode
+    )
+    for (xn, x), (idn, idx), (experts, recipe, align, mode) in itertools.product(
+        xs.items(), ids.items(), list(scalars)
+    ):
+        case = (xn, idn, experts, recipe, align, mode)
+        fast = checks.fast_ep_dispatch_ok(x, idx, experts, 2, recipe, align, mode)
+        try:
+            checks.check_ep_dispatch(x, idx, experts, 2, recipe, align, mode)
+            valid = True
+        except (TypeError, ValueError):
+            valid = False
+        assert valid or not fast, f"fast check accepts what the full check refuses: {case}"
+        if valid and xn not in ("misaligned", "subclass"):
+            assert fast, f"fast check declines a valid call: {case}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise", "bf16"])
+def test_no_grad_calls_match_the_autograd_calls(device, recipe):
+    """Without a gradient to carry, dispatch and combine skip their autograd functions: the same
+    bytes as with one, and no autograd node on what they return."""
+    tokens, hidden, topk, experts = 40, 256, 3, 8
+    gen = torch.Generator().manual_seed(17)
+    x = torch.randn(tokens, hidden, generator=gen).bfloat16().to(device)
+    ids = torch.randint(0, experts, (tokens, topk), generator=gen).to(device)
+    w = torch.rand(tokens, topk, generator=gen).to(device)
+    plain = ep.dispatch(x, ids, num_experts=experts, recipe=recipe)
+    tracked = ep.dispatch(x.clone().requires_grad_(), ids, num_experts=experts, recipe=recipe)
+    for name in ("q", "scales", "tags", "dst_index", "padded_group_end_offsets"):
+        if getattr(plain, name) is not None or getattr(tracked, name) is not None:
+            _same(getattr(plain, name), getattr(tracked, name), name)
+    out_tensor = plain.q if recipe == "bf16" else plain.grad_anchor
+    assert out_tensor.grad_fn is None and not out_tensor.requires_grad
+    assert (tracked.q if recipe == "bf16" else tracked.grad_anchor).grad_fn is not None
+    y = torch.randn(plain.q.shape[0], 64, generator=gen).bfloat16().to(device)
+    out = ep.combine(y, plain, w)
+    assert out.grad_fn is None
+    _same(out, ep.combine(y.clone().requires_grad_(), plain, w), "combine")
+    with torch.no_grad():
+        _same(ep.combine(y, plain, w.clone().requires_grad_()), out, "combine under no_grad")
 
 
 @pytest.mark.gpu

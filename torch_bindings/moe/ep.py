@@ -1321,16 +1321,21 @@ def dispatch(
     takes its rows from the caching allocator, per call, and communicates nothing.
     """
     pool = _pool(group, x.device)
-    checks.check_ep_dispatch(x, topk_idx, num_experts, pool.ranks, recipe, alignment, scaling_mode)
+    if not checks.fast_ep_dispatch_ok(x, topk_idx, num_experts, pool.ranks, recipe, alignment, scaling_mode):
+        checks.check_ep_dispatch(x, topk_idx, num_experts, pool.ranks, recipe, alignment, scaling_mode)
     tokens, hidden = x.shape
     shape = EpShape(pool.ranks, tokens, hidden, topk_idx.shape[1], num_experts, alignment, recipe)
     if pool.ranks * shape.rows > _INT32_MAX:
         raise ValueError(
             f"dispatch: R * rows = {pool.ranks * shape.rows} does not fit the kernel's int32 row index"
         )
-    holder: list[DispatchResult] = []
-    out = _DispatchFn.apply(x, topk_idx, shape, pool, scaling_mode, holder)
-    result = holder[0]
+    if torch.is_grad_enabled() and x.requires_grad:
+        holder: list[DispatchResult] = []
+        out = _DispatchFn.apply(x, topk_idx, shape, pool, scaling_mode, holder)
+        result = holder[0]
+    else:  # no gradient to carry: the steps without an autograd node (host time)
+        result = run_dispatch(x, topk_idx, shape, pool, scaling_mode)
+        out = result.q if recipe == "bf16" else _zero_bf16(x.device).expand(result.q.shape)
     if recipe == "bf16":
         result.q = out
     else:
@@ -1345,7 +1350,9 @@ def combine(y: torch.Tensor, dispatched: DispatchResult, topk_weights: torch.Ten
     weights. No host sync."""
     shape = dispatched.shape
     checks.check_ep_combine(y, shape.rows, topk_weights, shape.tokens, shape.topk)
-    return _CombineFn.apply(y.contiguous(), topk_weights, dispatched)
+    if torch.is_grad_enabled() and (y.requires_grad or topk_weights.requires_grad):
+        return _CombineFn.apply(y.contiguous(), topk_weights, dispatched)
+    return run_combine(y.contiguous(), dispatched, topk_weights)  # no autograd node (host time)
 
 
 # --- A group of R ranks simulated in one process (tests, benches) -------------------------------------
