@@ -392,6 +392,11 @@ def test_multigpu_under_torchrun():
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "cases passed" in done.stdout
+    # Ranks that chose different slots: every rank stops at the device assert, none hangs.
+    done = subprocess.run([*cmd, "--diverge"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0, done.stdout[-4000:] + done.stderr[-4000:]
+    for rank in range(gpus):
+        assert f"rank {rank}: slot assert fired" in done.stdout, done.stdout[-4000:] + done.stderr[-4000:]
 
 
 def test_group_none_is_the_default_group_and_local_is_r1(monkeypatch):

@@ -9,13 +9,15 @@ routing (all pairs to one expert, empty experts, k slots on one rank, dropped id
 on the same buffers, more experts than the routing kernels take (the PyTorch routing's count
 exchange and ticket check through symmetric memory, a slot used twice), dispatch + combine
 replayed from a CUDA graph with new inputs, the bf16 autograd pair, and no host sync once the
-buffers exist.
+buffers exist. ``--diverge``: ranks that hold different results alive, which the slot assert must
+stop (the process fails; ``tests/moe/test_ep.py`` checks how).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import sys
 import zlib
 
 for _name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
@@ -227,10 +229,40 @@ def sqnr(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(10 * torch.log10(b.square().sum() / (a - b).square().sum().clamp_min(1e-30)))
 
 
+#: What ``--diverge`` prints on a rank whose dispatch stopped at the slot assert.
+DIVERGED = "slot assert fired"
+
+
+def _diverge() -> None:
+    """Ranks holding different results alive: rank 0 frees the first of three results, the others
+    the second, so the next dispatch takes slot 0 on rank 0 and slot 1 elsewhere (no allocation, so
+    no collective to hang in). The tickets differ, so the layout's ticket flag trips the device
+    assert: each rank prints :data:`DIVERGED` and exits with 3 (``os._exit``: the CUDA context is
+    gone); a dispatch that finishes prints that it did and exits with 0, which the caller fails."""
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    x = torch.randn(256, 512, device=dev).bfloat16()
+    ids = torch.randint(0, 8 * ranks, (256, 4), device=dev)
+    held = [ep.dispatch(x, ids, num_experts=8 * ranks) for _ in range(3)]  # slots 0, 1, 2 everywhere
+    torch.cuda.synchronize()
+    dist.barrier()
+    del held[0 if rank == 0 else 1]
+    try:
+        ep.dispatch(x, ids, num_experts=8 * ranks)
+        torch.cuda.synchronize()
+    except RuntimeError as exc:
+        print(f"rank {rank}: {DIVERGED}: {str(exc).splitlines()[0]}", flush=True)
+        os._exit(3)
+    print(f"rank {rank}: the diverged dispatch finished", flush=True)
+
+
 def main() -> None:
     dist.init_process_group("nccl")
     rank, ranks = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank % torch.cuda.device_count())
+    if "--diverge" in sys.argv:
+        _diverge()
+        return
     cases, failures = 0, []
     for recipe in ("mxfp8", "fp8_rowwise", "bf16"):
         for case in ("random", "one_expert", "one_rank", "empty_runs", "same_rank", "dropped", "random"):
