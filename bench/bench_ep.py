@@ -33,6 +33,7 @@ for _name, _value in (
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from bench.bench_overhead import floor_of  # noqa: E402
 from torch_bindings import ep, pad_and_quantize_mxfp8_2d  # noqa: E402
 
 
@@ -134,17 +135,19 @@ def _unfused_dispatch(x, ids, experts: int, alignment: int):
 def _row(
     name: str, nbytes: int, seconds: float, copy_s: float, nccl_s: float | None = None, host=None
 ) -> str:
+    """A table row; ``host``: (after a sync, back to back, floor) host seconds per call, or None."""
     gbps = nbytes / seconds / 1e9
-    nccl = f"{nccl_s / seconds:.2f}" if nccl_s else "-"
-    host_us = f"{host * 1e6:.0f}" if host is not None else "-"
+    nccl = f"{nccl_s / seconds:.2f}" if nccl_s is not None else "-"
+    hosts = " | ".join(f"{h * 1e6:.0f}" for h in host) if host is not None else "- | - | -"
     return (
         f"| {name} | {nbytes / 1e6:.1f} | {seconds * 1e6:.0f} | {gbps:.0f} | {copy_s / seconds:.2f} | {nccl} "
-        f"| {host_us} |"
+        f"| {hosts} |"
     )
 
 
 def _host_seconds(fn, calls: int = 20) -> float:
-    """Median host time of one call (no synchronization inside: what the caller's thread spends)."""
+    """Median host time of one call with a sync after each (no synchronization inside: what the
+    caller's thread spends; the thread idles in the sync, so each call starts on a cold CPU)."""
     fn()
     torch.cuda.synchronize()
     times = []
@@ -154,6 +157,41 @@ def _host_seconds(fn, calls: int = 20) -> float:
         times.append(time.perf_counter() - start)
         torch.cuda.synchronize()
     return sorted(times)[len(times) // 2]
+
+
+def _back_to_back(fns: tuple, calls: int = 16, rounds: int = 5) -> list[float]:
+    """Host seconds per call of each of ``fns``, each called ``calls`` times back to back with no
+    sync between (the thread stays busy, as in a training step), the rounds of each function in
+    turn (whatever slows the host at a moment slows both), a sync after each round; the median
+    round of each."""
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, times in zip(fns, samples, strict=True):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times.append((time.perf_counter() - start) / calls)
+    torch.cuda.synchronize()
+    return [sorted(times)[len(times) // 2] for times in samples]
+
+
+def _host_times(fn, pool) -> tuple[float, float, float]:
+    """(after a sync, back to back, floor) host seconds per call of the EP op ``fn``. The floor
+    is what no binding avoids: a bare TVM-FFI call of each kernel the op launches, with the
+    arguments of a real call (``bench_overhead.floor_of``), and the op's two barriers of the
+    symmetric pool. Its replays rewrite the same rows with the same bytes (every rank calls the
+    same sequence), so the ops timed next to it stay in step."""
+    floor = floor_of(fn, torch.device("cuda", torch.cuda.current_device()))
+
+    def floor_with_barriers() -> None:
+        floor()
+        pool.barrier()
+        pool.barrier()
+
+    cold = _host_seconds(fn)
+    warm, floor_s = _back_to_back((fn, floor_with_barriers))
+    return cold, warm, floor_s
 
 
 #: The steps of an eager dispatch and combine whose host time ``host_profile`` reports: module
@@ -269,8 +307,9 @@ def transfer_rows(tokens: int, hidden: int, topk: int, experts: int, alignment: 
     lines = [
         f"\n### T={tokens} D={hidden} k={topk} E={experts} ({dist.get_world_size()} ranks, "
         f"{torch.cuda.get_device_name()})",
-        "| op | MB sent / rank | time us | GB/s / GPU | ratio to peer copy | ratio to NCCL | host us |",
-        "|---|---|---|---|---|---|---|",
+        "| op | MB sent / rank | time us | GB/s / GPU | ratio to peer copy | ratio to NCCL "
+        "| host us, after a sync | host us, back to back | host floor us |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, nbytes in sizes.items():
         copy_s, nccl_s = _time(_peer_copy(nbytes), iters), _time(_all_to_all(nbytes), iters)
@@ -278,7 +317,7 @@ def transfer_rows(tokens: int, hidden: int, topk: int, experts: int, alignment: 
         lines.append(_row(f"peer copy ({name} bytes)", nbytes, copy_s, copy_s))
         lines.append(_row(f"NCCL all_to_all_single ({name} bytes)", nbytes, nccl_s, copy_s, nccl_s))
         eager = _time(calls[name], iters)
-        lines.append(_row(op, nbytes, eager, copy_s, nccl_s, _host_seconds(calls[name])))
+        lines.append(_row(op, nbytes, eager, copy_s, nccl_s, _host_times(calls[name], res.pool)))
         replay = _graph(calls[name])
         if replay is not None:
             lines.append(_row(f"{op}, CUDA graph replay", nbytes, _time(replay, iters), copy_s, nccl_s))
