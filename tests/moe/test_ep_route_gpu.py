@@ -300,3 +300,19 @@ def test_more_experts_than_the_tables_take_the_pytorch_routing():
     for r in range(ranks):
         assert_same(got[r].q, want[r]["q"], f"rank {r}")
         assert torch.equal(got[r].padded_group_end_offsets, want[r]["padded_group_end_offsets"])
+
+
+def test_pytorch_routing_on_a_gpu_warns_once(monkeypatch):
+    """A GPU dispatch past the routing kernels' tables takes the PyTorch routing with a warning,
+    once per process (no silent slow path); a second call is silent."""
+    import warnings
+
+    monkeypatch.setattr(ep, "_warned_torch_routing", False)
+    x = torch.randn(8, 128, device="cuda").bfloat16()
+    ids = torch.randint(0, 2 * EP_MAX_EXPERTS, (8, 2), device="cuda")
+    with pytest.warns(UserWarning, match=f"num_experts={2 * EP_MAX_EXPERTS} is more than the routing"):
+        ep.dispatch(x, ids, num_experts=2 * EP_MAX_EXPERTS, recipe="bf16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ep.dispatch(x, ids, num_experts=2 * EP_MAX_EXPERTS, recipe="bf16")
+        ep.dispatch(x, ids, num_experts=EP_MAX_EXPERTS, recipe="bf16")

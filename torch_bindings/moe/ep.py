@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -606,6 +607,23 @@ def route(
     peers = _no_addresses(ids.device) if post is None else post.ptrs
     kernel(ids, message, position, peers, experts, ticket, rank)
     return Routing(ids, message[:experts], position, message, post is not None)
+
+
+_warned_torch_routing = False
+
+
+def _warn_torch_routing(experts: int) -> None:
+    """Once per process: a GPU dispatch whose E is past the routing kernels' tables runs the
+    PyTorch routing (no sync either, but about 30 more launches and their host time per call)."""
+    global _warned_torch_routing
+    if not _warned_torch_routing:
+        _warned_torch_routing = True
+        warnings.warn(
+            f"torch_bindings.ep.dispatch: num_experts={experts} is more than the routing kernels take "
+            f"({EP_MAX_EXPERTS}); routing and layout run as PyTorch ops on the GPU (the same bytes and "
+            "no host sync, but about 30 more launches and their host time per call)",
+            stacklevel=3,
+        )
 
 
 def _route_torch(topk_idx: torch.Tensor, experts: int) -> Routing:
@@ -1309,7 +1327,8 @@ def dispatch(
     zero; mxfp8: e4m3 and the blocked scales of the padded groups; fp8_rowwise: e4m3 and one fp32
     scale per row (power-of-2, SPEC section 7; 1.0 on padding rows). ``result.tokens`` hands the FP8
     rows to ``scaled_grouped_mm`` / ``GroupedExperts`` as quantized x, and x's gradient flows back
-    through them. No host sync (the first call on
+    through them. More experts than the routing kernels take (``EP_MAX_EXPERTS``) route through
+    PyTorch ops on a GPU, with a warning once per process. No host sync (the first call on
     a group and shape allocates its buffers collectively, once, and again whenever more results are
     alive at once than ever before). The result owns its rows: they stay valid while any tensor
     views them, across any number of later calls. Differentiable in x (the gradient is a combine of
@@ -1329,6 +1348,8 @@ def dispatch(
         raise ValueError(
             f"dispatch: R * rows = {pool.ranks * shape.rows} does not fit the kernel's int32 row index"
         )
+    if num_experts > EP_MAX_EXPERTS and x.is_cuda:
+        _warn_torch_routing(num_experts)
     if torch.is_grad_enabled() and x.requires_grad:
         holder: list[DispatchResult] = []
         out = _DispatchFn.apply(x, topk_idx, shape, pool, scaling_mode, holder)
