@@ -332,18 +332,19 @@ _BF16, _INT32, _INT64 = torch.bfloat16, torch.int32, torch.int64
 def fast_ep_dispatch_ok(
     x: Any, topk_idx: Any, num_experts: Any, ranks: int, recipe: Any, alignment: Any, scaling_mode: Any
 ) -> bool:
-    """Whether :func:`check_ep_dispatch` surely passes: x a contiguous 2-D bf16 tensor with a 16-byte
-    aligned data pointer (on any device: stricter than the full checks off CUDA) and D a multiple
-    of the recipe's width, topk_idx a 2-D int32/int64 tensor with x's T and device, a known recipe,
-    alignment and scaling mode, ``num_experts`` a positive int that ``ranks`` divides. Plain
-    tensors only; any doubt says no (the caller runs the full checks)."""
+    """Whether :func:`check_ep_dispatch` surely passes: x a contiguous 2-D bf16 tensor (on CUDA
+    with a 16-byte aligned data pointer, ``check_kernel_inputs``) and D a multiple of the recipe's
+    width, topk_idx a 2-D int32/int64 tensor with x's T and device, a known recipe, alignment and
+    scaling mode, ``num_experts`` a positive int that ``ranks`` divides. Plain tensors only; any
+    doubt says no (the caller runs the full checks).
+    """
     return (
         type(x) is _Tensor
         and type(topk_idx) is _Tensor
         and x.dtype is _BF16
         and x.dim() == 2
         and x.is_contiguous()
-        and not x.data_ptr() & _ALIGN_MASK
+        and (not x.is_cuda or not x.data_ptr() & _ALIGN_MASK)
         and (topk_idx.dtype is _INT32 or topk_idx.dtype is _INT64)
         and topk_idx.dim() == 2
         and topk_idx.shape[0] == x.shape[0]

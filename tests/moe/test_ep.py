@@ -10,6 +10,7 @@ ticket flag) is tests/moe/test_ep_route_gpu.py's.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import random
@@ -263,16 +264,26 @@ def test_bad_arguments_name_what_is_wrong():
         ep.combine(torch.zeros(res.q.shape[0], 8, dtype=torch.bfloat16), res, torch.ones(4, 3))
 
 
+class _Recipe(str):
+    """A str subclass: the checks compare a choice with its own type, so it is refused."""
+
+
 def test_fast_dispatch_check_is_as_strict_as_the_full_check():
-    """``checks.fast_ep_dispatch_ok`` lets ``dispatch`` skip its full checks: every combination of
-    good and bad arguments it accepts, the full check accepts; every valid one with an aligned x it
-    accepts (valid calls do not silently take the slow checks)."""
+    """``checks.fast_ep_dispatch_ok`` lets ``dispatch`` skip its full checks: over every combination
+    of the good and bad arguments below, whatever it accepts the full check accepts, and it accepts
+    every valid one but those with a tensor or int subclass (valid calls do not silently take the
+    slow checks)."""
+    import enum
+
     from torch_bindings import checks
+
+    class Count(enum.IntEnum):
+        FOUR = 4
 
     base = torch.zeros(8 * 256 + 8, dtype=torch.bfloat16)
     xs = {
         "good": base[:2048].view(8, 256),
-        "misaligned": base[4 : 2048 + 4].view(8, 256),  # 8 bytes off (the full check passes on CPU)
+        "misaligned": base[4 : 2048 + 4].view(8, 256),  # 8 bytes off: only the kernels' (CUDA) limit
         "fp32": torch.zeros(8, 256),
         "3-D": torch.zeros(8, 256, 1, dtype=torch.bfloat16),
         "strided": torch.zeros(8, 512, dtype=torch.bfloat16)[:, ::2],
@@ -287,12 +298,14 @@ def test_fast_dispatch_check_is_as_strict_as_the_full_check():
         "int16": torch.zeros(8, 2, dtype=torch.int16),
         "T 7": torch.zeros(7, 2, dtype=torch.int64),
         "1-D": torch.zeros(16, dtype=torch.int64),
+        "other device": torch.zeros(8, 2, dtype=torch.int64, device="meta"),
+        "not a tensor": [[0, 1]] * 8,
     }
     scalars = itertools.product(
-        [4, 6, 0, True, 4.0],  # num_experts (R = 2)
-        ["mxfp8", "fp8_rowwise", "bf16", "fp4"],  # recipe
+        [4, 6, 0, True, 4.0, Count.FOUR],  # num_experts (R = 2)
+        ["mxfp8", "fp8_rowwise", "bf16", "fp4", _Recipe("bf16")],  # recipe
         [32, 16, 24, True],  # alignment
-        ["rceil", "floor", "round"],  # scaling_mode
+        ["rceil", "floor", "round", None],  # scaling_mode
     )
     for (xn, x), (idn, idx), (experts, recipe, align, mode) in itertools.product(
         xs.items(), ids.items(), list(scalars)
@@ -305,34 +318,49 @@ def test_fast_dispatch_check_is_as_strict_as_the_full_check():
         except (TypeError, ValueError):
             valid = False
         assert valid or not fast, f"fast check accepts what the full check refuses: {case}"
-        if valid and xn not in ("misaligned", "subclass"):
+        if valid and xn != "subclass" and type(experts) is int:
             assert fast, f"fast check declines a valid call: {case}"
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", ["mxfp8", "fp8_rowwise", "bf16"])
-def test_no_grad_calls_match_the_autograd_calls(device, recipe):
-    """Without a gradient to carry, dispatch and combine skip their autograd functions: the same
-    bytes as with one, and no autograd node on what they return."""
+def test_no_grad_calls_match_the_autograd_calls(device, recipe, monkeypatch):
+    """Without a gradient to carry (no input requires one, ``no_grad``, ``inference_mode``),
+    dispatch and combine skip their autograd functions: the same bytes as with them, no autograd
+    node. A gradient needed by the weights alone keeps combine's function; forward-mode AD still
+    reaches the functions, which raise (no jvp) rather than drop the tangent."""
+    from torch.autograd import forward_ad
+
     tokens, hidden, topk, experts = 40, 256, 3, 8
     gen = torch.Generator().manual_seed(17)
     x = torch.randn(tokens, hidden, generator=gen).bfloat16().to(device)
     ids = torch.randint(0, experts, (tokens, topk), generator=gen).to(device)
     w = torch.rand(tokens, topk, generator=gen).to(device)
-    plain = ep.dispatch(x, ids, num_experts=experts, recipe=recipe)
     tracked = ep.dispatch(x.clone().requires_grad_(), ids, num_experts=experts, recipe=recipe)
-    for name in ("q", "scales", "tags", "dst_index", "padded_group_end_offsets"):
-        if getattr(plain, name) is not None or getattr(tracked, name) is not None:
-            _same(getattr(plain, name), getattr(tracked, name), name)
-    out_tensor = plain.q if recipe == "bf16" else plain.grad_anchor
-    assert out_tensor.grad_fn is None and not out_tensor.requires_grad
     assert (tracked.q if recipe == "bf16" else tracked.grad_anchor).grad_fn is not None
-    y = torch.randn(plain.q.shape[0], 64, generator=gen).bfloat16().to(device)
-    out = ep.combine(y, plain, w)
-    assert out.grad_fn is None
-    _same(out, ep.combine(y.clone().requires_grad_(), plain, w), "combine")
-    with torch.no_grad():
-        _same(ep.combine(y, plain, w.clone().requires_grad_()), out, "combine under no_grad")
+    y = torch.randn(tracked.q.shape[0], 64, generator=gen).bfloat16().to(device)
+    want = ep.combine(y.clone().requires_grad_(), tracked, w)
+    assert ep.combine(y, tracked, w.clone().requires_grad_()).grad_fn is not None
+
+    def refuse(*args):
+        raise AssertionError("an autograd function ran without a gradient to carry")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ep._DispatchFn, "apply", refuse)
+        patch.setattr(ep._CombineFn, "apply", refuse)
+        for mode in (contextlib.nullcontext, torch.no_grad, torch.inference_mode):
+            with mode():
+                plain = ep.dispatch(x, ids, num_experts=experts, recipe=recipe)
+                weights = w if mode is contextlib.nullcontext else w.clone().requires_grad_()
+                out = ep.combine(y, plain, weights)
+            for name in ("q", "scales", "tags", "dst_index", "padded_group_end_offsets"):
+                if getattr(tracked, name) is not None:
+                    _same(getattr(plain, name), getattr(tracked, name), f"{mode.__name__}: {name}")
+            assert (plain.q if recipe == "bf16" else plain.grad_anchor).grad_fn is None
+            assert out.grad_fn is None
+            _same(out, want, f"{mode.__name__}: combine")
+    with forward_ad.dual_level(), pytest.raises(NotImplementedError, match="jvp"):
+        ep.dispatch(forward_ad.make_dual(x, torch.ones_like(x)), ids, num_experts=experts, recipe=recipe)
 
 
 @pytest.mark.gpu
@@ -392,8 +420,10 @@ def test_multigpu_under_torchrun():
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "cases passed" in done.stdout
-    # Ranks that chose different slots: every rank stops at the device assert, none hangs.
-    done = subprocess.run([*cmd, "--diverge"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    # Ranks that chose different slots: every rank stops at the device assert, none hangs. The agent
+    # stops the others once one exits; polling every 5 s gives every rank the time to print its line.
+    diverge = [*cmd[:3], "--monitor-interval=5", *cmd[3:], "--diverge"]
+    done = subprocess.run(diverge, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0, done.stdout[-4000:] + done.stderr[-4000:]
     for rank in range(gpus):
         assert f"rank {rank}: slot assert fired" in done.stdout, done.stdout[-4000:] + done.stderr[-4000:]

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 from cute_utils.constants import (
     EP_FILL_VARIANTS,
@@ -1254,6 +1255,23 @@ def _load_routing(ctx) -> tuple[DispatchResult, tuple]:
     return replace(ctx.routing, **dict(zip(_ROUTING_TENSORS, saved[:count], strict=True))), saved[count:]
 
 
+def _dispatch_output(result: DispatchResult) -> torch.Tensor:
+    """What dispatch hands autograd: bf16 q itself; the FP8 recipes a (rows, D) bf16 zero anchor
+    without storage of its own (an expansion of a cached 0-d zero)."""
+    if result.shape.recipe == "bf16":
+        return result.q
+    return _zero_bf16(result.q.device).expand(result.q.shape)
+
+
+def _needs_autograd(*tensors: torch.Tensor) -> bool:
+    """Whether a call goes through its autograd Function: grad mode on and an input that requires a
+    gradient, or forward-mode AD or a functorch transform active (there the Function raises, as it
+    has no jvp or vmap rule, rather than drop a tangent). Otherwise the steps run without one."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return True
+    return _forward_ad._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None
+
+
 class _DispatchFn(torch.autograd.Function):
     """Dispatch with autograd: the gradient of x is a combine of the rows' gradient, unit weights.
     bf16 returns q itself; the FP8 recipes return a (rows, D) bf16 anchor without storage of its own
@@ -1265,9 +1283,7 @@ class _DispatchFn(torch.autograd.Function):
         result = run_dispatch(x, topk_idx, shape, pool, scaling_mode)
         holder.append(result)
         _save_routing(ctx, result)
-        if shape.recipe == "bf16":
-            return result.q
-        return _zero_bf16(x.device).expand(result.q.shape)
+        return _dispatch_output(result)
 
     @staticmethod
     def backward(ctx, grad_q):
@@ -1350,13 +1366,13 @@ def dispatch(
         )
     if num_experts > EP_MAX_EXPERTS and x.is_cuda:
         _warn_torch_routing(num_experts)
-    if torch.is_grad_enabled() and x.requires_grad:
+    if _needs_autograd(x):
         holder: list[DispatchResult] = []
         out = _DispatchFn.apply(x, topk_idx, shape, pool, scaling_mode, holder)
         result = holder[0]
     else:  # no gradient to carry: the steps without an autograd node (host time)
         result = run_dispatch(x, topk_idx, shape, pool, scaling_mode)
-        out = result.q if recipe == "bf16" else _zero_bf16(x.device).expand(result.q.shape)
+        out = _dispatch_output(result)
     if recipe == "bf16":
         result.q = out
     else:
@@ -1371,7 +1387,7 @@ def combine(y: torch.Tensor, dispatched: DispatchResult, topk_weights: torch.Ten
     weights. No host sync."""
     shape = dispatched.shape
     checks.check_ep_combine(y, shape.rows, topk_weights, shape.tokens, shape.topk)
-    if torch.is_grad_enabled() and (y.requires_grad or topk_weights.requires_grad):
+    if _needs_autograd(y, topk_weights):
         return _CombineFn.apply(y.contiguous(), topk_weights, dispatched)
     return run_combine(y.contiguous(), dispatched, topk_weights)  # no autograd node (host time)
 
