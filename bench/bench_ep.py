@@ -147,7 +147,7 @@ def _row(
 
 def _host_seconds(fn, calls: int = 20) -> float:
     """Median host time of one call with a sync after each (no synchronization inside: what the
-    caller's thread spends; the thread idles in the sync, so each call starts on a cold CPU)."""
+    caller's thread spends; the thread idles in the sync before each call)."""
     fn()
     torch.cuda.synchronize()
     times = []
@@ -162,7 +162,7 @@ def _host_seconds(fn, calls: int = 20) -> float:
 def _back_to_back(fns: tuple, calls: int = 16, rounds: int = 5) -> list[float]:
     """Host seconds per call of each of ``fns``, each called ``calls`` times back to back with no
     sync between (the thread stays busy, as in a training step), the rounds of each function in
-    turn (whatever slows the host at a moment slows both), a sync after each round; the median
+    turn (whatever slows the host at a moment slows both), a sync before each round; the median
     round of each."""
     samples: list[list[float]] = [[] for _ in fns]
     for _ in range(rounds):
@@ -180,8 +180,9 @@ def _host_times(fn, pool) -> tuple[float, float, float]:
     """(after a sync, back to back, floor) host seconds per call of the EP op ``fn``. The floor
     is what no binding avoids: a bare TVM-FFI call of each kernel the op launches, with the
     arguments of a real call (``bench_overhead.floor_of``), and the op's two barriers of the
-    symmetric pool. Its replays rewrite the same rows with the same bytes (every rank calls the
-    same sequence), so the ops timed next to it stay in step."""
+    symmetric pool. Its replays write into the slot ``floor_of`` recorded and post that call's
+    (stale) ticket; the ranks stay in step because every rank makes the same calls and the floor,
+    like the op, passes two barriers per call."""
     floor = floor_of(fn, torch.device("cuda", torch.cuda.current_device()))
 
     def floor_with_barriers() -> None:
