@@ -1,10 +1,9 @@
-"""``pad_and_quantize_fp8_2d_cols`` in one persistent launch that reads x from DRAM once:
-``Fp8ColPadFusedKernel``.
+"""``pad_and_quantize_fp8_2d_cols`` in one persistent launch: ``Fp8ColPadFusedKernel``.
 
-The two-pass form (``cute_kernels.quantize_fp8_col``: an amax pass over all of x, then the cast into
-padded groups) reads x twice from DRAM, since a column's amax spans every row of its group. This
-kernel does the same two passes' work per (row span or row tile, column tile) unit, in an order that
-keeps the second read in L2:
+The two-pass form (``cute_kernels.quantize_fp8_col``: a zero fill, an amax pass over all of x, then
+the cast into padded groups) needs a column's amax over its whole group before any of it is cast.
+This kernel does the same two passes' work per (row span or row tile, column tile) unit, in one
+launch, in an order meant to find the cast's rows still in L2:
 
 - Columns are split into **bands** of ``band_tiles`` 256-column tiles, sized so that a band of x
   (all M rows) is about ``config.band_bytes``.
@@ -12,14 +11,17 @@ keeps the second read in L2:
   ``_span``: its (group, column) maxima folded into the amax words by atomic max); a cast unit is
   one column tile over 128 padded rows (the padded cast's row tile).
 - **Order** (a global ticket counter; a CTA takes its next unit with one atomic add): the amax
-  units of band 0; then, for each band b >= 1, the amax units of band b followed by the cast units
-  of band b - 1; then the cast units of the last band. While band b is cast from L2, band b + 1
-  streams in from DRAM: about two bands are live in L2.
+  units of the first ``config.lookahead`` bands; then, for each later band b, the amax units of b
+  followed by the cast units of band ``b - lookahead``; then the casts of the last bands.
 - **Waits**: an amax unit ends with a CTA barrier and a release add on its band's counter; a cast
   unit's thread 0 spins on an acquire load of that counter until all the band's amax units have
   posted, then a CTA barrier (CUTLASS's generic-barrier pattern). Every unit a cast waits for
   holds an earlier ticket, taken by a CTA that is running and never waits on an amax unit: no
   deadlock at any grid size or occupancy (a CTA that is not resident has taken no ticket).
+
+At the shapes the op sends here the cast's re-read mostly misses L2 (the grid works on a few
+hundred units at once): the gain over the two passes is the single launch, whose phases overlap
+(notes/fp8-col-kernels.md, "One launch").
 
 Words after the G K amax words (zeroed by the caller with them): the ticket counter, then one
 counter per band (at most one per column tile: ``cute_utils.constants.fp8_col_counter_words``).
@@ -71,10 +73,10 @@ from .quantize_fp8_col import (
 @dataclass(frozen=True)
 class Fp8ColFusedConfig:
     """``min_ctas_per_sm``: CTAs per SM of the persistent grid (also the register cap);
-    ``span_rows``: x rows per amax unit (a multiple of 32); ``band_bytes``: x bytes per band (about
-    two bands are live in L2); ``load_blocks``: 32-row blocks of loads in flight in a cast unit (as
-    the cast pass's); ``lookahead``: bands whose amax units are handed out before a band's casts
-    (``lookahead + 1`` bands live in L2)."""
+    ``span_rows``: x rows per amax unit (a multiple of 32); ``band_bytes``: x bytes per band;
+    ``load_blocks``: 32-row blocks of loads in flight in a cast unit (as the cast pass's);
+    ``lookahead``: bands whose amax units are handed out before a band's casts (so that a cast
+    rarely waits)."""
 
     min_ctas_per_sm: int = 4
     span_rows: int = 128
