@@ -23,11 +23,9 @@ times), ``speedup`` = singles_us / us, and ``same_bytes``: the dual's four outpu
 single calls'. Its shapes add the expert block's two weights at ``bench_moe``'s module shapes.
 
 The padded column operand (``pad_and_quantize_fp8_2d_cols``, part ``padded``, the 2-D shapes at
-G in (8, 64), alignments 16 and 128): bytes moved = 2 reads of x + q (its padded rows) + scales
-(``ratio``), and with x read once (``ratio_once``, issue 38's measure); ``one_launch``: whether the
-op took its one-launch kernel at this M; beside it ``two_pass_us``, the op on its two-pass path,
-``speedup`` = two_pass_us / us and ``same_bytes`` (q and scales of both paths); ``unpadded_us``, the
-same groups' ``quantize_fp8_2d(axis="col")`` (q of M rows), and ``slowdown`` = us / unpadded_us.
+G in (8, 64), alignments 16 and 128): bytes moved = 2 reads of x + q (its padded rows) + scales;
+beside it ``unpadded_us``, the same groups' ``quantize_fp8_2d(axis="col")`` (q of M rows), and
+``slowdown`` = us / unpadded_us.
 
 The padded dual (``pad_and_quantize_fp8_2d_dual``, part ``padded_dual``, the 2-D shapes at (G, A) in
 (8, 16), (8, 128), (64, 128)): bytes moved = 2 reads of x + q_row + q_col (its padded rows) + both
@@ -44,8 +42,6 @@ Run (GPU machine, project root on PYTHONPATH; exits 2 without a GPU)::
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 import torch_bindings
@@ -56,8 +52,6 @@ from bench.common.groups import skewed_group_ends
 from bench.common.report import report
 from bench.common.rows import gbps
 from bench.common.timing import make_rotating_inputs, time_cuda
-from torch_bindings import pad_quantize_fp8
-from torch_bindings.pad_quantize_fp8 import one_launch_fits
 
 ROWS, COLS, GROUPS = (16384, 65536, 131072), (2048, 5120, 7168), (1, 8, 64)
 EXPERTS = [(8, 2048, 5120), (8, 2048, 7168), (16, 8192, 5120), (16, 8192, 7168)]
@@ -125,21 +119,8 @@ def bench_2d(rows: int, cols: int, groups: int, torchao_fn) -> dict:
     return row
 
 
-@contextlib.contextmanager
-def _two_passes():
-    """``pad_and_quantize_fp8_2d_cols`` on its two-pass path (amax pass, then the padded cast) at
-    every M, for the one-launch kernel's comparison."""
-    saved = pad_quantize_fp8.ONE_LAUNCH_TILE_BYTES
-    pad_quantize_fp8.ONE_LAUNCH_TILE_BYTES = -1
-    try:
-        yield
-    finally:
-        pad_quantize_fp8.ONE_LAUNCH_TILE_BYTES = saved
-
-
 def bench_padded(rows: int, cols: int, groups: int, alignment: int) -> dict:
-    """``pad_and_quantize_fp8_2d_cols`` beside its two-pass path and the unpadded column op on the
-    same groups."""
+    """``pad_and_quantize_fp8_2d_cols`` beside the unpadded column op on the same groups."""
     device, ends, _, sets = _inputs_2d(rows, cols, groups, 3 * rows * cols)
 
     def run(x):
@@ -147,22 +128,14 @@ def bench_padded(rows: int, cols: int, groups: int, alignment: int) -> dict:
 
     x0 = sets[0][0]
     q, s, _, _ = run(x0)
-    once = x0.numel() * x0.element_size() + q.numel() + s.numel() * 4
-    moved = once + x0.numel() * x0.element_size()
+    moved = 2 * x0.numel() * x0.element_size() + q.numel() + s.numel() * 4
     us = time_cuda(run, sets)
     copy_us = copy_baseline_best(moved, device)[0].us
-    once_us = copy_baseline_best(once, device)[0].us
-    with _two_passes():
-        two = run(x0)
-        two_pass_us = time_cuda(run, sets)
-    same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in ((q, two[0]), (s, two[1])))
     unpadded_us = time_cuda(
         lambda x: torch_bindings.quantize_fp8_2d(x, axis="col", group_end_offsets=ends), sets
     )
-    return {"shape": f"{rows}x{cols}", "G": groups, "A": alignment, "one_launch": one_launch_fits(rows, 2),
-            "us": us, "GB/s": gbps(moved, us), "ratio": copy_us / us, "ratio_once": once_us / us,
-            "two_pass_us": two_pass_us, "speedup": two_pass_us / us, "same_bytes": "yes" if same else "NO",
-            "unpadded_us": unpadded_us, "slowdown": us / unpadded_us}  # fmt: skip
+    return {"shape": f"{rows}x{cols}", "G": groups, "A": alignment, "us": us, "GB/s": gbps(moved, us),
+            "ratio": copy_us / us, "unpadded_us": unpadded_us, "slowdown": us / unpadded_us}  # fmt: skip
 
 
 def bench_padded_dual(rows: int, cols: int, groups: int, alignment: int) -> dict:

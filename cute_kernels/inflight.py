@@ -79,7 +79,6 @@ def _representatives() -> dict[str, Callable[[], Any]]:
         "quantize_fp8_col_amax": lambda: fp8_col.Fp8ColVariant("bfloat16", "plain"),
         "quantize_fp8_col_cast": lambda: fp8_col.Fp8ColVariant("bfloat16", "plain"),
         "quantize_fp8_col_pad_cast": lambda: fp8_col.Fp8ColVariant("bfloat16", fp8_col.PADDED),
-        "quantize_fp8_col_pad_fused": lambda: fp8_col.Fp8ColVariant("bfloat16", fp8_col.PADDED),
         "dequantize_fp8_rows": lambda: dequant.DequantFp8RowsVariant(vector=True),
         "quantize_tma": lambda: tma.TmaVariant("bfloat16", "rceil", q1x32.ScaleLayout.BLOCKED),
         "swiglu_fp8": lambda: swg.SwigluVariant("fwd", round_pow2=True, vector=True),
@@ -90,9 +89,9 @@ def representative_variant(name: str) -> Any:
     """The variant kernel ``name`` is benchmarked with: bf16 (E8M0 scales for ``swizzle``),
     ungrouped, 2-D, the scaling mode and scale layout the benches default to (``rceil``, blocked
     scales), vector loads; pad / unpad as their bf16 rows' 16-byte ``int16`` carrier, the row
-    scatter as bf16 rows, the FP8 column cast into padded groups and its one-launch form as bf16
-    (their only layout), the EP send as mxfp8 (rceil), SwiGLU + FP8 as its forward with power-of-2
-    scales, the FP8 row dequantization (E4M3 in, bf16 out) with 16-byte steps."""
+    scatter as bf16 rows, the FP8 column cast into padded groups as bf16 (its only layout), the EP
+    send as mxfp8 (rceil), SwiGLU + FP8 as its forward with
+    power-of-2 scales, the FP8 row dequantization (E4M3 in, bf16 out) with 16-byte steps."""
     makers = _representatives()
     if name not in makers:
         raise KeyError(f"no representative variant for kernel {name!r} (known: {', '.join(makers)})")

@@ -776,12 +776,11 @@ class Fp8ColCastKernel(_ColumnPass, Kernel):
                 _scale_column(block, j, row0, row0, stop, q_scale[j], q_words)
 
     @cute.jit
-    def _store_scales(self, src: CastSource, scales, at: Columns, row_tile: Int32, row_tiles=None):
+    def _store_scales(self, src: CastSource, scales, at: Columns, row_tile: Int32):
         """The dequantization scales ``1 / q_scale`` of the thread's columns for row tile
-        ``row_tile``'s groups: ``row_tile, row_tile + T, ...`` (T row tiles: ``row_tiles``, else the
-        grid's x size), or expert ``e``'s one group in row tile 0; 1.0 for an empty group."""
-        if cutlass.const_expr(row_tiles is None):
-            row_tiles, _, _ = cute.arch.grid_dim()
+        ``row_tile``'s groups: ``row_tile, row_tile + T, ...`` (T row tiles), or expert ``e``'s one
+        group in row tile 0; 1.0 for an empty group."""
+        row_tiles, _, _ = cute.arch.grid_dim()
         for j in cutlass.range_constexpr(PAIR):
             col = at.pair * PAIR + j
             if col < at.cols:
@@ -866,11 +865,10 @@ HALVES = TILE_M // HALF  # halves of a CTA's row tile
 _HALF_WORDS = 3  # per half: group (G: none), first source row, data rows (0 .. HALF)
 
 
-def _storage(dual: bool = False, ticket: bool = False):
+def _storage(dual: bool = False):
     """Shared memory: the group scan's prefix (units of A) and clamped ends (MAX_GROUPS + 1 words
-    each), its per-warp scratch, the row tile's halves (HALVES x 3 words), (dual) the row
-    ``q_scale`` of each of its 128 padded rows and (``ticket``) one word for the CTA's next work
-    ticket (``cute_kernels.quantize_fp8_col_fused``)."""
+    each), its per-warp scratch, the row tile's halves (HALVES x 3 words) and (dual) the row
+    ``q_scale`` of each of its 128 padded rows."""
     words = prefix_smem_words(MAX_GROUPS)
     fields = {
         "prefix": cute.struct.Align[cute.struct.MemRange[Int32, words], 16],
@@ -880,31 +878,7 @@ def _storage(dual: bool = False, ticket: bool = False):
     }
     if dual:
         fields["row_q"] = cute.struct.Align[cute.struct.MemRange[Float32, TILE_M], 16]
-    if ticket:
-        fields["ticket"] = cute.struct.Align[cute.struct.MemRange[Int32, 1], 16]
     return storage_struct(fields)
-
-
-@dataclass(frozen=True)
-class PaddedSmem:
-    """The padded cast's shared tensors (:func:`_storage`): the scan's ``prefix`` and ``ends``, its
-    ``warp_totals`` scratch and the row tile's ``halves`` (HALVES, 3)."""
-
-    prefix: cute.Tensor
-    ends: cute.Tensor
-    warp_totals: cute.Tensor
-    halves: cute.Tensor
-
-
-def padded_smem(storage) -> PaddedSmem:
-    """The :class:`PaddedSmem` views of an allocated :func:`_storage`."""
-    words = cute.make_layout(prefix_smem_words(MAX_GROUPS))
-    return PaddedSmem(
-        storage.prefix.get_tensor(words),
-        storage.ends.get_tensor(words),
-        storage.warp_totals.get_tensor(cute.make_layout(WARPS)),
-        storage.halves.get_tensor(cute.make_layout((HALVES, _HALF_WORDS), stride=(_HALF_WORDS, 1))),
-    )
 
 
 class Fp8ColPadCastKernel(Fp8ColCastKernel):
@@ -997,15 +971,17 @@ class Fp8ColPadCastKernel(Fp8ColCastKernel):
         row_tile, chunk, _ = cute.arch.block_idx()
         _, rows, cols = x.shape
         storage = SmemAllocator().allocate(_storage(self.variant.dual))
-        smem = padded_smem(storage)
-        halves = smem.halves
+        prefix = storage.prefix.get_tensor(cute.make_layout(prefix_smem_words(MAX_GROUPS)))
+        ends = storage.ends.get_tensor(cute.make_layout(prefix_smem_words(MAX_GROUPS)))
+        warp_totals = storage.warp_totals.get_tensor(cute.make_layout(WARPS))
+        halves = storage.halves.get_tensor(cute.make_layout((HALVES, _HALF_WORDS), stride=(_HALF_WORDS, 1)))
         num_groups = offsets.shape[0]
-        scan_padded(smem, offsets, rows, alignment, tid)
+        scan_group_sizes(offsets, num_groups, rows, alignment, prefix, warp_totals, tid, THREADS, ends)
         if row_tile == 0 and chunk == 0:
-            store_padded_offsets(smem.prefix, num_groups, alignment, padded_start, padded_end, tid, THREADS)
+            store_padded_offsets(prefix, num_groups, alignment, padded_start, padded_end, tid, THREADS)
         first_row = row_tile * TILE_M
         if tid < HALVES:
-            map_half(smem, num_groups, alignment, first_row + tid * HALF, halves[tid, None])
+            _map_half(prefix, ends, num_groups, alignment, first_row + tid * HALF, halves[tid, None])
         cute.arch.barrier()
         src = CastSource(amax, offsets, mask, steps)
         dual = None
@@ -1148,15 +1124,7 @@ class Fp8ColPadCastKernel(Fp8ColCastKernel):
 
 
 @cute.jit
-def scan_padded(smem: PaddedSmem, offsets: cute.Tensor, rows: Int32, alignment: Int32, tid: Int32):
-    """The CTA's group scan of the padded groups (``scan_group_sizes``, unit A) into ``smem``'s
-    prefix and clamped ends, all ``THREADS`` threads taking part."""
-    prefix, totals, ends = smem.prefix, smem.warp_totals, smem.ends
-    scan_group_sizes(offsets, offsets.shape[0], rows, alignment, prefix, totals, tid, THREADS, ends)
-
-
-@cute.jit
-def map_half(smem: PaddedSmem, num_groups: Int32, alignment: Int32, row: Int32, half: cute.Tensor):
+def _map_half(prefix, ends, num_groups: Int32, alignment: Int32, row: Int32, half: cute.Tensor):
     """``half`` = (group, first source row, data rows) of padded rows ``[row, row + 16)``: the
     padded group g that holds them (``prefix`` in units of A, :func:`scan_group_sizes`) and its
     source rows there, ``start_g + row - A prefix[g]`` for up to ``n_g`` minus that offset (0 when
@@ -1164,10 +1132,10 @@ def map_half(smem: PaddedSmem, num_groups: Int32, alignment: Int32, row: Int32, 
     every value stays inside x (the ends are clamped)."""
     g, first, count = num_groups, Int32(0), Int32(0)
     unit = row // alignment
-    if unit < smem.prefix[num_groups]:
-        g = find_group(smem.prefix, num_groups, unit, search_steps(MAX_GROUPS))
-        start, end = smem_group_bounds(smem.ends, g)
-        first = start + row - smem.prefix[g] * alignment
+    if unit < prefix[num_groups]:
+        g = find_group(prefix, num_groups, unit, search_steps(MAX_GROUPS))
+        start, end = smem_group_bounds(ends, g)
+        first = start + row - prefix[g] * alignment
         count = cutlass.min(cutlass.max(end - first, 0), HALF)
     half[0] = g
     half[1] = first

@@ -82,9 +82,6 @@ KERNELS: dict[str, KernelEntry] = {
         KernelEntry("quantize_fp8_col_amax", "cute_kernels.quantize_fp8_col", "Fp8ColAmaxKernel"),
         KernelEntry("quantize_fp8_col_cast", "cute_kernels.quantize_fp8_col", "Fp8ColCastKernel"),
         KernelEntry("quantize_fp8_col_pad_cast", "cute_kernels.quantize_fp8_col", "Fp8ColPadCastKernel"),
-        KernelEntry(
-            "quantize_fp8_col_pad_fused", "cute_kernels.quantize_fp8_col_fused", "Fp8ColPadFusedKernel"
-        ),
         KernelEntry("swiglu_fp8", "cute_kernels.swiglu", "SwigluFp8Kernel"),
         KernelEntry("dequantize_fp8_rows", "cute_kernels.dequant_fp8", "DequantFp8RowsKernel"),
         KernelEntry("quantize_tma", "cute_kernels.experimental.quantize_tma", "QuantizeTmaKernel", False),

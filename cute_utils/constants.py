@@ -94,15 +94,3 @@ SILU_TABLE_FN = 2 * SILU_TABLE_SPAN  # entries per function
 def f32_of_bits(bits: int) -> float:
     """The fp32 value whose bit pattern is ``bits`` (a Python float: exact)."""
     return struct.unpack("<f", struct.pack("<I", bits))[0]
-
-
-#: Columns per tile of the FP8 column kernels (``cute_kernels.quantize_fp8_col``: 128 threads, a
-#: column pair each).
-FP8_COL_TILE = 256
-
-
-def fp8_col_counter_words(cols: int) -> int:
-    """Words the one-launch column kernel (``cute_kernels.quantize_fp8_col_fused``) takes after the
-    G K amax words of x with ``cols`` columns: its ticket counter and one counter per band (at most
-    a band per column tile)."""
-    return 1 + -(-cols // FP8_COL_TILE)

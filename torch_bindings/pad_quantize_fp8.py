@@ -4,20 +4,16 @@ same with the row operand from the same two reads of x (the column passes' dual 
 
 The column passes of ``quantize_fp8_2d(axis="col")`` (a zero fill, the ``groups`` amax pass on x,
 then ``cute_kernels.quantize_fp8_col.Fp8ColPadCastKernel``) write q straight into the padded
-groups: x is never padded, and the padded offsets come from the cast's own group scan. Up to
-:data:`ONE_LAUNCH_TILE_BYTES` the column op runs both passes' work in one persistent launch
-instead (``cute_kernels.quantize_fp8_col_fused``, same bytes). No host sync; the output row count
-is the static bound of SPEC section 4.
+groups: x is never padded, and the padded offsets come from the cast's own group scan. No host
+sync; the output row count is the static bound of SPEC section 4.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from cute_kernels.op_specs import padded_rows
-from cute_utils.constants import FP8_COL_TILE, FP8_POW2_MASK, fp8_col_counter_words
+from cute_utils.constants import FP8_POW2_MASK
 
 from . import checks, contract, reference, targets
 from .op import KernelOp
@@ -55,53 +51,15 @@ def _launch(
     padded_start = group_end_offsets.new_empty(num_groups)
     padded_end = group_end_offsets.new_empty(num_groups)
     vector_loads = not (cols & 1 or x.data_ptr() % (2 * x.element_size()))
-    steps = num_groups.bit_length()
-    mask = FP8_POW2_MASK if round_pow2 else -1
-    offsets = (group_end_offsets, padded_start, padded_end)
-    if not dual and one_launch_fits(rows, x.element_size()):
-        words = num_groups * cols + fp8_col_counter_words(cols)
-        amax = torch.zeros(words, dtype=torch.int32, device=x.device)
-        kernel = _fused_kernel(target, x.dtype, vector_loads)
-        kernel(x, q, amax, scales, *offsets, mask, steps, alignment, target.num_sms)
-        return (q, scales, padded_start, padded_end)
     amax = torch.zeros(num_groups * cols + (rows if dual else 0), dtype=torch.int32, device=x.device)
+    steps = num_groups.bit_length()
     key = (x.dtype, PADDED, vector_loads, True, dual, cols, num_groups)  # a ColPassesKey's fields
     amax_pass, cast_pass = _col_passes(target, key)
     amax_pass(x, amax, group_end_offsets, steps)
+    mask = FP8_POW2_MASK if round_pow2 else -1
+    offsets = (group_end_offsets, padded_start, padded_end)
     cast_pass(x, q, amax, scales, *offsets, mask, steps, alignment, *(rows_out or (None, None)))
     return (*rows_out, q, scales, padded_start, padded_end)
-
-
-#: x bytes of one 256-column tile over all rows up to which the column op runs as one launch
-#: (``cute_kernels.quantize_fp8_col_fused``); past it (M > 16384 bf16, 8192 fp32) the one launch
-#: is no faster than the two passes (notes/fp8-col-kernels.md, "One launch").
-ONE_LAUNCH_TILE_BYTES = 8 << 20
-
-
-def one_launch_fits(rows: int, element_size: int) -> bool:
-    """Whether ``pad_and_quantize_fp8_2d_cols`` on x of ``rows`` rows (elements of
-    ``element_size`` bytes) takes the one-launch kernel rather than the two passes."""
-    return rows * FP8_COL_TILE * element_size <= ONE_LAUNCH_TILE_BYTES
-
-
-class _FusedKey(NamedTuple):
-    """The one-launch kernel's key in a device's table: registry name, x's torch ``dtype``,
-    ``vector_loads``."""
-
-    kernel: str
-    dtype: torch.dtype
-    vector_loads: bool
-
-    def variant(self, target: targets.DeviceTarget):
-        from cute_kernels.quantize_fp8_col import Fp8ColVariant
-
-        return Fp8ColVariant(contract.dtype_name(self.dtype), PADDED, self.vector_loads)
-
-
-def _fused_kernel(target: targets.DeviceTarget, dtype: torch.dtype, vector_loads: bool):
-    """The compiled one-launch column kernel for x of ``dtype``."""
-    key = _FusedKey("quantize_fp8_col_pad_fused", dtype, vector_loads)
-    return target.kernels.get(key) or target.kernel(key, _FusedKey.variant)
 
 
 @torch.library.custom_op("cute_kernels::pad_and_quantize_fp8_2d_cols", mutates_args=())

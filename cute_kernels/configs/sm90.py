@@ -209,15 +209,6 @@ def quantize_fp8_col_pad_cast(variant):
     return quantize_fp8_col_cast(variant)
 
 
-# The one-launch padded column op: 4 CTAs per SM, 128-row amax units, bands of 8 MiB of x, the
-# amax units 3 bands ahead of the casts, one block of loads in flight per cast unit (the best of
-# 24 configs on an H200; notes/fp8-col-kernels.md, "One launch").
-def quantize_fp8_col_pad_fused(variant):
-    from cute_kernels.quantize_fp8_col_fused import Fp8ColFusedConfig
-
-    return Fp8ColFusedConfig()
-
-
 # --- SwiGLU + FP8 rowwise (notes/swiglu-fp8-kernel.md) ---
 # The bindings pick per direction and H class (swiglu_fp8_for_shape below, `bench.tune swiglu`);
 # without a shape (the SASS targets CI checks) the kernel takes the heuristic: a whole 256-thread

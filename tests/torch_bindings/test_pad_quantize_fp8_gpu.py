@@ -17,7 +17,6 @@ from conftest import assert_same_bytes, no_sync
 from test_quantize_gpu import _random_x, _special_blocks
 
 import torch_bindings
-from tests.support import fuzz
 from tests.support.fuzz import same_strides
 from torch_bindings import reference
 
@@ -186,71 +185,3 @@ def test_fullgraph_compile():
     want = reference.pad_and_quantize_fp8_2d_dual(x, offsets, alignment=128)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert_same_bytes(g[:290] if i < 2 else g, w[:290] if i < 2 else w)
-
-
-# ---- both paths of the column op: the one-launch kernel and the two passes ------------------
-
-
-@pytest.fixture
-def two_passes(monkeypatch):
-    """The column op on its two-pass path at every M (the one-launch kernel takes M up to a bound
-    the tests' shapes stay under)."""
-    monkeypatch.setattr(torch_bindings.pad_quantize_fp8, "ONE_LAUNCH_TILE_BYTES", -1)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("ends", GROUPS, ids=str)
-def test_two_passes_match_reference(ends, dtype, two_passes, poison_cuda_allocator):
-    gen = torch.Generator().manual_seed(len(ends) + 7)
-    x = _random_x((max(ends[-1] + 3, 17), 258), dtype, gen)
-    poison_cuda_allocator()
-    for alignment in (16, 128):
-        _check(x, ends, alignment)
-    _check(_special_blocks(dtype).cuda().t().contiguous(), [8, 8, 20], 32)
-
-
-def test_two_passes_fuzz(two_passes):
-    fuzz.fuzz("fp8_cols_padded", 0, 25, shrink=False)
-
-
-def _one_launch(x, offsets, alignment, sms: int, config):
-    """The one-launch kernel compiled with ``config``, on a grid of ``sms * config.min_ctas_per_sm``
-    CTAs, with the binding's outputs and workspace: ``(q, scales, padded_start, padded_end)``."""
-    from cute_kernels.op_specs import padded_rows
-    from cute_kernels.quantize_fp8_col import Fp8ColVariant
-    from cute_utils.constants import FP8_POW2_MASK, fp8_col_counter_words
-    from torch_bindings import targets
-
-    rows, cols = x.shape
-    groups = offsets.numel()
-    prows = padded_rows(rows, groups, alignment)
-    q = torch.empty_strided((prows, cols), (1, prows), dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty(groups * cols, dtype=torch.float32, device=x.device)
-    starts, stops = torch.empty_like(offsets), torch.empty_like(offsets)
-    amax = torch.zeros(groups * cols + fp8_col_counter_words(cols), dtype=torch.int32, device=x.device)
-    variant = Fp8ColVariant("bfloat16" if x.dtype == torch.bfloat16 else "float32", "padded")
-    arch = "sm_100a" if torch.cuda.get_device_capability()[0] >= 10 else "sm_90a"
-    kernel = targets.compiled("quantize_fp8_col_pad_fused", variant, arch, config)
-    kernel(x, q, amax, scales, offsets, starts, stops, FP8_POW2_MASK, groups.bit_length(), alignment, sms)
-    return q, scales, starts, stops
-
-
-@pytest.mark.parametrize("sms", [1, 3, 200])
-def test_one_launch_schedule(sms, poison_cuda_allocator):
-    """The one-launch kernel with a band per column tile, 32-row amax units and one CTA per SM, on
-    1, 3 and 200 'SMs' (a single CTA takes every unit in ticket order; 200 CTAs wait on one another
-    across bands): bit-exact to the reference."""
-    from cute_kernels.quantize_fp8_col_fused import Fp8ColFusedConfig
-
-    config = Fp8ColFusedConfig(min_ctas_per_sm=1, span_rows=32, band_bytes=1, load_blocks=1)
-    gen = torch.Generator().manual_seed(sms)
-    for rows, cols, ends, alignment in ((700, 1100, [0, 5, 5, 300, 690], 16), (1500, 258, [1500], 128),
-                                        (40, 2000, [1, 2, 3, 4, 40], 32)):  # fmt: skip
-        x = _random_x((rows, cols), torch.bfloat16, gen)
-        offsets = torch.tensor(ends, dtype=torch.int32, device="cuda")
-        poison_cuda_allocator()
-        with no_sync():
-            got = _one_launch(x, offsets, alignment, sms, config)
-        want = reference.pad_and_quantize_fp8_2d_cols(x, offsets, alignment=alignment)
-        for name, g, w in zip(_NAMES, got, want, strict=True):
-            assert_same_bytes(g, w, name)
