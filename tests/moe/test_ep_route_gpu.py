@@ -20,6 +20,7 @@ from cute_utils.constants import EP_MAX_EXPERTS
 from tests.support.ep_cases import assert_same
 from torch_bindings import ep
 from torch_bindings import reference as ref
+from torch_bindings.warn import forget
 
 pytestmark = pytest.mark.gpu
 
@@ -302,12 +303,12 @@ def test_more_experts_than_the_tables_take_the_pytorch_routing():
         assert torch.equal(got[r].padded_group_end_offsets, want[r]["padded_group_end_offsets"])
 
 
-def test_pytorch_routing_on_a_gpu_warns_once(monkeypatch):
+def test_pytorch_routing_on_a_gpu_warns_once():
     """A GPU dispatch past the routing kernels' tables takes the PyTorch routing with a warning,
     once per process (no silent slow path); a second call is silent."""
     import warnings
 
-    monkeypatch.setattr(ep, "_warned_torch_routing", False)
+    forget(ep.TORCH_ROUTING_WARNING)
     x = torch.randn(8, 128, device="cuda").bfloat16()
     ids = torch.randint(0, 2 * EP_MAX_EXPERTS, (8, 2), device="cuda")
     with pytest.warns(UserWarning, match=f"num_experts={2 * EP_MAX_EXPERTS} is more than the routing"):

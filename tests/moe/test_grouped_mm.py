@@ -21,6 +21,7 @@ from tests.support.grouped_mm_cases import (
     sqnr_db,
 )
 from torch_bindings.moe import grouped_mm
+from torch_bindings.warn import forget
 
 # SQNR floors (dB): the 25 for one FP8/MXFP8 GEMM; bf16 operands only round the output.
 OP_FLOOR = {"fp8_rowwise": 25.0, "mxfp8": 25.0, "bf16": 40.0}
@@ -102,7 +103,7 @@ def test_cpu_gemm_choice_is_explicit():
     for recipe in ("fp8_rowwise", "mxfp8"):
         with pytest.raises(RuntimeError, match="gemm='native' cannot run here"):
             tb.scaled_grouped_mm(x, w, ends, recipe=recipe, gemm="native")
-        grouped_mm._warned.clear()
+        forget(grouped_mm.emulation_warning(recipe, "cpu"))
         with pytest.warns(UserWarning, match="EMULATION"):
             tb.scaled_grouped_mm(x, w, ends, recipe=recipe)
         with warnings.catch_warnings():

@@ -15,6 +15,7 @@ import torch_bindings as tb
 from tests.conftest import no_sync
 from tests.support.ep_cases import fake_data_parallel_world
 from tests.support.grouped_mm_cases import sqnr_db
+from torch_bindings.warn import forget
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 T, D, H, E, K = 96, 128, 64, 8, 2
@@ -165,7 +166,7 @@ def test_layer_without_a_group_stays_local_under_data_parallelism(monkeypatch):
     assert ep.group_size(ep.LOCAL) == 1
     from torch_bindings.moe import layer as layer_module
 
-    monkeypatch.setattr(layer_module, "_warned_local", False)
+    forget(layer_module.LOCAL_WARNING)
     with pytest.warns(UserWarning, match="group=None runs every expert on this rank"):
         layer = _layer("cpu", "bf16")
     with warnings.catch_warnings():

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
 import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -68,6 +67,7 @@ from ..contract import dtype_name
 from ..device_constants import ConstantCache
 from ..ep_send import SendBuffers, SendOptions, buffer_specs, launch_send, quantize_and_send
 from ..swizzle import swizzle_scales
+from ..warn import warn_once
 
 RECIPES = checks.EP_RECIPES
 _INT32_MAX = 2**31 - 1
@@ -610,21 +610,20 @@ def route(
     return Routing(ids, message[:experts], position, message, post is not None)
 
 
-_warned_torch_routing = False
+#: ``warn.warn_once``'s key of the warning that a dispatch takes the PyTorch routing.
+TORCH_ROUTING_WARNING = "moe.ep.torch_routing"
 
 
 def _warn_torch_routing(experts: int) -> None:
     """Once per process: a GPU dispatch whose E is past the routing kernels' tables runs the
     PyTorch routing (no sync either, but about 30 more launches and their host time per call)."""
-    global _warned_torch_routing
-    if not _warned_torch_routing:
-        _warned_torch_routing = True
-        warnings.warn(
-            f"torch_bindings.ep.dispatch: num_experts={experts} is more than the routing kernels take "
-            f"({EP_MAX_EXPERTS}); routing and layout run as PyTorch ops on the GPU (the same bytes and "
-            "no host sync, but about 30 more launches and their host time per call)",
-            stacklevel=3,
-        )
+    warn_once(
+        TORCH_ROUTING_WARNING,
+        f"torch_bindings.ep.dispatch: num_experts={experts} is more than the routing kernels take "
+        f"({EP_MAX_EXPERTS}); routing and layout run as PyTorch ops on the GPU (the same bytes and "
+        "no host sync, but about 30 more launches and their host time per call)",
+        stacklevel=3,
+    )
 
 
 def _route_torch(topk_idx: torch.Tensor, experts: int) -> Routing:

@@ -35,7 +35,6 @@ dgrad only (notes/grouped-gemm-sm90.md), and torch's wgrad.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,6 +48,7 @@ from ..pad_quantize_fp8 import pad_and_quantize_fp8_2d_cols, pad_and_quantize_fp
 from ..quantize_3d import quantize_mxfp8_3d
 from ..quantize_dual import quantize_mxfp8_2d_dual
 from ..quantize_fp8 import quantize_fp8_2d, quantize_fp8_2d_dual, quantize_fp8_3d
+from ..warn import warn_once
 from .tokens import QuantizedTokens, dequant_mx
 
 RECIPES = checks.GROUPED_MM_RECIPES
@@ -66,7 +66,11 @@ _NATIVE_MAJORS = {"fp8_rowwise": (9, 10), "mxfp8": (10,)}
 #: ``_scaled_grouped_mm`` in the forward, the dgrad and the wgrad of every benchmarked shape
 #: (notes/grouped-gemm-sm90.md, "gemm='auto'"). Other sm_90 parts keep torch's GEMM until measured.
 AUTO_OWN_GEMM_DEVICES = frozenset({"NVIDIA H200"})
-_warned: set[tuple[str, str]] = set()
+
+
+def emulation_warning(recipe: str, device_type: str) -> tuple[str, str, str]:
+    """``warn.warn_once``'s key of the warning that ``recipe`` runs emulated on ``device_type``."""
+    return ("moe.grouped_mm.emulation", recipe, device_type)
 
 
 def native_gemm_reason(recipe: str, device: torch.device) -> str | None:
@@ -167,12 +171,11 @@ def gemm_path(
         return "native"
     if gemm == "native":
         raise RuntimeError(f"scaled_grouped_mm: gemm='native' cannot run here: {reason}")
-    key = (recipe, device.type)
     # Under torch.compile the choice is made while tracing and the warning is not raised (the
     # contract says so: gemm="native" is the strict choice there).
-    if key not in _warned and not torch.compiler.is_compiling():
-        _warned.add(key)
-        warnings.warn(
+    if not torch.compiler.is_compiling():
+        warn_once(
+            emulation_warning(recipe, device.type),
             f"scaled_grouped_mm: {reason}; running the {recipe} EMULATION (dequantized operands, bf16 "
             "torch._grouped_mm): same quantization numerics, slower than recipe='bf16'. Pass "
             "gemm='native' to make this an error, gemm='emulated' to silence it.",

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import logging
 import math
-import warnings
 
 import torch
 
 from .. import checks
+from ..warn import warn_once
 from .experts import WeightCache, experts_forward
 from .grouped_mm import GROUP_ALIGNMENT, make_step
 from .tokens import QuantizedTokens
@@ -297,21 +297,21 @@ class MoELayer(torch.nn.Module):
         return out.reshape(x.shape)
 
 
-_warned_local = False
+#: ``warn.warn_once``'s key of the warning that ``group=None`` keeps the experts local.
+LOCAL_WARNING = "moe.layer.group_none_local"
 
 
 def _local_unless_given(group):
     """``group``, or ``ep.LOCAL`` for ``None``. Where ``torch.distributed`` runs several ranks, the
     first ``None`` warns once that every expert stays local (pass ``ep.LOCAL`` to say so, or a
     process group for expert parallelism)."""
-    global _warned_local
     from . import ep
 
     if group is not None:
         return group
-    if not _warned_local and ep.group_size(None) > 1:
-        _warned_local = True
-        warnings.warn(
+    if ep.group_size(None) > 1:
+        warn_once(
+            LOCAL_WARNING,
             "MoELayer/routed_experts: group=None runs every expert on this rank (R = 1, data "
             "parallel) although torch.distributed has several ranks; pass a process group for expert "
             "parallelism, or group=ep.LOCAL to keep the experts local without this warning",
