@@ -33,7 +33,7 @@ for _name, _value in (
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from bench.bench_overhead import floor_of  # noqa: E402
+from bench.bench_overhead import back_to_back_rounds, floor_of  # noqa: E402
 from torch_bindings import ep, pad_and_quantize_mxfp8_2d  # noqa: E402
 
 
@@ -161,19 +161,9 @@ def _host_seconds(fn, calls: int = 20) -> float:
 
 def _back_to_back(fns: tuple, calls: int = 16, rounds: int = 5) -> list[float]:
     """Host seconds per call of each of ``fns``, each called ``calls`` times back to back with no
-    sync between (the thread stays busy, as in a training step), the rounds of each function in
-    turn (whatever slows the host at a moment slows both), a sync before each round; the median
-    round of each."""
-    samples: list[list[float]] = [[] for _ in fns]
-    for _ in range(rounds):
-        for fn, times in zip(fns, samples, strict=True):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            times.append((time.perf_counter() - start) / calls)
-    torch.cuda.synchronize()
-    return [sorted(times)[len(times) // 2] for times in samples]
+    sync between (the thread stays busy, as in a training step), the rounds of the functions in
+    turn (``bench_overhead.back_to_back_rounds``); the median round of each."""
+    return [sorted(times)[len(times) // 2] for times in back_to_back_rounds(fns, calls, rounds)]
 
 
 def _host_times(fn, pool) -> tuple[float, float, float]:

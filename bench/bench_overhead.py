@@ -37,20 +37,28 @@ from torch_bindings import targets
 RATIO, CAP_US, SMALL_FLOOR_US = 1.3, 10.0, 7.0
 
 
+def back_to_back_rounds(fns: tuple, calls: int, rounds: int) -> list[list[float]]:
+    """Host seconds per call of each of ``fns``, per round: in each of ``rounds`` rounds, each
+    function (in turn, so that whatever slows the host at a moment slows them alike) is called
+    ``calls`` times back to back with no sync between, after a sync."""
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, times in zip(fns, samples, strict=True):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times.append((time.perf_counter() - start) / calls)
+    torch.cuda.synchronize()
+    return samples
+
+
 def host_us_per_call(fn: Callable[[], object], calls: int = 1000, rounds: int = 9) -> float:
     """Fastest of ``rounds`` of the host wall time per call of ``calls`` back-to-back calls (the
-    minimum: interference from the rest of the host only ever adds time)."""
+    minimum: interference from the rest of the host only ever adds time), after 50 warm-up calls."""
     for _ in range(50):
         fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return min(samples)
+    return min(back_to_back_rounds((fn,), calls, rounds)[0]) * 1e6
 
 
 def paired_us(
