@@ -241,7 +241,7 @@ def cpu_mock() -> torch.device:
     target = targets.DeviceTarget("sm_90a", 132, device=torch.device("cpu"))
     target.kernels = _NoopKernels()
     targets._targets[-1] = target  # CPU tensors: get_device() == -1
-    torch.cuda.synchronize = lambda *args: None  # host_us_per_call's syncs
+    torch.cuda.synchronize = lambda *args: None  # the timers' syncs (paired_us, back_to_back_rounds)
     return torch.device("cpu")
 
 

@@ -33,3 +33,23 @@ def test_warns_once_per_key_and_again_after_forget():
     forget(other)
     with pytest.warns(UserWarning, match="another"):
         assert warn_once(other, "another")  # keys are independent
+
+
+def test_silent_while_torch_compile_traces():
+    """Traced code neither warns nor records the key (no guard on the key set, no graph break);
+    the next eager call warns."""
+    import torch
+
+    key = ("tests.warn", "compiled")
+    forget(key)
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def step(x):
+        warn_once(key, "from compiled code")
+        return x + 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert step(torch.ones(2)).tolist() == [2.0, 2.0]
+    with pytest.warns(UserWarning, match="from eager code"):
+        assert warn_once(key, "from eager code")

@@ -172,15 +172,14 @@ def gemm_path(
     if gemm == "native":
         raise RuntimeError(f"scaled_grouped_mm: gemm='native' cannot run here: {reason}")
     # Under torch.compile the choice is made while tracing and the warning is not raised (the
-    # contract says so: gemm="native" is the strict choice there).
-    if not torch.compiler.is_compiling():
-        warn_once(
-            emulation_warning(recipe, device.type),
-            f"scaled_grouped_mm: {reason}; running the {recipe} EMULATION (dequantized operands, bf16 "
-            "torch._grouped_mm): same quantization numerics, slower than recipe='bf16'. Pass "
-            "gemm='native' to make this an error, gemm='emulated' to silence it.",
-            stacklevel=3,
-        )
+    # contract says so: gemm="native" is the strict choice there; ``warn_once`` is silent then).
+    warn_once(
+        emulation_warning(recipe, device.type),
+        f"scaled_grouped_mm: {reason}; running the {recipe} EMULATION (dequantized operands, bf16 "
+        "torch._grouped_mm): same quantization numerics, slower than recipe='bf16'. Pass "
+        "gemm='native' to make this an error, gemm='emulated' to silence it.",
+        stacklevel=3,
+    )
     return "emulated"
 
 
