@@ -943,7 +943,9 @@ def _no_addresses(device: torch.device) -> torch.Tensor:
 
 
 def _no_state(device: torch.device) -> torch.Tensor:
-    """A cached (3,) int32 tensor the layout kernel gets as its slot state in mode 0 (never written)."""
+    """A cached (3,) int32 tensor the layout kernel gets as its slot state in mode 0 (never written).
+    Kept apart from :func:`_zeros_int`'s zeros, which the count exchange reads as row indices: a
+    kernel argument that is writable in other modes never aliases another step's constants."""
     return _cached_index(
         ("no state", device), device, lambda: torch.zeros(3, dtype=torch.int32, device=device)
     )
