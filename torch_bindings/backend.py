@@ -13,6 +13,8 @@ import warnings
 
 import torch
 
+from .warn import user_stacklevel
+
 BACKENDS = ("auto", "cute", "reference")
 _ARCH_BY_MAJOR = {9: "sm_90a", 10: "sm_100a"}
 # Plain dicts rather than functools.cache: dynamo traces through these under torch.compile.
@@ -126,7 +128,7 @@ def _ask_resident_ctas(index: int, cluster: int) -> int:
             f"could not ask the driver how many {cluster}-CTA clusters device {index} holds "
             f"({type(exc).__name__}: {exc}); the persistent grid is the SM count rounded down to "
             "whole clusters, which may be slower if fewer are resident",
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
         return sms - sms % cluster
     if clusters < 1:

@@ -18,6 +18,7 @@ from . import checks, contract, reference, targets
 from .device_constants import ConstantCache
 from .op import KernelOp
 from .quantize_fp8 import k_class
+from .warn import user_stacklevel
 
 _OP_FWD, _OP_BWD = "swiglu_quantize_fp8", "swiglu_backward_quantize_fp8"
 _KERNEL = "swiglu_fp8"  # cute_kernels.registry name
@@ -45,7 +46,7 @@ def _keep_captured_table(table: torch.Tensor) -> None:
             "swiglu_quantize_fp8 / swiglu_backward_quantize_fp8: the silu table was first needed inside a "
             "CUDA graph capture, so the graph rebuilds it (a few dozen elementwise launches) on every "
             "replay; call the op once before capturing to build it outside the graph",
-            stacklevel=5,
+            stacklevel=user_stacklevel(),
         )
     _captured_tables.append(table)
 

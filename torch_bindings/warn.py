@@ -3,9 +3,11 @@ caller may not expect (no silent slow path, and no repeated noise in a training 
 
 from __future__ import annotations
 
+import inspect
 import threading
 import warnings
 from collections.abc import Hashable
+from pathlib import Path
 
 import torch
 
@@ -13,19 +15,44 @@ import torch
 _given: set[Hashable] = set()
 _lock = threading.Lock()
 
+_ROOT = Path(__file__).resolve().parents[1]
+#: Source directories a warning never points into: the project's packages and torch (its module
+#: call and autograd machinery sits between a user's line and the library).
+LIBRARY_DIRS = tuple(
+    str(path) + "/"
+    for path in (
+        *(_ROOT / name for name in ("torch_bindings", "cute_kernels", "cute_utils")),
+        Path(torch.__file__).resolve().parent,
+    )
+)
 
-def warn_once(key: Hashable, message: str, stacklevel: int = 2) -> bool:
-    """Warn ``message`` (a ``UserWarning``) the first time this process meets ``key``; ``stacklevel``
-    counts from the caller, as ``warnings.warn``'s does. Returns whether it warned. Silent while
-    ``torch.compile`` traces (the key set would become a guard of the compiled code, and a warning
-    raised while tracing points at no caller's line): the eager calls warn."""
+
+def user_stacklevel() -> int:
+    """``warnings.warn``'s ``stacklevel``, as its caller would pass it, of the innermost frame outside
+    :data:`LIBRARY_DIRS`: the line of the user's code that called into the library, however deep
+    the library's own calls (or torch's ``nn.Module`` and autograd frames) are."""
+    frame = inspect.currentframe()
+    frame = frame.f_back if frame is not None else None  # the caller: stacklevel 1
+    level = 1
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(LIBRARY_DIRS):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+def warn_once(key: Hashable, message: str, stacklevel: int | None = None) -> bool:
+    """Warn ``message`` (a ``UserWarning``) the first time this process meets ``key``, pointing at
+    the user's line (:func:`user_stacklevel`), or with ``stacklevel`` counted from the caller as
+    ``warnings.warn``'s is. Returns whether it warned. Silent while ``torch.compile`` traces (the key
+    set would become a guard of the compiled code, and a warning raised while tracing points at no
+    caller's line): the eager calls warn."""
     if torch.compiler.is_compiling():
         return False
     with _lock:
         if key in _given:
             return False
         _given.add(key)
-    warnings.warn(message, stacklevel=stacklevel + 1)
+    warnings.warn(message, stacklevel=(user_stacklevel() - 1 if stacklevel is None else stacklevel) + 1)
     return True
 
 

@@ -104,8 +104,9 @@ def test_cpu_gemm_choice_is_explicit():
         with pytest.raises(RuntimeError, match="gemm='native' cannot run here"):
             tb.scaled_grouped_mm(x, w, ends, recipe=recipe, gemm="native")
         forget(grouped_mm.emulation_warning(recipe, "cpu"))
-        with pytest.warns(UserWarning, match="EMULATION"):
+        with pytest.warns(UserWarning, match="EMULATION") as record:
             tb.scaled_grouped_mm(x, w, ends, recipe=recipe)
+        assert record[0].filename == __file__  # this line, not the library's
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             tb.scaled_grouped_mm(x, w, ends, recipe=recipe)  # warned once already

@@ -1,5 +1,6 @@
 """``torch_bindings.warn.warn_once``: one warning per key and process, pointing at the caller's
-caller as ``stacklevel`` says; ``forget`` re-arms a key."""
+caller as ``stacklevel`` says, or by default at the first frame outside the library and torch;
+``forget`` re-arms a key."""
 
 from __future__ import annotations
 
@@ -53,3 +54,31 @@ def test_silent_while_torch_compile_traces():
         assert step(torch.ones(2)).tolist() == [2.0, 2.0]
     with pytest.warns(UserWarning, match="from eager code"):
         assert warn_once(key, "from eager code")
+
+
+def test_default_points_at_the_first_frame_outside_the_library_and_torch():
+    """Without ``stacklevel`` the warning names the user's line, through any depth of library calls
+    and of torch's ``nn.Module`` call machinery: here a module whose forward sits in the library
+    (an emulated FP8 expert block on CPU warns from inside ``scaled_grouped_mm``)."""
+    import torch
+
+    import torch_bindings as tb
+    from torch_bindings.moe import grouped_mm
+
+    module = tb.GroupedExperts(2, 32, 32, recipe="fp8_rowwise")
+    x = torch.randn(32, 32).bfloat16()
+    ends = torch.tensor([16, 32], dtype=torch.int32)
+    forget(grouped_mm.emulation_warning("fp8_rowwise", "cpu"))
+    with pytest.warns(UserWarning, match="EMULATION") as record:
+        module(x, ends)
+    line = test_default_points_at_the_first_frame_outside_the_library_and_torch.__code__.co_firstlineno
+    assert (record[0].filename, record[0].lineno) == (__file__, line + 14)
+
+
+def test_user_stacklevel_counts_from_its_caller():
+    from torch_bindings.warn import user_stacklevel
+
+    def here():
+        return user_stacklevel()
+
+    assert here() == 1  # this file is no library: the caller's own frame

@@ -622,7 +622,6 @@ def _warn_torch_routing(experts: int) -> None:
         f"torch_bindings.ep.dispatch: num_experts={experts} is more than the routing kernels take "
         f"({EP_MAX_EXPERTS}); routing and layout run as PyTorch ops on the GPU (the same bytes and "
         "no host sync, but about 30 more launches and their host time per call)",
-        stacklevel=3,
     )
 
 

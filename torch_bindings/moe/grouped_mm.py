@@ -178,7 +178,6 @@ def gemm_path(
         f"scaled_grouped_mm: {reason}; running the {recipe} EMULATION (dequantized operands, bf16 "
         "torch._grouped_mm): same quantization numerics, slower than recipe='bf16'. Pass "
         "gemm='native' to make this an error, gemm='emulated' to silence it.",
-        stacklevel=3,
     )
     return "emulated"
 

@@ -315,7 +315,6 @@ def _local_unless_given(group):
             "MoELayer/routed_experts: group=None runs every expert on this rank (R = 1, data "
             "parallel) although torch.distributed has several ranks; pass a process group for expert "
             "parallelism, or group=ep.LOCAL to keep the experts local without this warning",
-            stacklevel=3,
         )
     return ep.LOCAL
 
