@@ -363,6 +363,25 @@ def test_no_grad_calls_match_the_autograd_calls(device, recipe, monkeypatch):
         ep.dispatch(forward_ad.make_dual(x, torch.ones_like(x)), ids, num_experts=experts, recipe=recipe)
 
 
+def test_torch_without_the_transform_state_takes_the_autograd_functions(monkeypatch):
+    """The no-gradient path asks torch's own (private) forward-AD and functorch state; a torch that
+    lacks it sends every call through the autograd functions, with the same bytes."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(16, 256, generator=gen).bfloat16()
+    ids = torch.randint(0, 4, (16, 2), generator=gen)
+    want = ep.dispatch(x, ids, num_experts=4, recipe="fp8_rowwise")
+    applied = []
+    original = ep._DispatchFn.apply
+    monkeypatch.setattr(ep._DispatchFn, "apply", lambda *a: applied.append(1) or original(*a))
+    assert ep._needs_autograd(x) is False
+    monkeypatch.delattr(torch._C._functorch, "peek_interpreter_stack")
+    assert ep._needs_autograd(x) is True
+    got = ep.dispatch(x, ids, num_experts=4, recipe="fp8_rowwise")
+    assert applied == [1]
+    for name in ("q", "scales", "tags", "padded_group_end_offsets"):
+        _same(getattr(got, name), getattr(want, name), name)
+
+
 @pytest.mark.gpu
 def test_misaligned_x_is_refused_before_any_launch():
     x = torch.zeros(4 * 256 + 4, dtype=torch.bfloat16, device="cuda")[4:].view(4, 256)  # 8 bytes off

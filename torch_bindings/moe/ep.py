@@ -1269,7 +1269,17 @@ def _needs_autograd(*tensors: torch.Tensor) -> bool:
     has no jvp or vmap rule, rather than drop a tangent). Otherwise the steps run without one."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return True
-    return _forward_ad._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None
+    return _transforms_active()
+
+
+def _transforms_active() -> bool:
+    """Whether forward-mode AD or a functorch transform is active. torch has no public query for
+    either, so this reads torch's own state; a torch without it answers True, and every call then
+    takes the autograd Function (correct, only the host time of the no-gradient path is lost)."""
+    try:
+        return _forward_ad._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None
+    except AttributeError:
+        return True
 
 
 class _DispatchFn(torch.autograd.Function):
