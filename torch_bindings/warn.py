@@ -3,11 +3,12 @@ caller may not expect (no silent slow path, and no repeated noise in a training 
 
 from __future__ import annotations
 
+import functools
 import inspect
+import os
 import threading
 import warnings
 from collections.abc import Hashable
-from pathlib import Path
 
 import torch
 
@@ -15,26 +16,42 @@ import torch
 _given: set[Hashable] = set()
 _lock = threading.Lock()
 
-_ROOT = Path(__file__).resolve().parents[1]
+_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 #: Source directories a warning never points into: the project's packages and torch (its module
 #: call and autograd machinery sits between a user's line and the library).
 LIBRARY_DIRS = tuple(
-    str(path) + "/"
+    os.path.normcase(os.path.join(path, ""))
     for path in (
-        *(_ROOT / name for name in ("torch_bindings", "cute_kernels", "cute_utils")),
-        Path(torch.__file__).resolve().parent,
+        *(os.path.join(_ROOT, name) for name in ("torch_bindings", "cute_kernels", "cute_utils")),
+        os.path.dirname(os.path.realpath(torch.__file__)),
     )
 )
+
+
+@functools.lru_cache(maxsize=512)
+def _in_library(filename: str) -> bool:
+    """Whether source file ``filename`` lies under :data:`LIBRARY_DIRS`; pseudo-files (``<string>``,
+    generated code) and paths that cannot be resolved are the user's."""
+    if not os.path.isabs(filename):
+        return False
+    try:
+        return os.path.normcase(os.path.realpath(filename)).startswith(LIBRARY_DIRS)
+    except (OSError, RuntimeError, ValueError):
+        return False
 
 
 def user_stacklevel() -> int:
     """``warnings.warn``'s ``stacklevel``, as its caller would pass it, of the innermost frame outside
     :data:`LIBRARY_DIRS`: the line of the user's code that called into the library, however deep
-    the library's own calls (or torch's ``nn.Module`` and autograd frames) are."""
+    the library's own calls (or torch's ``nn.Module`` and autograd frames) are. A stack with no such
+    frame (autograd's device threads run a backward with only torch's and the library's frames)
+    gives its outermost frame. Under ``torch.compile`` the user's code is the compiled graph's."""
     frame = inspect.currentframe()
     frame = frame.f_back if frame is not None else None  # the caller: stacklevel 1
     level = 1
-    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(LIBRARY_DIRS):
+    while frame is not None and _in_library(frame.f_code.co_filename):
+        if frame.f_back is None:
+            return level  # no frame outside the library: the outermost one
         frame = frame.f_back
         level += 1
     return level
@@ -52,7 +69,8 @@ def warn_once(key: Hashable, message: str, stacklevel: int | None = None) -> boo
         if key in _given:
             return False
         _given.add(key)
-    warnings.warn(message, stacklevel=(user_stacklevel() - 1 if stacklevel is None else stacklevel) + 1)
+    # user_stacklevel() counts this function as 1, as warnings.warn does when called here
+    warnings.warn(message, stacklevel=user_stacklevel() if stacklevel is None else stacklevel + 1)
     return True
 
 
