@@ -363,7 +363,8 @@ def test_no_grad_calls_match_the_autograd_calls(device, recipe, monkeypatch):
         ep.dispatch(forward_ad.make_dual(x, torch.ones_like(x)), ids, num_experts=experts, recipe=recipe)
 
 
-def test_torch_without_the_transform_state_takes_the_autograd_functions(monkeypatch):
+@pytest.mark.parametrize("missing", ["functorch", "forward_ad"])
+def test_torch_without_the_transform_state_takes_the_autograd_functions(monkeypatch, missing):
     """The no-gradient path asks torch's own (private) forward-AD and functorch state; a torch that
     lacks it sends every call through the autograd functions, with the same bytes."""
     gen = torch.Generator().manual_seed(3)
@@ -374,7 +375,10 @@ def test_torch_without_the_transform_state_takes_the_autograd_functions(monkeypa
     original = ep._DispatchFn.apply
     monkeypatch.setattr(ep._DispatchFn, "apply", lambda *a: applied.append(1) or original(*a))
     assert ep._needs_autograd(x) is False
-    monkeypatch.delattr(torch._C._functorch, "peek_interpreter_stack")
+    if missing == "functorch":
+        monkeypatch.delattr(torch._C._functorch, "peek_interpreter_stack")
+    else:
+        monkeypatch.delattr(ep._forward_ad, "_current_level")
     assert ep._needs_autograd(x) is True
     got = ep.dispatch(x, ids, num_experts=4, recipe="fp8_rowwise")
     assert applied == [1]
